@@ -1,0 +1,24 @@
+"""The Pulumi program: validated settings -> InferenceCluster -> the stack outputs other teams consume.
+
+Everything is validated before the first resource is registered, so bad config costs nothing.
+"""
+
+import pulumi
+
+from components.cluster import InferenceCluster
+from components.settings import NAMESPACE, SettingsError, placeholders, settings_from_pulumi
+
+settings, secrets = settings_from_pulumi()
+problems = placeholders(settings)
+if secrets["sshPrivateKey"] is None:
+    problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
+                    f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/id_ed25519")
+if problems:
+    raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
+
+for warning in settings.warnings():
+    pulumi.warn(warning)
+
+cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"])
+for key, value in cluster.outputs.items():
+    pulumi.export(key, value)

@@ -1,0 +1,143 @@
+"""Data only: the models, GPUs, prices and topology presets kimi-cluster knows about.
+
+Adding a model, a GPU or a preset is adding a row here; sizing.py and settings.py read it, nothing here computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GIB = 1024**3
+GB = 1000**3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Facts about a checkpoint that decide the cluster's shape."""
+
+    repo: str
+    checkpoint_bytes: int  # sum of the safetensors shards in the hub's file list
+    shard_count: int
+    attention_heads: int
+    hidden_size: int
+    layers: int
+    layer_mix: str
+    default_revision: str
+    context_window: int
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model: memory as sold, and the memory a serving engine can actually use."""
+
+    name: str
+    memory_gb_as_sold: int
+    usable_bytes: int
+    usable_basis: str  # where the usable figure comes from, shown in the plan
+
+
+@dataclass(frozen=True)
+class Price:
+    """An hourly price per GPU, with where and when it was read."""
+
+    usd_per_gpu_hour: float
+    basis: str
+    source: str
+    as_of: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A preset cluster shape: which flavor, how many nodes, which engine and images."""
+
+    name: str
+    flavor: str
+    node_count: int
+    gpus_per_node: int
+    gpu: str  # key into GPUS
+    engine: str  # "sglang" or "vllm"
+    image: str
+    os_image: str
+    description: str
+    engine_notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+KIMI_K31_PRO = ModelSpec(
+    repo="moonshotai/Kimi-K3.1-Pro",
+    checkpoint_bytes=1_561_293_160_568,
+    shard_count=96,
+    attention_heads=96,
+    hidden_size=7168,
+    layers=93,
+    layer_mix="69 Kimi Delta Attention + 24 Gated DSA (one dense layer); 896 experts, 16 routed + 2 shared",
+    default_revision="6d0a0202956796543364d666ab19c6ad1a494ee1",
+    context_window=1_048_576,
+    source="seed 000 (Hyperstack guide): 1,561,293,160,568 bytes across 96 shards",
+)
+
+MODELS: dict[str, ModelSpec] = {KIMI_K31_PRO.repo: KIMI_K31_PRO}
+
+# Usable memory: only the H100 figure is measured (PyTorch counts 79.19 GiB on n3-H100x8-NVLink, seed 000).
+# For the others no measured figure exists in our sources, so the as-sold capacity is used and the plan says so.
+GPUS: dict[str, GpuSpec] = {
+    "H100-80G": GpuSpec("H100-80G", 80, int(79.19 * GIB), "79.19 GiB usable as PyTorch counts it on Hyperstack (seed 000)"),
+    "H200-141G": GpuSpec("H200-141G", 141, 141 * GB, "as sold (141 GB); no measured usable figure, real usable is a little lower"),
+    "B200-192G": GpuSpec("B200-192G", 192, 192 * GB, "as sold (192 GB); no measured usable figure, real usable is a little lower"),
+    "B300-288G": GpuSpec("B300-288G", 288, 288 * GB, "as sold (288 GB); no measured usable figure, real usable is a little lower"),
+}
+
+# A custom topology names memory as sold per GPU; this maps it to a GPU row.
+GPU_BY_MEMORY_GB: dict[int, str] = {g.memory_gb_as_sold: g.name for g in GPUS.values()}
+
+PRICES: dict[str, Price] = {
+    "H100-80G": Price(2.60, "on demand", "Hyperstack GPU pricing quoted in the deployment guide (seed 000)", "2026-11"),
+    "B300-288G": Price(7.40, "on demand", "Hyperstack pricing page as transcribed 2026-08-26 (reference/hyperstack-api.md)", "2026-08-26"),
+}
+
+SGLANG_H100_IMAGE = "lmsysorg/sglang:dev-kimi-k31-pro"
+VLLM_B300_IMAGE = "vllm/vllm-openai:kimi-k31"
+OS_IMAGE_CUDA_12_8 = "Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker"
+OS_IMAGE_CUDA_13_2 = "Ubuntu Server 24.04 LTS R595 CUDA 13.2 with Docker"
+
+TOPOLOGIES: dict[str, Topology] = {
+    "h100x4-sglang": Topology(
+        name="h100x4-sglang",
+        flavor="n3-H100x8-NVLink",
+        node_count=4,
+        gpus_per_node=8,
+        gpu="H100-80G",
+        engine="sglang",
+        image=SGLANG_H100_IMAGE,
+        os_image=OS_IMAGE_CUDA_12_8,
+        description="4 x 8x H100 80G PCIe NVLink, SGLang, tensor parallel 32 / expert parallel 32, Marlin W4A16 MoE kernel",
+    ),
+    "b300x1-vllm": Topology(
+        name="b300x1-vllm",
+        flavor="n3-B300-SXM6x8",
+        node_count=1,
+        gpus_per_node=8,
+        gpu="B300-288G",
+        engine="vllm",
+        image=VLLM_B300_IMAGE,
+        os_image=OS_IMAGE_CUDA_13_2,
+        description="1 x 8x B300 SXM6, vLLM, tensor parallel 8, native MXFP4 on Blackwell",
+    ),
+}
+
+DEFAULT_TOPOLOGY = "h100x4-sglang"
+DEFAULT_REGION = "CANADA-1"
+DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
+ENGINES = ("sglang", "vllm")
+DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
+
+# Typical hub download per VM with snapshot_download over Xet (reference/landscape.md section 5).
+HUB_BANDWIDTH_GIB_S = (1.1, 1.8)
+
+LICENSE_NOTES = (
+    "Kimi K3.1-Pro License (not Modified MIT): a group with revenue over $20M in any 12 consecutive months "
+    "that offers third-party inference or fine-tuning access needs a separate agreement with Moonshot AI.",
+    "Commercial products with more than 100M monthly active users or more than $20M monthly revenue must "
+    'display "Kimi K3.1-Pro" prominently in their UI.',
+    "Internal use, and use through Moonshot's own products or certified partners, is exempt from both.",
+)

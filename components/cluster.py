@@ -1,0 +1,150 @@
+"""InferenceCluster: the whole deployment as one component, from environment to a ready endpoint.
+
+Environment and keypair, one VM per rank, least-privilege rules, the per-node bring-up chain, the head's readiness
+wait, and the outputs other teams consume. The graph only: behaviour lives in the providers and templates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components import firewall
+from components.client_configs import build_client_configs
+from components.generated_secret import GeneratedSecret
+from components.hyperstack.resources import Environment, Keypair, SecurityRule, VirtualMachine
+from components.node import GpuNode, Readiness, host_key_user_data
+from components.settings import Settings
+
+
+class InferenceCluster(pulumi.ComponentResource):
+    """Creates everything `pulumi up` bills for; `pulumi destroy` removes it in reverse, leaving nothing."""
+
+    outputs: dict[str, Any]
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        ssh_private_key: pulumi.Output[str],
+        hf_token: pulumi.Output[str] | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("kimi:cluster:InferenceCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        env = Environment(f"{name}-env", name=settings.env_name, region=settings.region, opts=child)
+        if settings.keypair_name:
+            key_name: pulumi.Input[str] = settings.keypair_name
+        else:
+            keypair = Keypair(
+                f"{name}-keypair",
+                name=f"{settings.env_name}-key",
+                environment_name=env.name,
+                public_key=settings.ssh_public_key,
+                opts=child,
+            )
+            key_name = keypair.name
+
+        # The endpoint never runs unauthenticated: the key is generated once and exported only as a secret.
+        api_key = GeneratedSecret(f"{name}-api-key", opts=child)
+
+        vms: list[VirtualMachine] = []
+        host_keys: list[pulumi.Output[str]] = []
+        for rank in range(settings.nodes):
+            user_data, host_public_key = host_key_user_data(f"{name}-node{rank}", opts=child)
+            host_keys.append(host_public_key)
+            vms.append(
+                VirtualMachine(
+                    f"{name}-node{rank}",
+                    name=settings.node_name(rank),
+                    environment_name=env.name,
+                    region=settings.region,
+                    flavor_name=settings.flavor_name,
+                    image_name=settings.vm_image,
+                    key_name=key_name,
+                    labels=["kimi-cluster", f"stack-{settings.stack}", "role-head" if rank == 0 else "role-worker",
+                            f"rank-{rank}"],
+                    user_data=user_data,
+                    assign_floating_ip=True,
+                    opts=child,
+                )
+            )
+
+        rules_by_rank = [self._rules(name, settings, rank, vms) for rank in range(settings.nodes)]
+        head_private_ip = vms[0].private_ip
+
+        nodes = [
+            GpuNode(
+                f"{name}-node{rank}",
+                settings=settings,
+                rank=rank,
+                public_ip=vm.public_ip,
+                private_ip=vm.private_ip,
+                head_private_ip=head_private_ip,
+                ssh_private_key=ssh_private_key,
+                hf_token=hf_token,
+                api_key=api_key.value,
+                host_key=host_keys[rank],
+                # SSH must be allowed in before the first command dials.
+                opts=pulumi.ResourceOptions(parent=self, depends_on=rules_by_rank[rank]),
+            )
+            for rank, vm in enumerate(vms)
+        ]
+
+        # The head answers only once every rank has joined the rendezvous, so wait on all launches.
+        ready = Readiness(
+            f"{name}-ready",
+            settings=settings,
+            public_ip=vms[0].public_ip,
+            ssh_private_key=ssh_private_key,
+            api_key=api_key.value,
+            host_key=host_keys[0],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[n.launched for n in nodes]),
+        )
+
+        # Derived from the readiness result, so a failed wait never exports an endpoint as if it served.
+        endpoint_url = pulumi.Output.all(ready.stdout, vms[0].public_ip).apply(
+            lambda args: f"http://{args[1]}:{settings.api_port}"
+        )
+        self.outputs = {
+            "endpoint_url": endpoint_url,
+            "openai_base_url": endpoint_url.apply(lambda u: f"{u}/v1"),
+            "anthropic_base_url": endpoint_url,
+            "served_model_name": settings.served_name,
+            "model": settings.model,
+            "model_revision": settings.model_revision,
+            "api_key": pulumi.Output.secret(api_key.value),
+            "head_public_ip": vms[0].public_ip,
+            "node_public_ips": pulumi.Output.all(*[vm.public_ip for vm in vms]),
+            "node_private_ips": pulumi.Output.all(*[vm.private_ip for vm in vms]),
+            "node_names": [settings.node_name(r) for r in range(settings.nodes)],
+            "environment_name": env.name,
+            "topology": settings.topology,
+            "engine": settings.engine_name,
+            "flavor": settings.flavor_name,
+            "gpu_count": settings.total_gpus,
+            "hourly_cost_usd": settings.hourly_cost_usd,
+            "client_configs": endpoint_url.apply(
+                lambda u: build_client_configs(u, settings.served_name, settings.context_window)
+            ),
+        }
+        self.register_outputs(self.outputs)
+
+    def _rules(self, name: str, settings: Settings, rank: int, vms: list[VirtualMachine]) -> list[SecurityRule]:
+        """One resource per rule: a new operatorCidr replaces these rules and never the VM."""
+        return [
+            SecurityRule(
+                f"{name}-node{rank}-{spec.key}",
+                vm_id=vms[rank].vm_id,
+                direction="ingress",
+                protocol=spec.protocol,
+                ethertype=spec.ethertype,
+                remote_ip_prefix=spec.remote_ip_prefix,
+                port_range_min=spec.port_range_min,
+                port_range_max=spec.port_range_max,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for spec in firewall.node_rules(settings, rank, [vm.private_ip for vm in vms])
+        ]

@@ -1,0 +1,36 @@
+"""A random secret generated once at create time and kept, marked secret, in the stack's state.
+
+The endpoint's API key is made this way so that `pulumi up` never serves an unauthenticated endpoint and the key
+survives re-runs without pulling in another provider plugin.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pulumi
+import pulumi.dynamic as dyn
+
+
+class _GeneratedSecretProvider(dyn.ResourceProvider):
+    """Stateless: holds nothing on self, so nothing sensitive is pickled into the provider blob."""
+
+    def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        length = int(props.get("length") or 32)
+        value = secrets.token_urlsafe(length)
+        return dyn.CreateResult(id_=f"secret-{secrets.token_hex(4)}", outs={"length": length, "value": value})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
+        changed = int(olds.get("length") or 32) != int(news.get("length") or 32)
+        return dyn.DiffResult(changes=changed, replaces=["length"] if changed else [], delete_before_replace=False)
+
+
+class GeneratedSecret(dyn.Resource, module="kimi", name="GeneratedSecret"):
+    """`value` is a url-safe random string; it is a secret output and never a plain input anywhere."""
+
+    value: pulumi.Output[str]
+
+    def __init__(self, name: str, length: int = 32, opts: pulumi.ResourceOptions | None = None) -> None:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["value"]))
+        super().__init__(_GeneratedSecretProvider(), name, {"length": length, "value": None}, opts)

@@ -1,0 +1,382 @@
+"""The stack's configuration as one validated model: every key under `kimi-cluster:`, defaults per topology.
+
+Validation runs before any resource is registered, so bad input costs nothing; every error names its key and
+says how to set it. Secret values (hfToken, sshPrivateKey) never enter this model, only whether they are set.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from components import catalog, sizing
+
+NAMESPACE = "kimi-cluster"
+SECRET_KEYS = ("hfToken", "sshPrivateKey")
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
+
+# Examples in error messages: what a user would type to fix each key.
+EXAMPLES: dict[str, str] = {
+    "operatorCidr": "203.0.113.7/32",
+    "topology": "h100x4-sglang",
+    "modelRevision": catalog.KIMI_K31_PRO.default_revision,
+    "sshPublicKey": '"$(cat ~/.ssh/id_ed25519.pub)"',
+    "sshPrivateKey": "--secret < ~/.ssh/id_ed25519",
+    "hfToken": "--secret hf_...",
+    "region": "CANADA-1",
+    "flavor": "n3-H100x8-NVLink",
+    "nodeCount": "4",
+    "gpusPerNode": "8",
+    "gpuMemoryGb": "80",
+    "engine": "sglang",
+    "environmentName": "kimi-dev",
+    "image": "lmsysorg/sglang:dev-kimi-k31-pro@sha256:...",
+    "extraEngineArgs": '\'["--enable-metrics"]\'',
+}
+
+
+class SettingsError(ValueError):
+    """Invalid stack configuration; the message names each offending key and how to fix it."""
+
+
+def _how_to_set(key: str) -> str:
+    example = EXAMPLES.get(key, "VALUE")
+    if example.startswith("--secret"):
+        return f"set it with: pulumi config set {NAMESPACE}:{key} {example}"
+    return f"set it with: pulumi config set {NAMESPACE}:{key} {example}"
+
+
+class Settings(BaseModel):
+    """Validated stack settings. Field aliases are the camelCase config keys."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    stack: str
+    topology: Literal["h100x4-sglang", "b300x1-vllm", "custom"] = catalog.DEFAULT_TOPOLOGY
+    # custom topology only
+    flavor: str | None = None
+    node_count: int | None = Field(None, alias="nodeCount", ge=1, le=20)
+    gpus_per_node: int | None = Field(None, alias="gpusPerNode", ge=1, le=16)
+    gpu_memory_gb: int | None = Field(None, alias="gpuMemoryGb")
+    engine: Literal["sglang", "vllm"] | None = None
+    gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0)
+
+    region: str = catalog.DEFAULT_REGION
+    environment_name: str | None = Field(None, alias="environmentName")
+    operator_cidr: str = Field(alias="operatorCidr")
+    ssh_public_key: str | None = Field(None, alias="sshPublicKey")
+    keypair_name: str | None = Field(None, alias="keypairName")
+    ssh_user: str = Field("ubuntu", alias="sshUser")
+
+    model: str = catalog.KIMI_K31_PRO.repo
+    model_revision: str = Field(catalog.KIMI_K31_PRO.default_revision, alias="modelRevision")
+    served_model_name: str | None = Field(None, alias="servedModelName")
+    image: str | None = None
+    os_image: str | None = Field(None, alias="osImage")
+    api_port: int = Field(8000, alias="apiPort", ge=1, le=65535)
+    max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024)
+    context_window: int = Field(131072, alias="contextWindow", ge=1024)
+    extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
+
+    # node bring-up knobs
+    node_root: str = Field("/", alias="nodeRoot")
+    storage_path: str = Field("/ephemeral", alias="storagePath")
+    disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0)
+    download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
+    download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1)
+    readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1)
+    verify_sha256: bool = Field(False, alias="verifySha256")
+    hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint", pattern=r"^https?://[^\s'\"]+$")
+
+    # secrets: presence only, the values stay in Pulumi's secret config
+    hf_token_set: bool = False
+    ssh_private_key_set: bool = False
+
+    @field_validator("operator_cidr")
+    @classmethod
+    def _operator_cidr(cls, v: str) -> str:
+        try:
+            net = ipaddress.ip_network(v.strip(), strict=False)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a CIDR such as 203.0.113.7/32") from None
+        if net.prefixlen == 0:
+            raise ValueError(
+                f"{v!r} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
+            )
+        return str(net)
+
+    @field_validator("model_revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not _HEX40.match(v):
+            raise ValueError(
+                f"{v!r} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
+                "reproducible. Pin the commit shown on the model's hub page"
+            )
+        return v
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _public_key(cls, v: str | None) -> str | None:
+        if v is not None and not _SSH_PUBLIC_KEY.match(v.strip()):
+            raise ValueError("not an OpenSSH public key (expected e.g. 'ssh-ed25519 AAAA... comment')")
+        return v.strip() if v else v
+
+    @field_validator("environment_name", "keypair_name")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.match(v):
+            raise ValueError("use 1-50 letters, digits, '-' or '_' (Hyperstack's limit is 50 characters)")
+        return v
+
+    @field_validator("extra_engine_args", mode="before")
+    @classmethod
+    def _json_list(cls, v: Any) -> Any:
+        # `pulumi config set` stores a list as a JSON string unless --path is used
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError("expected a JSON list of strings, e.g. '[\"--enable-metrics\"]'") from None
+        return v
+
+    @field_validator("node_root", "storage_path")
+    @classmethod
+    def _paths(cls, v: str) -> str:
+        if not v or any(c in v for c in "'\"`$\\\n;&|<>"):
+            raise ValueError("must be a plain path without quotes or shell metacharacters")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Settings":
+        custom_keys = {"flavor": self.flavor, "nodeCount": self.node_count, "gpusPerNode": self.gpus_per_node,
+                       "gpuMemoryGb": self.gpu_memory_gb, "engine": self.engine}
+        if self.topology == "custom":
+            missing = [k for k, v in custom_keys.items() if v is None]
+            if missing:
+                raise ValueError(f"topology custom needs {', '.join(missing)} as well")
+            if self.gpu_memory_gb not in catalog.GPU_BY_MEMORY_GB:
+                known = ", ".join(str(k) for k in sorted(catalog.GPU_BY_MEMORY_GB))
+                raise ValueError(f"gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
+            if self.engine == "vllm" and self.node_count != 1:
+                raise ValueError("engine vllm is supported on one node only (nodeCount 1); use sglang across nodes")
+        else:
+            given = [k for k, v in custom_keys.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to topology custom (topology is {self.topology})")
+        if self.ssh_public_key is None and self.keypair_name is None:
+            raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
+        if self.ssh_public_key is not None and self.keypair_name is not None:
+            raise ValueError("set only one of sshPublicKey and keypairName")
+        if self.model not in catalog.MODELS:
+            raise ValueError(f"model {self.model!r} has no sizing data; known: {', '.join(catalog.MODELS)}")
+        fit = self.fit
+        if not fit.fits:
+            raise ValueError(f"the cluster cannot serve {self.model}: {fit.summary()}")
+        return self
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    @property
+    def preset(self) -> catalog.Topology | None:
+        return catalog.TOPOLOGIES.get(self.topology)
+
+    @property
+    def flavor_name(self) -> str:
+        return self.preset.flavor if self.preset else self.flavor  # type: ignore[return-value]
+
+    @property
+    def nodes(self) -> int:
+        return self.preset.node_count if self.preset else self.node_count  # type: ignore[return-value]
+
+    @property
+    def gpus_per_node_count(self) -> int:
+        return self.preset.gpus_per_node if self.preset else self.gpus_per_node  # type: ignore[return-value]
+
+    @property
+    def gpu(self) -> catalog.GpuSpec:
+        name = self.preset.gpu if self.preset else catalog.GPU_BY_MEMORY_GB[self.gpu_memory_gb]  # type: ignore[index]
+        return catalog.GPUS[name]
+
+    @property
+    def engine_name(self) -> str:
+        return self.preset.engine if self.preset else self.engine  # type: ignore[return-value]
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node_count
+
+    @property
+    def tensor_parallel(self) -> int:
+        # SGLang shards one model over every GPU of every node; vLLM runs one TP group on its one node.
+        return self.total_gpus
+
+    @property
+    def model_spec(self) -> catalog.ModelSpec:
+        return catalog.MODELS[self.model]
+
+    @property
+    def fit(self) -> sizing.FitReport:
+        return sizing.check_fit(self.model_spec, self.gpu, self.nodes, self.gpus_per_node_count, self.tensor_parallel)
+
+    @property
+    def container_image(self) -> str:
+        if self.image:
+            return self.image
+        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE[self.engine_name]
+
+    @property
+    def image_pinned(self) -> bool:
+        return "@sha256:" in self.container_image
+
+    @property
+    def vm_image(self) -> str:
+        if self.os_image:
+            return self.os_image
+        if self.preset:
+            return self.preset.os_image
+        return catalog.OS_IMAGE_CUDA_13_2 if self.gpu.name.startswith("B") else catalog.OS_IMAGE_CUDA_12_8
+
+    @property
+    def env_name(self) -> str:
+        return self.environment_name or f"kimi-{self.stack}"[:50]
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def price(self) -> catalog.Price | None:
+        if self.gpu_hourly_price_usd is not None:
+            return catalog.Price(self.gpu_hourly_price_usd, "from config gpuHourlyPriceUsd", "stack config", "now")
+        return catalog.PRICES.get(self.gpu.name)
+
+    @property
+    def hourly_cost_usd(self) -> float | None:
+        return sizing.hourly_cost_usd(self.price, self.total_gpus)
+
+    def node_name(self, index: int) -> str:
+        """Deterministic VM names let a re-run find a VM whose create answer was lost."""
+        return f"{self.env_name}-node{index}"[:50]
+
+    def warnings(self) -> list[str]:
+        out = []
+        if not self.image_pinned:
+            out.append(
+                f"image {self.container_image!r} is a tag without a digest: the engine version can change under "
+                f"you; pin it with {NAMESPACE}:image NAME@sha256:DIGEST"
+            )
+        if not self.hf_token_set:
+            out.append("hfToken is not set: anonymous hub downloads get tighter rate limits")
+        if self.price is None:
+            out.append(f"no price known for {self.gpu.name}; set {NAMESPACE}:gpuHourlyPriceUsd for a cost figure")
+        return out
+
+
+def _alias_of(field_name: str) -> str:
+    f = Settings.model_fields.get(field_name)
+    return (f.alias if f and f.alias else field_name) if f else field_name
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        key = _alias_of(loc[0]) if loc else ""
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing":
+            lines.append(f"{NAMESPACE}:{key} is required; {_how_to_set(key)}")
+        elif e["type"] == "extra_forbidden":
+            known = ", ".join(sorted(config_keys()))
+            lines.append(f"{NAMESPACE}:{key} is not a known setting; known settings: {known}")
+        elif key:
+            lines.append(f"{NAMESPACE}:{key}: {msg}; {_how_to_set(key)}")
+        else:
+            lines.append(msg)
+    return "invalid stack configuration:\n  " + "\n  ".join(lines)
+
+
+def config_keys() -> list[str]:
+    """Every key a user may set under kimi-cluster:, secrets included."""
+    keys = [f.alias or name for name, f in Settings.model_fields.items() if name not in ("stack", "hf_token_set", "ssh_private_key_set")]
+    return keys + list(SECRET_KEYS)
+
+
+def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
+    """Validate raw config (keys without namespace). Secret keys count only as set or not set."""
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in SECRET_KEYS:
+            continue
+        values[key] = value
+    values["stack"] = stack
+    values["hf_token_set"] = bool(raw.get("hfToken"))
+    values["ssh_private_key_set"] = bool(raw.get("sshPrivateKey"))
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as err:
+        raise SettingsError(_format_errors(err)) from None
+
+
+def strip_namespace(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`kimi-cluster:operatorCidr` -> `operatorCidr`; keys of other namespaces are dropped."""
+    prefix = NAMESPACE + ":"
+    return {k[len(prefix):]: v for k, v in config.items() if k.startswith(prefix)}
+
+
+# Documentation ranges (RFC 5737, RFC 3849): a placeholder, never a real operator's address.
+_DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
+
+
+def placeholders(settings: Settings) -> list[str]:
+    """Values still at the shipped placeholders; `pulumi up` refuses them, the offline plan only warns."""
+    out = []
+    net = ipaddress.ip_network(settings.operator_cidr)
+    if any(net.version == d.version and net.subnet_of(d) for d in _DOC_NETS):  # type: ignore[arg-type]
+        out.append(f"{NAMESPACE}:operatorCidr {settings.operator_cidr} is a documentation range (the shipped "
+                   f"placeholder): set your own public address, e.g. pulumi config set {NAMESPACE}:operatorCidr "
+                   f"\"$(curl -s https://ifconfig.me)/32\"")
+    if settings.ssh_public_key and "REPLACEWITHYOUROWN" in settings.ssh_public_key:
+        out.append(f"{NAMESPACE}:sshPublicKey is the shipped placeholder; {_how_to_set('sshPublicKey')}")
+    return out
+
+
+def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a Pulumi.<stack>.yaml: (kimi-cluster keys without namespace, every other key as written).
+
+    Encrypted `secure:` values stay opaque; they only count as set.
+    """
+    import yaml  # only the offline tools read stack files; the program gets config from the engine
+
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh) or {}
+    config = doc.get("config") or {}
+    if not isinstance(config, dict):
+        raise SettingsError(f"{path}: 'config' must be a mapping")
+    ours = strip_namespace(config)
+    others = {k: v for k, v in config.items() if not k.startswith(NAMESPACE + ":")}
+    return ours, others
+
+
+def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
+    """Inside a Pulumi program: validate every kimi-cluster key; return settings and the secret Outputs."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    cfg = pulumi.Config(NAMESPACE)
+    raw: dict[str, Any] = {}
+    prefix = NAMESPACE + ":"
+    for full_key in list(runtime_config.CONFIG.keys()):
+        if full_key.startswith(prefix):
+            key = full_key[len(prefix):]
+            # secrets are read through get_secret below so they never exist as plain values here
+            raw[key] = True if key in SECRET_KEYS else cfg.get(key)
+    secrets = {key: cfg.get_secret(key) for key in SECRET_KEYS}
+    return load_settings(raw, pulumi.get_stack()), secrets

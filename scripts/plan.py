@@ -1,0 +1,191 @@
+"""Offline plan: what `pulumi up` would build for a stack, its sizing verdict and its cost, with no account and no network.
+
+    python -m scripts.plan [--stack NAME | --config FILE] [--json] [--render-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from components import catalog, sizing
+from components.firewall import node_rules
+from components.settings import SECRET_KEYS, Settings, SettingsError, load_settings, placeholders, read_stack_file
+
+PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _head_ip_placeholder(rank: int) -> str:
+    return f"<node{rank}-private-ip>"
+
+
+def build_plan(settings: Settings, other_config: dict[str, Any], source: str) -> dict[str, Any]:
+    """Everything the plan prints, as data (the --json form)."""
+    from components import launch  # the engine command lines per rank
+
+    fit = settings.fit
+    price = settings.price
+    peers = [_head_ip_placeholder(r) for r in range(settings.nodes)]
+    secret_state = {f"kimi-cluster:{k}": ("set" if getattr(settings, _secret_flag(k)) else "not set") for k in SECRET_KEYS}
+    api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
+    secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
+    dl_low, dl_high = sizing.download_minutes(settings.model_spec)
+    return {
+        "stack": settings.stack,
+        "source": source,
+        "topology": settings.topology,
+        "description": settings.preset.description if settings.preset else "custom",
+        "region": settings.region,
+        "environment": settings.env_name,
+        "api_url": other_config.get("hyperstack:apiUrl") or os.environ.get("HYPERSTACK_API_URL") or catalog.DEFAULT_API_URL,
+        "keypair": settings.keypair_name or f"{settings.env_name}-key (imported from sshPublicKey)",
+        "nodes": [
+            {
+                "rank": r,
+                "name": settings.node_name(r),
+                "flavor": settings.flavor_name,
+                "os_image": settings.vm_image,
+                "role": "head" if r == 0 else "worker",
+                "firewall": [rule.describe() for rule in node_rules(settings, r, peers)],
+                "launch_command": launch.launch_command_text(settings, r, _head_ip_placeholder(0)),
+            }
+            for r in range(settings.nodes)
+        ],
+        "engine": settings.engine_name,
+        "container_image": settings.container_image,
+        "model": settings.model,
+        "model_revision": settings.model_revision,
+        "served_model_name": settings.served_name,
+        "sizing": {
+            "fits": fit.fits,
+            "summary": fit.summary(),
+            "gpus": fit.total_gpus,
+            "tensor_parallel": fit.tensor_parallel,
+            "valid_tensor_parallel": list(fit.valid_tp),
+            "checkpoint_bytes": fit.checkpoint_bytes,
+            "capacity_bytes": fit.capacity_bytes,
+            "headroom_bytes": fit.headroom_bytes,
+            "headroom_per_gpu_bytes": fit.headroom_per_gpu_bytes,
+            "usable_memory_basis": fit.gpu.usable_basis,
+        },
+        "hourly_cost_usd": settings.hourly_cost_usd,
+        "price": None if price is None else {
+            "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source, "as_of": price.as_of,
+        },
+        "download_minutes_per_node": [dl_low, dl_high],
+        "secrets": secret_state,
+        "license_notes": list(catalog.LICENSE_NOTES),
+        "warnings": settings.warnings(),
+        "placeholders": placeholders(settings),
+    }
+
+
+def _secret_flag(key: str) -> str:
+    return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set"}[key]
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    lines = [f"kimi-cluster plan for stack '{plan['stack']}' ({plan['source']})", ""]
+    lines.append(f"Cluster      {plan['topology']}: {plan['description']}")
+    lines.append(f"Region       {plan['region']}, environment {plan['environment']}, API {plan['api_url']}")
+    lines.append(f"Keypair      {plan['keypair']}")
+    lines.append(f"Engine       {plan['engine']} in {plan['container_image']}")
+    lines.append(f"Model        {plan['model']} @ {plan['model_revision']} (served as {plan['served_model_name']})")
+    lines.append("")
+    lines.append(f"Nodes ({len(plan['nodes'])})")
+    for n in plan["nodes"]:
+        lines.append(f"  {n['name']}  {n['flavor']}  {n['role']}  image \"{n['os_image']}\"")
+        for rule in n["firewall"]:
+            lines.append(f"      firewall: {rule}")
+    lines.append("")
+    s = plan["sizing"]
+    lines.append("Sizing")
+    lines.append(f"  {s['summary']}")
+    lines.append(f"  tensor parallel {s['tensor_parallel']} (valid: {', '.join(map(str, s['valid_tensor_parallel']))})")
+    lines.append(f"  usable memory per GPU: {s['usable_memory_basis']}")
+    lines.append("")
+    if plan["hourly_cost_usd"] is None:
+        lines.append("Cost         unknown: no price for this GPU (set kimi-cluster:gpuHourlyPriceUsd)")
+    else:
+        p = plan["price"]
+        lines.append(
+            f"Cost         ${plan['hourly_cost_usd']:,.2f} per hour ({s['gpus']} GPUs x ${p['usd_per_gpu_hour']:.2f} per "
+            f"GPU-hour {p['basis']}; {p['source']}, as of {p['as_of']}); billed per minute until `pulumi destroy`"
+        )
+    lo, hi = plan["download_minutes_per_node"]
+    lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
+    lines.append("")
+    lines.append("Secrets")
+    for k, v in plan["secrets"].items():
+        lines.append(f"  {k}: {v}")
+    lines.append("")
+    lines.append("Launch command per rank")
+    for n in plan["nodes"]:
+        lines.append(f"  rank {n['rank']} ({n['name']}):")
+        lines.append("    " + n["launch_command"].replace("\n", "\n    "))
+    lines.append("")
+    lines.append("License (Kimi K3.1-Pro License)")
+    lines.extend(f"  - {note}" for note in plan["license_notes"])
+    if plan["warnings"] or plan["placeholders"]:
+        lines.append("")
+        lines.append("Warnings")
+        lines.extend(f"  ! {w}" for w in plan["warnings"])
+        lines.extend(f"  ! {w} (pulumi up refuses this)" for w in plan["placeholders"])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.plan", description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--stack", default="dev", help="read Pulumi.<stack>.yaml from the project (default: dev)")
+    src.add_argument("--config", help="read this stack config file instead")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--render-dir", help="also write every node's rendered scripts here (secrets are never rendered)")
+    args = ap.parse_args(argv)
+
+    path = args.config or os.path.join(PROJECT_DIR, f"Pulumi.{args.stack}.yaml")
+    stack = args.stack
+    if args.config:
+        base = os.path.basename(args.config)
+        stack = base[len("Pulumi."):-len(".yaml")] if base.startswith("Pulumi.") and base.endswith(".yaml") else "custom"
+    if not os.path.exists(path):
+        print(f"error: no stack config at {path}", file=sys.stderr)
+        return 2
+    try:
+        raw, other = read_stack_file(path)
+        settings = load_settings(raw, stack)
+    except SettingsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+    plan = build_plan(settings, other, os.path.relpath(path))
+    if args.render_dir:
+        plan["rendered"] = render_scripts(settings, args.render_dir)
+    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    if args.render_dir and not args.json:
+        print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")
+    return 0
+
+
+def render_scripts(settings: Settings, out_dir: str) -> list[str]:
+    """Write each node's scripts with placeholder addresses; secrets arrive on stdin, so none are in them."""
+    from components.node import render_node_scripts
+
+    written = []
+    for rank in range(settings.nodes):
+        scripts = render_node_scripts(settings, rank, _head_ip_placeholder(rank), _head_ip_placeholder(0))
+        node_dir = os.path.join(out_dir, settings.node_name(rank))
+        os.makedirs(node_dir, exist_ok=True)
+        for step, text in scripts.items():
+            path = os.path.join(node_dir, f"{step}.sh")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    sys.exit(main())
