@@ -1,0 +1,172 @@
+"""Ready-to-paste client settings (OpenAI SDK, Claude Code, Kimi Code, OpenClaw) for a deployed endpoint.
+Pure; the key is only ever an env-var reference, since this becomes the plain `client_configs` output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+GET_KEY_COMMAND = "pulumi stack output api_key --show-secrets"
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _env_name(api_key_ref: str) -> str:
+    """KIMI_API_KEY from "$KIMI_API_KEY", "${KIMI_API_KEY}" or "KIMI_API_KEY".
+
+    Only upper-case variable names pass, so a key pasted here by mistake is refused, not published.
+    """
+    name = api_key_ref.strip()
+    if name.startswith("${") and name.endswith("}"):
+        name = name[2:-1]
+    elif name.startswith("$"):
+        name = name[1:]
+    if not _ENV_NAME.match(name):
+        raise ValueError(
+            "api_key_ref must name an environment variable such as $KIMI_API_KEY "
+            "(upper case, digits, underscores); the key itself never goes into client configs"
+        )
+    return name
+
+
+def _endpoint_root(endpoint_url: str) -> str:
+    url = endpoint_url.strip().rstrip("/")
+    if not re.match(r"^https?://[^/\s]+$", url.removesuffix("/v1")):
+        raise ValueError(f"endpoint_url must look like http://HOST:PORT, got {endpoint_url!r}")
+    return url.removesuffix("/v1")
+
+
+def _model_alias(served_model_name: str) -> str:
+    return served_model_name.rsplit("/", 1)[-1].lower()
+
+
+def build_client_configs(
+    endpoint_url: str,
+    served_model_name: str,
+    context_window: int,
+    api_key_ref: str = "$KIMI_API_KEY",
+    engine: str = "sglang",
+    max_output_tokens: int = 8192,
+) -> dict[str, Any]:
+    """Client settings for the endpoint at `endpoint_url` (root, e.g. http://1.2.3.4:8000).
+
+    `context_window` should stay within the KV cache the engine reported at start-up, since the
+    clients use it to decide when to compact history. `engine` only names the OpenClaw provider.
+    """
+    if not served_model_name or not served_model_name.strip():
+        raise ValueError("served_model_name must be the id the server lists at /v1/models")
+    if isinstance(context_window, bool) or not isinstance(context_window, int) or context_window <= 0:
+        raise ValueError(f"context_window must be a positive integer, got {context_window!r}")
+    if engine not in ("sglang", "vllm"):
+        raise ValueError(f"engine must be 'sglang' or 'vllm', got {engine!r}")
+    env = _env_name(api_key_ref)
+    root = _endpoint_root(endpoint_url)
+    base_v1 = root + "/v1"
+    model = served_model_name.strip()
+    ref = "${" + env + "}"
+    export_key = f'export {env}="$({GET_KEY_COMMAND})"'
+
+    claude_env = {
+        "ANTHROPIC_BASE_URL": root,
+        "ANTHROPIC_AUTH_TOKEN": ref,
+        "API_TIMEOUT_MS": "3000000",
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+    }
+    claude_shell = "\n".join(f'export {k}="{v}"' for k, v in claude_env.items()) + "\nclaude"
+
+    provider = "hyperstack"
+    kimi_model_key = f"{provider}/{_model_alias(model)}"
+    kimi_toml = "\n".join([
+        "# ~/.kimi-code/config.toml",
+        f'default_model = "{kimi_model_key}"',
+        "",
+        f"[providers.{provider}]",
+        'type = "openai"',
+        f'base_url = "{base_v1}"',
+        f"# the key itself: {GET_KEY_COMMAND}",
+        f'api_key = "{ref}"',
+        "",
+        f'[models."{kimi_model_key}"]',
+        f'provider = "{provider}"',
+        f'model = "{model}"',
+        f"max_context_size = {context_window}",
+        'capabilities = ["thinking", "always_thinking", "image_in", "tool_use"]',
+        'support_efforts = ["low", "high", "max"]',
+        'default_effort = "high"',
+    ])
+    # An unquoted heredoc lets the shell put the key into the file, so the snippet itself holds none.
+    kimi_shell = (
+        f"{export_key}\nmkdir -p ~/.kimi-code\n"
+        f"cat >> ~/.kimi-code/config.toml <<EOF\n{kimi_toml}\nEOF"
+    )
+
+    openclaw_block = {
+        "models": {
+            "mode": "merge",
+            "providers": {
+                engine: {
+                    "baseUrl": base_v1,
+                    "apiKey": ref,
+                    "api": "openai-completions",
+                    "models": [
+                        {
+                            "id": model,
+                            "name": "Kimi K3.1 Pro on Hyperstack",
+                            "reasoning": True,
+                            "input": ["text", "image"],
+                            "contextWindow": context_window,
+                            "maxTokens": max_output_tokens,
+                        }
+                    ],
+                }
+            },
+        }
+    }
+
+    return {
+        "api_key": {
+            "env": env,
+            "reference": ref,
+            "how_to_get": GET_KEY_COMMAND,
+            "export": export_key,
+        },
+        "openai": {
+            "base_url": base_v1,
+            "model": model,
+            "api_key_env": env,
+            "python": (
+                "import os\nfrom openai import OpenAI\n"
+                f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"])\n'
+                f'client.chat.completions.create(model="{model}", '
+                'messages=[{"role": "user", "content": "Hello"}], '
+                'extra_body={"reasoning_effort": "low"})'
+            ),
+            "curl": f'curl -s {base_v1}/models -H "Authorization: Bearer ${env}"',
+        },
+        "claude_code": {
+            "env": claude_env,
+            "shell": claude_shell,
+            "note": (
+                "ANTHROPIC_AUTH_TOKEN is sent as Authorization: Bearer, which is what SGLang and vLLM "
+                f"check. In ~/.claude/settings.json no variable is expanded: paste the output of "
+                f"`{GET_KEY_COMMAND}` there instead of {ref}."
+            ),
+        },
+        "kimi_code": {
+            "path": "~/.kimi-code/config.toml",
+            "config_toml": kimi_toml,
+            "shell": kimi_shell,
+        },
+        "openclaw": {
+            "path": "~/.openclaw/openclaw.json",
+            "provider_block": openclaw_block,
+            "json": json.dumps(openclaw_block, indent=2),
+            "env": env,
+            "set_model": f"openclaw models set {engine}/{model}",
+        },
+    }

@@ -1,0 +1,115 @@
+"""The verification stack's graph: config → StackReference to the cluster → EndpointVerification → outputs.
+Apart from __main__.py so tests can build it under Pulumi's mocks with settings of their own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import pulumi
+
+import checks_resource  # first: it puts the repository root on sys.path
+from components.verification import CHECK_NAMES, DEFAULT_TIMEOUT_S, select_checks
+
+PROJECT = "kimi-cluster-verification"
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """This stack's config, validated; every error names its key."""
+
+    cluster_stack: str
+    run_id: str = ""
+    timeout_seconds: float = DEFAULT_TIMEOUT_S
+    only: tuple[str, ...] = CHECK_NAMES
+    required_checks: tuple[str, ...] = CHECK_NAMES
+
+
+def _names(key: str, raw: Optional[str]) -> Optional[tuple[str, ...]]:
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    try:
+        # `pulumi config set --path` and YAML lists arrive as JSON text
+        value = json.loads(text) if text.startswith("[") else text
+        return select_checks(value)
+    except ValueError as exc:
+        raise ValueError(f"{PROJECT}:{key}: {exc}") from None
+
+
+def settings_from_config(get: Callable[[str], Optional[str]]) -> StackSettings:
+    """Build settings from a `get(key) -> str | None` lookup such as pulumi.Config().get."""
+    cluster_stack = (get("clusterStack") or "").strip()
+    if not cluster_stack:
+        raise ValueError(
+            f"{PROJECT}:clusterStack is required: the cluster stack to verify, e.g. organization/kimi-cluster/dev"
+        )
+    raw_timeout = get("timeoutSeconds")
+    timeout = DEFAULT_TIMEOUT_S
+    if raw_timeout not in (None, ""):
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            timeout = -1.0
+        if not 0 < timeout <= 3600:
+            raise ValueError(f"{PROJECT}:timeoutSeconds must be a number of seconds in (0, 3600], got {raw_timeout!r}")
+    only = _names("only", get("only")) or CHECK_NAMES
+    required = _names("requiredChecks", get("requiredChecks")) or only
+    not_run = [name for name in required if name not in only]
+    if not_run:
+        raise ValueError(f"{PROJECT}:requiredChecks names {not_run}, which {PROJECT}:only does not run")
+    return StackSettings(
+        cluster_stack=cluster_stack,
+        run_id=str(get("runId") or ""),
+        timeout_seconds=timeout,
+        only=only,
+        required_checks=required,
+    )
+
+
+def load_settings(config: Optional[pulumi.Config] = None) -> StackSettings:
+    return settings_from_config((config or pulumi.Config()).get)
+
+
+def _present(name: str, stack: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value in (None, ""):
+            raise ValueError(f"cluster stack {stack} has no {name} output; is it deployed with this version?")
+        return value
+
+    return check
+
+
+def build(settings: StackSettings) -> dict[str, Any]:
+    """Create the resources; returns the stack outputs by name."""
+    cluster = pulumi.StackReference("cluster", stack_name=settings.cluster_stack)
+    endpoint_url = cluster.get_output("endpoint_url").apply(_present("endpoint_url", settings.cluster_stack))
+    model = cluster.get_output("served_model_name").apply(_present("served_model_name", settings.cluster_stack))
+    revision = cluster.get_output("model_revision").apply(lambda value: value or "")
+    # secret whatever the cluster stack declared, so it can never surface in plain state
+    api_key = pulumi.Output.secret(cluster.get_output("api_key").apply(_present("api_key", settings.cluster_stack)))
+
+    run = checks_resource.EndpointVerification(
+        "endpoint",
+        endpoint_url=endpoint_url,
+        served_model_name=model,
+        model_revision=revision,
+        api_key=api_key,
+        run_id=settings.run_id,
+        only=settings.only,
+        required_checks=settings.required_checks,
+        timeout_seconds=settings.timeout_seconds,
+    )
+    return {
+        "cluster_stack": settings.cluster_stack,
+        "verification_report": run.report,
+        "verified": run.verified,
+        "all_checks_passed": run.all_passed,
+        "failed_checks": run.failed_checks,
+        "verified_endpoint_url": run.verified_endpoint_url,
+        "verified_model": run.served_model_name,
+        "verified_model_revision": run.model_revision,
+        "checked_at": run.checked_at,
+    }
