@@ -1,0 +1,19 @@
+"""Hyperstack as Pulumi resources: a requests client (api), dynamic providers (providers), typed resources.
+
+Import resources from here; the API emulator used by tests and the sandbox lives in fakes.hyperstack_emulator.
+"""
+
+from .api import HyperstackClient, HyperstackError, Settings
+from .providers import ProvisioningError
+from .resources import Environment, Keypair, SecurityRule, VirtualMachine
+
+__all__ = [
+    "Environment",
+    "HyperstackClient",
+    "HyperstackError",
+    "Keypair",
+    "ProvisioningError",
+    "SecurityRule",
+    "Settings",
+    "VirtualMachine",
+]

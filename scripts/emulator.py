@@ -1,0 +1,48 @@
+"""Run the Hyperstack API emulator on loopback: `python -m scripts.emulator --port 8700`.
+
+Point the program at it with HYPERSTACK_API_URL=http://127.0.0.1:8700/v1 and HYPERSTACK_API_KEY=<an --api-key>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.emulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8700)
+    parser.add_argument("--api-key", action="append", dest="api_keys",
+                        help=f"accepted key (repeatable; default: $HYPERSTACK_API_KEY or {DEFAULT_API_KEY})")
+    parser.add_argument("--creating-seconds", type=float, default=1.0, help="time in CREATING")
+    parser.add_argument("--build-seconds", type=float, default=3.0, help="time in BUILD")
+    parser.add_argument("--floating-ip-seconds", type=float, default=1.0, help="time the floating IP is ATTACHING")
+    parser.add_argument("--deleting-seconds", type=float, default=1.0, help="time a deleted VM stays DELETING")
+    parser.add_argument("--first-ip", default="127.0.0.2", help="first loopback address handed to VMs")
+    parser.add_argument("--first-floating-ip", default=None,
+                        help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
+    parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
+    args = parser.parse_args(argv)
+
+    keys = tuple(args.api_keys or [os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY])
+    emulator = Emulator(
+        host=args.host, port=args.port, api_keys=keys,
+        lifecycle=Lifecycle(args.creating_seconds, args.build_seconds, args.floating_ip_seconds,
+                            args.deleting_seconds),
+        first_ip=args.first_ip, first_floating_ip=args.first_floating_ip, vm_names_unique=args.vm_names_unique,
+    )
+    emulator.start()
+    # Never print the key itself: say where it came from.
+    source = "--api-key" if args.api_keys else ("$HYPERSTACK_API_KEY" if os.environ.get("HYPERSTACK_API_KEY")
+                                                 else f"the default key {DEFAULT_API_KEY!r}")
+    print(f"Hyperstack emulator on {emulator.base_url} (accepting {source}); Ctrl-C stops it", flush=True)
+    emulator.run_until_interrupted()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
