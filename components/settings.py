@@ -373,7 +373,7 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
     cfg = pulumi.Config(NAMESPACE)
     raw: dict[str, Any] = {}
     prefix = NAMESPACE + ":"
-    for full_key in list(runtime_config.CONFIG.keys()):
+    for full_key in list(runtime_config.CONFIG.get().keys()):
         if full_key.startswith(prefix):
             key = full_key[len(prefix):]
             # secrets are read through get_secret below so they never exist as plain values here

@@ -1,0 +1,558 @@
+"""The sandbox engine: `pulumi up` and `pulumi destroy` of a real Pulumi Python program on one machine, no Pulumi CLI.
+
+`run_up`/`run_destroy` run the engine in a child process (the Pulumi runtime is process-global), which is
+`python -m sandbox.engine up|destroy`; `Engine` is what that child runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from . import props
+from .commands import CommandRunner, NodeExecution
+from .config import ConfigError, Project, StackConfig, load_project, load_stack_config
+from .console import Console, indent_rest
+from .dynamic_host import DynamicProviderHost
+from .monitor import EngineLog, SandboxMonitor
+from .program import ProgramTimeout, run_program
+from .providers import DYNAMIC_PREFIX, Registry
+from .state import StateError, StateFile, plain_outputs, read_outputs
+from .steps import Deployment, StepFailed, StepSkipped
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+STATE_FILE = "state.json"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class SandboxError(Exception):
+    """The sandbox engine could not do what was asked; the message says what and why."""
+
+
+class DeploymentFailed(SandboxError):
+    """`up` or `destroy` failed; `failures` names each failed resource and its reason, `log` is the engine's output."""
+
+    def __init__(self, message: str, failures: Sequence[str] = (), log: str = "") -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    project_dir: Path
+    stack: str
+    workdir: Path
+    config_overrides: Mapping[str, str] = field(default_factory=dict)
+    secret_overrides: Mapping[str, str] = field(default_factory=dict)
+    # How node (remote) commands are executed: these directories first on PATH, plus this environment.
+    node_path_prefix: tuple[str, ...] = ()
+    node_env: Mapping[str, str] = field(default_factory=dict)
+    # Stack reference name -> workdir of the sandbox run that holds that stack.
+    stack_references: Mapping[str, str] = field(default_factory=dict)
+    parallel: int = 64
+    # Deadline of one provider operation (a command, a dynamic provider call) without customTimeouts.
+    operation_timeout: float = 3600.0
+    # Deadline of the whole program run (up) in the engine.
+    deadline: float = 6 * 3600.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["project_dir"], data["workdir"] = str(self.project_dir), str(self.workdir)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineSettings:
+        values = dict(data)
+        values["project_dir"] = Path(values["project_dir"])
+        values["workdir"] = Path(values["workdir"])
+        values["node_path_prefix"] = tuple(values.get("node_path_prefix") or ())
+        return cls(**values)
+
+    @property
+    def state_path(self) -> Path:
+        return self.workdir / STATE_FILE
+
+
+@dataclass(frozen=True)
+class UpResult:
+    outputs: dict[str, Any]
+    secret_outputs: frozenset[str]
+    counts: dict[str, int]
+    state_path: Path
+    log: str
+
+
+@dataclass(frozen=True)
+class DestroyResult:
+    counts: dict[str, int]
+    state_path: Path
+    log: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine (runs in the child process)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings, console: Console) -> None:
+        self._settings = settings
+        self._console = console
+        self._host: DynamicProviderHost | None = None
+        self._runners: list[CommandRunner] = []
+
+    # -- shared setup ----------------------------------------------------------------------------------------
+
+    def _load(self) -> tuple[Project, StackConfig]:
+        project = load_project(self._settings.project_dir)
+        config = load_stack_config(
+            project, self._settings.stack, self._settings.config_overrides, self._settings.secret_overrides
+        )
+        self._console.learn(config.wire())
+        return project, config
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        self._settings.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self._settings.workdir / ".lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SandboxError(f"{self._settings.workdir}: another sandbox engine is running on it") from None
+            yield
+
+    def _open_state(self, project: Project) -> StateFile:
+        state = StateFile.open(self._settings.state_path, project.name, self._settings.stack)
+        for res in state.snapshot():
+            self._console.learn(res.inputs)
+            self._console.learn(res.outputs)
+        for pending in state.take_pending_operations():
+            self._console.warn(
+                f"the previous run was interrupted during {pending['op']} of {pending['type']} "
+                f"{pending['urn'].rsplit('::', 1)[-1]!r}; it may have been partly done and will be retried"
+            )
+        return state
+
+    def _deployment(self, project: Project, config: StackConfig, state: StateFile) -> Deployment:
+        settings = self._settings
+        self._host = DynamicProviderHost(project.program_dir, project.name, settings.stack, config, self._console)
+        nodes = NodeExecution(settings.workdir / "nodes", tuple(settings.node_path_prefix), dict(settings.node_env))
+        local = CommandRunner("local", self._console, project.program_dir)
+        remote = CommandRunner("remote", self._console, project.program_dir, nodes)
+        self._runners = [local, remote]
+        host = self._host
+        registry = Registry(dynamic=lambda: host, local_commands=lambda: local, remote_commands=lambda: remote)
+        return Deployment(state, registry, self._console, settings.operation_timeout, settings.parallel)
+
+    def _close(self) -> None:
+        for runner in self._runners:
+            runner.kill_all()
+        if self._host is not None:
+            self._host.close()
+
+    def abort(self) -> None:
+        """On a signal: stop running commands and the provider host at once; completed steps are already saved."""
+        for runner in self._runners:
+            runner.kill_all()
+        if self._host is not None:
+            self._host.kill()
+
+    def _summary(self, deployment: Deployment, started: float) -> None:
+        c = deployment.counts
+        self._console.line(
+            f"Resources: {c['create']} created, {c['update']} updated, {c['replace']} replaced, "
+            f"{c['delete']} deleted, {c['same']} unchanged. Duration: {time.monotonic() - started:.1f}s"
+        )
+
+    @staticmethod
+    def _outcome(ok: bool, deployment: Deployment | None, error: str | None = None) -> dict[str, Any]:
+        return {
+            "ok": ok,
+            "counts": dict(deployment.counts) if deployment else {},
+            "failures": [f.describe() for f in deployment.failures] if deployment else [],
+            "error": error,
+        }
+
+    # -- up --------------------------------------------------------------------------------------------------
+
+    def up(self) -> dict[str, Any]:
+        started = time.monotonic()
+        project, config = self._load()
+        with self._exclusive():
+            state = self._open_state(project)
+            deployment = self._deployment(project, config, state)
+            assert self._host is not None
+            # Started here, on the main thread, so the host's parent-death signal is tied to a thread that lives
+            # as long as the engine; it is connected to lazily, on the first dynamic resource.
+            self._host.start()
+            try:
+                return self._up(project, config, state, deployment, started)
+            finally:
+                self._close()
+
+    def _up(
+        self, project: Project, config: StackConfig, state: StateFile, deployment: Deployment, started: float
+    ) -> dict[str, Any]:
+        settings = self._settings
+        refs = {name: Path(where) for name, where in settings.stack_references.items()}
+        monitor = SandboxMonitor(deployment, project.name, settings.stack, self._console, refs)
+        log = EngineLog(self._console)
+        self._console.line(f"Updating {project.name}/{settings.stack} with the sandbox engine (state: {state.path})")
+        drained = True
+
+        def drain() -> None:
+            nonlocal drained
+            drained = deployment.drain(settings.operation_timeout + 120)
+
+        program_error: BaseException | None = None
+        try:
+            run_program(project, settings.stack, config, monitor, log, settings.parallel, settings.deadline,
+                        before_close=drain)
+        except Exception as exc:  # noqa: BLE001 - reported below, the run fails
+            program_error = exc
+        program_failed = program_error is not None and not _caused_by_step(program_error)
+        if program_failed:
+            assert program_error is not None
+            self._report_program_error(program_error, project.program_dir)
+        if not drained:
+            self._console.error("some resource steps were still running at the deadline; their results are lost")
+        ok = program_error is None and not deployment.failures and not log.errors and drained
+        if ok:
+            ok = deployment.finish_up()
+        else:
+            leftovers = [r for r in state.snapshot() if r.delete or r.urn not in set(deployment.registered)]
+            if leftovers:
+                self._console.line(f"  (not deleting {len(leftovers)} resource(s) the program no longer declares: "
+                                   "the update failed)")
+        if ok:
+            outputs = state.outputs
+            if outputs:
+                self._console.line("Outputs:")
+                for key in sorted(outputs):
+                    self._console.line(f"    {key}: {props.render(outputs[key])}")
+        self._summary(deployment, started)
+        error = None
+        if program_failed:
+            assert program_error is not None
+            error = f"the program failed: {_one_line(program_error)}"
+        elif not drained:
+            error = "steps still running at the deadline"
+        elif log.errors:
+            error = f"the program logged an error: {log.errors[0].splitlines()[0] if log.errors[0] else ''}"
+        if not ok:
+            self._console.error("update failed")
+            for failure in deployment.failures:
+                self._console.line(indent_rest(f"    {failure.describe()}", "      "))
+            if error:
+                self._console.line(f"    {error}")
+        return self._outcome(ok, deployment, self._console.mask(error) if error else None)
+
+    def _report_program_error(self, exc: BaseException, program_dir: Path) -> None:
+        if isinstance(exc, (pulumi.RunError, ProgramTimeout)):
+            self._console.error(str(exc))
+            return
+        # Start the traceback at the program's own code: the runtime and engine frames above it are noise.
+        frames = traceback.extract_tb(exc.__traceback__)
+        first = next((i for i, f in enumerate(frames) if f.filename.startswith(str(program_dir))), 0)
+        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[first:]),
+                 *traceback.format_exception_only(exc)]
+        self._console.error("the program raised an exception:")
+        for line in "".join(lines).rstrip().splitlines():
+            self._console.line(f"    {line}")
+
+    # -- destroy ---------------------------------------------------------------------------------------------
+
+    def destroy(self) -> dict[str, Any]:
+        started = time.monotonic()
+        project, config = self._load()
+        with self._exclusive():
+            state = self._open_state(project)
+            deployment = self._deployment(project, config, state)
+            self._console.line(
+                f"Destroying {project.name}/{self._settings.stack} with the sandbox engine (state: {state.path})"
+            )
+            resources = state.snapshot()
+            try:
+                if self._host is not None and any(r.type.startswith(DYNAMIC_PREFIX) for r in resources):
+                    self._host.start()
+                ok = deployment.destroy()
+                if not resources:
+                    self._console.line("  nothing to destroy")
+                    state.save()
+                self._summary(deployment, started)
+                if not ok:
+                    self._console.error("destroy failed; what is left is still in the state file")
+                    for failure in deployment.failures:
+                        self._console.line(indent_rest(f"    {failure.describe()}", "      "))
+                return self._outcome(ok, deployment)
+            finally:
+                self._close()
+
+
+def _caused_by_step(exc: BaseException) -> bool:
+    """Whether a program error is just a failed/skipped step surfacing through the SDK (already reported)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (StepFailed, StepSkipped)):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public API (runs the engine in a child process)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _settings(
+    project_dir: str | Path,
+    stack: str,
+    workdir: str | Path,
+    config_overrides: Mapping[str, Any] | None,
+    secret_overrides: Mapping[str, Any] | None,
+    node_path_prefix: Sequence[str | Path],
+    node_env: Mapping[str, str] | None,
+    stack_references: Mapping[str, str | Path] | None,
+    parallel: int,
+    operation_timeout: float,
+    deadline: float,
+) -> EngineSettings:
+    return EngineSettings(
+        project_dir=Path(project_dir).resolve(),
+        stack=stack,
+        workdir=Path(workdir).resolve(),
+        config_overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in (config_overrides or {}).items()},
+        secret_overrides={k: v if isinstance(v, str) else json.dumps(v) for k, v in (secret_overrides or {}).items()},
+        node_path_prefix=tuple(str(Path(p).resolve()) for p in node_path_prefix),
+        node_env=dict(node_env or {}),
+        stack_references={k: str(Path(v).resolve()) for k, v in (stack_references or {}).items()},
+        parallel=parallel,
+        operation_timeout=operation_timeout,
+        deadline=deadline,
+    )
+
+
+def spawn(operation: str, settings: EngineSettings, result_file: Path | None = None) -> subprocess.Popen[str]:
+    """Start `python -m sandbox.engine <operation>` in its own session; settings go over stdin, off the command line.
+
+    Output (stdout and stderr merged) is readable from the returned process's stdout.
+    """
+    if operation not in ("up", "destroy"):
+        raise ValueError(f"operation must be 'up' or 'destroy', not {operation!r}")
+    argv = [sys.executable, "-m", "sandbox.engine", operation, "--request", "-"]
+    if result_file is not None:
+        argv += ["--result-file", str(result_file)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        argv, cwd=_REPO_ROOT, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # Its own session, so one killpg ends the engine and every command it runs.
+        start_new_session=True,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(settings.to_json()))
+        proc.stdin.close()
+    except BrokenPipeError:
+        # The child died at start; its output and exit code tell why.
+        pass
+    return proc
+
+
+def _run_child(operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any], str]:
+    # The child enforces settings.deadline itself; this backstop covers a child that cannot.
+    timeout = settings.deadline + settings.operation_timeout + 300
+    with tempfile.TemporaryDirectory(prefix="sandbox-engine-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        proc = spawn(operation, settings, result_file)
+        lines: list[str] = []
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if echo:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+
+        reader = threading.Thread(target=pump, name=f"sandbox-{operation}-output", daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=15)
+            reader.join(timeout=5)
+            raise DeploymentFailed(f"sandbox {operation} did not finish within {timeout:.0f}s and was stopped",
+                                   log="".join(lines)) from None
+        reader.join(timeout=10)
+        log = "".join(lines)
+        if not result_file.exists():
+            raise DeploymentFailed(f"sandbox {operation} exited with code {code} without a result", log=log)
+        return json.loads(result_file.read_text()), log
+
+
+def _raise_failed(operation: str, result: dict[str, Any], log: str) -> None:
+    reasons = list(result.get("failures") or [])
+    if result.get("error"):
+        reasons.append(result["error"])
+    summary = "; ".join(reasons) if reasons else "see the log"
+    raise DeploymentFailed(f"sandbox {operation} failed: {summary}", failures=reasons, log=log)
+
+
+def run_up(
+    project_dir: str | Path,
+    stack: str,
+    workdir: str | Path,
+    config_overrides: Mapping[str, Any] | None = None,
+    node_path_prefix: Sequence[str | Path] = (),
+    node_env: Mapping[str, str] | None = None,
+    *,
+    secret_overrides: Mapping[str, Any] | None = None,
+    stack_references: Mapping[str, str | Path] | None = None,
+    parallel: int = 64,
+    operation_timeout: float = 3600.0,
+    deadline: float = 6 * 3600.0,
+    echo: bool = True,
+) -> UpResult:
+    """`pulumi up` of the program in `project_dir` for `stack`, state in `<workdir>/state.json`.
+
+    Raises DeploymentFailed (naming each failed resource and its reason) if anything failed.
+    """
+    settings = _settings(project_dir, stack, workdir, config_overrides, secret_overrides, node_path_prefix,
+                         node_env, stack_references, parallel, operation_timeout, deadline)
+    result, log = _run_child("up", settings, echo)
+    if not result.get("ok"):
+        _raise_failed("up", result, log)
+    outputs, secret_names = plain_outputs(read_outputs(settings.state_path))
+    return UpResult(outputs, secret_names, dict(result.get("counts") or {}), settings.state_path, log)
+
+
+def run_destroy(
+    project_dir: str | Path,
+    stack: str,
+    workdir: str | Path,
+    config_overrides: Mapping[str, Any] | None = None,
+    *,
+    secret_overrides: Mapping[str, Any] | None = None,
+    parallel: int = 64,
+    operation_timeout: float = 3600.0,
+    deadline: float = 6 * 3600.0,
+    echo: bool = True,
+) -> DestroyResult:
+    """`pulumi destroy`: delete all that `<workdir>/state.json` holds, dependents first, through the same providers."""
+    settings = _settings(project_dir, stack, workdir, config_overrides, secret_overrides, (), None, None,
+                         parallel, operation_timeout, deadline)
+    result, log = _run_child("destroy", settings, echo)
+    if not result.get("ok"):
+        _raise_failed("destroy", result, log)
+    return DestroyResult(dict(result.get("counts") or {}), settings.state_path, log)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SandboxError(f"{flag} expects KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def _parse(argv: Sequence[str] | None) -> tuple[str, EngineSettings, Path | None]:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.engine", description=__doc__)
+    parser.add_argument("operation", choices=["up", "destroy"])
+    parser.add_argument("--project-dir", help="directory holding Pulumi.yaml")
+    parser.add_argument("--stack", help="stack name (reads Pulumi.<stack>.yaml)")
+    parser.add_argument("--workdir", help="where state.json and nodes/<host>/ live")
+    parser.add_argument("--config", action="append", metavar="KEY=VALUE", help="config override (repeatable)")
+    parser.add_argument("--secret", action="append", metavar="KEY=VALUE", help="secret config override (repeatable)")
+    parser.add_argument("--node-path", action="append", metavar="DIR", help="prefix PATH of node commands")
+    parser.add_argument("--node-env", action="append", metavar="KEY=VALUE", help="extra env of node commands")
+    parser.add_argument("--stack-ref", action="append", metavar="NAME=WORKDIR", help="where a referenced stack lives")
+    parser.add_argument("--parallel", type=int, default=64)
+    parser.add_argument("--operation-timeout", type=float, default=3600.0, help="seconds per provider operation")
+    parser.add_argument("--deadline", type=float, default=6 * 3600.0, help="seconds for the whole program run")
+    parser.add_argument("--request", metavar="FILE", help="settings as JSON ('-' for stdin) instead of the flags")
+    parser.add_argument("--result-file", metavar="FILE", help="write the outcome as JSON here")
+    args = parser.parse_args(argv)
+    result_file = Path(args.result_file) if args.result_file else None
+    if args.request:
+        text = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
+        return args.operation, EngineSettings.from_json(json.loads(text)), result_file
+    if not (args.project_dir and args.stack and args.workdir):
+        parser.error("--project-dir, --stack and --workdir are required (or --request)")
+    settings = _settings(
+        args.project_dir, args.stack, args.workdir, _pairs(args.config, "--config"),
+        _pairs(args.secret, "--secret"), args.node_path or (), _pairs(args.node_env, "--node-env"),
+        _pairs(args.stack_ref, "--stack-ref"), args.parallel, args.operation_timeout, args.deadline,
+    )
+    return args.operation, settings, result_file
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    console = Console(sys.stdout)
+    result_file: Path | None = None
+    try:
+        operation, settings, result_file = _parse(argv)
+        engine = Engine(settings, console)
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            engine.abort()
+            console.error(f"interrupted by signal {signum}; completed steps are in the state file")
+            os._exit(128 + signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+        outcome = engine.up() if operation == "up" else engine.destroy()
+    except (SandboxError, ConfigError, StateError) as exc:
+        console.error(str(exc))
+        outcome = {"ok": False, "counts": {}, "failures": [], "error": console.mask(str(exc))}
+        code = EXIT_USAGE
+    else:
+        code = EXIT_OK if outcome["ok"] else EXIT_FAILED
+    if result_file is not None:
+        result_file.write_text(json.dumps(outcome))
+    sys.stdout.flush()
+    # Threads the SDK or a provider left behind must not hold the process open.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
