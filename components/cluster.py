@@ -49,6 +49,8 @@ class InferenceCluster(pulumi.ComponentResource):
 
         # The endpoint never runs unauthenticated: the key is generated once and exported only as a secret.
         api_key = GeneratedSecret(f"{name}-api-key", opts=child)
+        # Wrapped explicitly so the key stays secret however the engine treats additional_secret_outputs.
+        api_key_value = pulumi.Output.secret(api_key.value)
 
         vms: list[VirtualMachine] = []
         host_keys: list[pulumi.Output[str]] = []
@@ -75,23 +77,28 @@ class InferenceCluster(pulumi.ComponentResource):
         rules_by_rank = [self._rules(name, settings, rank, vms) for rank in range(settings.nodes)]
         head_private_ip = vms[0].private_ip
 
-        nodes = [
-            GpuNode(
-                f"{name}-node{rank}",
-                settings=settings,
-                rank=rank,
-                public_ip=vm.public_ip,
-                private_ip=vm.private_ip,
-                head_private_ip=head_private_ip,
-                ssh_private_key=ssh_private_key,
-                hf_token=hf_token,
-                api_key=api_key.value,
-                host_key=host_keys[rank],
-                # SSH must be allowed in before the first command dials.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=rules_by_rank[rank]),
+        nodes: list[GpuNode] = []
+        for rank, vm in enumerate(vms):
+            nodes.append(
+                GpuNode(
+                    f"{name}-node{rank}",
+                    settings=settings,
+                    rank=rank,
+                    public_ip=vm.public_ip,
+                    private_ip=vm.private_ip,
+                    head_private_ip=head_private_ip,
+                    ssh_private_key=ssh_private_key,
+                    hf_token=hf_token,
+                    api_key=api_key_value,
+                    host_key=host_keys[rank],
+                    # A replaced VM re-runs its whole chain even if it comes back on the same address.
+                    vm_id=vm.vm_id,
+                    # The guide starts rank 0 first; the others join its rendezvous on port 20000.
+                    launch_after=[nodes[0].launched] if rank > 0 else [],
+                    # SSH must be allowed in before the first command dials.
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=rules_by_rank[rank]),
+                )
             )
-            for rank, vm in enumerate(vms)
-        ]
 
         # The head answers only once every rank has joined the rendezvous, so wait on all launches.
         ready = Readiness(
@@ -99,7 +106,7 @@ class InferenceCluster(pulumi.ComponentResource):
             settings=settings,
             public_ip=vms[0].public_ip,
             ssh_private_key=ssh_private_key,
-            api_key=api_key.value,
+            api_key=api_key_value,
             host_key=host_keys[0],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[n.launched for n in nodes]),
         )
@@ -115,7 +122,7 @@ class InferenceCluster(pulumi.ComponentResource):
             "served_model_name": settings.served_name,
             "model": settings.model,
             "model_revision": settings.model_revision,
-            "api_key": pulumi.Output.secret(api_key.value),
+            "api_key": api_key_value,
             "head_public_ip": vms[0].public_ip,
             "node_public_ips": pulumi.Output.all(*[vm.public_ip for vm in vms]),
             "node_private_ips": pulumi.Output.all(*[vm.private_ip for vm in vms]),
@@ -127,7 +134,9 @@ class InferenceCluster(pulumi.ComponentResource):
             "gpu_count": settings.total_gpus,
             "hourly_cost_usd": settings.hourly_cost_usd,
             "client_configs": endpoint_url.apply(
-                lambda u: build_client_configs(u, settings.served_name, settings.context_window)
+                lambda u: build_client_configs(
+                    u, settings.served_name, settings.context_window, engine=settings.engine_name
+                )
             ),
         }
         self.register_outputs(self.outputs)

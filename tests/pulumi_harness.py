@@ -91,9 +91,10 @@ def run_program(
     program: Path = ROOT / "__main__.py",
     stack: str = "dev",
     project: str = "kimi-cluster",
+    recording: Recording | None = None,
 ) -> Recording:
-    """Run `program` to completion under mocks; raise whatever the program raised."""
-    recording = Recording()
+    """Run `program` to completion under mocks; raise whatever the program raised (`recording` keeps what got in)."""
+    recording = recording if recording is not None else Recording()
     monitor_ref: list = []
     mocks = _Mocks(recording, outputs_for, monitor_ref)
     monitor = _RecordingMonitor(mocks, recording)

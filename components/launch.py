@@ -1,0 +1,214 @@
+"""The engine's command line and the `docker run` around it, per engine and rank, as data.
+
+Shared by the launch template (which runs it) and the offline plan (which prints it), so the command a reviewer reads
+is the command a node runs. Items are words or (flag, value) pairs that stay on one line; `flatten` gives the argv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence, Union
+
+from components.scripts import ShellExpr, shell_words
+from components.settings import Settings
+
+Word = Union[str, ShellExpr]
+Item = Union[Word, tuple]
+
+CONTAINER_NAME = "kimi-engine"
+DIST_INIT_PORT = 20000
+PARSER = "kimi_k3"
+FINGERPRINT_LABEL = "kimi-cluster.fingerprint"
+# The engines find the weights where huggingface_hub puts them by default, under HF_HOME.
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+# Everything else the engines cache (JIT kernels, compile graphs) lives under here, mounted from the storage path so
+# a restart reuses it; its host folder name never changes (seed 002: a changing name redoes the tuning every boot).
+CONTAINER_CACHE = "/root/.cache"
+# The API key reaches the container only through the root-only env file, never through the command text.
+API_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": "KIMI_API_KEY"}
+PLACEHOLDER_NIC = ShellExpr("${NIC}")
+PLACEHOLDER_THREADS = ShellExpr("${OMP_THREADS}")
+PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+
+# Runs inside the container before the engine, also on every automatic restart: a /dev/shm left full by the previous
+# run crash-loops NCCL (llm-d #352). With --ipc=host this is the host's /dev/shm, which only the engine uses.
+_CLEAR_SHM = "find /dev/shm -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null"
+# vLLM reads VLLM_API_KEY itself. SGLang only takes --api-key on its command line, so the key is appended inside the
+# container from the env file; it never appears in the docker command, the rendered script or Pulumi's state.
+_WRAPPER = {
+    "vllm": f'{_CLEAR_SHM}; exec "$@"',
+    "sglang": f'{_CLEAR_SHM}; exec "$@" --api-key "${API_KEY_ENV["sglang"]}"',
+}
+
+
+def flatten(items: Sequence[Item]) -> list[Word]:
+    """The plain argv of items that may hold (flag, value) pairs."""
+    out: list[Word] = []
+    for item in items:
+        out.extend(item if isinstance(item, tuple) else (item,))
+    return out
+
+
+def needs_marlin(settings: Settings) -> bool:
+    """Hopper has no FP4 tensor cores: SGLang serves the MXFP4 experts through the Marlin W4A16 kernel (seed 000)."""
+    return settings.gpu.name.startswith(("H100", "H200"))
+
+
+def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
+    """The engine's own command line inside the container; extra_engine_args come last so they can override."""
+    port = str(settings.api_port)
+    if settings.engine_name == "vllm":
+        items: list[Item] = [
+            ("vllm", "serve", settings.model),
+            ("--revision", settings.model_revision),
+            ("--served-model-name", settings.served_name),
+            "--trust-remote-code",
+            ("--tensor-parallel-size", str(settings.tensor_parallel)),
+            ("--load-format", "fastsafetensors"),
+            "--enable-auto-tool-choice",
+            ("--tool-call-parser", PARSER),
+            ("--reasoning-parser", PARSER),
+            ("--host", "0.0.0.0"),
+            ("--port", port),
+        ]
+        if settings.max_model_len:
+            items.append(("--max-model-len", str(settings.max_model_len)))
+    else:
+        tp = str(settings.tensor_parallel)
+        items = [
+            ("sglang", "serve"),
+            "--trust-remote-code",
+            ("--model-path", settings.model),
+            ("--revision", settings.model_revision),
+            ("--served-model-name", settings.served_name),
+            ("--tp-size", tp),
+            ("--ep-size", tp),
+        ]
+        if settings.nodes > 1:
+            items += [
+                ("--nnodes", str(settings.nodes)),
+                ("--node-rank", str(rank)),
+                ("--dist-init-addr", f"{head_private_ip}:{DIST_INIT_PORT}"),
+                # The rendezvous waits for every rank; an hour covers the slowest node's weight load.
+                ("--dist-timeout", "3600"),
+            ]
+        if needs_marlin(settings):
+            items.append(("--moe-runner-backend", "marlin"))
+        items += [
+            ("--mem-fraction-static", "0.85"),
+            ("--max-running-requests", "64"),
+            ("--reasoning-parser", PARSER),
+            ("--tool-call-parser", PARSER),
+            ("--host", "0.0.0.0"),
+            ("--port", port),
+        ]
+        if settings.max_model_len:
+            items.append(("--context-length", str(settings.max_model_len)))
+    items += list(settings.extra_engine_args)
+    return items
+
+
+def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
+    """Environment of the engine container (the API key is not here: it comes from the env file)."""
+    env: list[tuple[str, Word]] = [
+        # The weights were checked before launch; the engine must not reach out to the hub again.
+        ("HF_HUB_OFFLINE", "1"),
+        ("HF_HOME", CONTAINER_HF_HOME),
+        # Each GPU worker gets its share of the node's cores rather than all of them (seed 002: 43.6 -> 11.9 min).
+        ("OMP_NUM_THREADS", threads),
+        ("TRITON_CACHE_DIR", f"{CONTAINER_CACHE}/triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/torchinductor"),
+        ("DG_JIT_CACHE_DIR", f"{CONTAINER_CACHE}/deep_gemm"),
+    ]
+    if settings.engine_name == "vllm":
+        env += [
+            ("VLLM_ENGINE_READY_TIMEOUT_S", "3600"),
+            ("VLLM_CACHE_ROOT", f"{CONTAINER_CACHE}/vllm"),
+        ]
+    else:
+        env += [
+            ("NCCL_CUMEM_ENABLE", "1"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+            ("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "0"),
+        ]
+        if settings.nodes > 1:
+            env += [
+                ("SGLANG_HOST_IP", private_ip),
+                # Collectives run over TCP on the private network only (no InfiniBand on these VMs).
+                ("NCCL_SOCKET_IFNAME", nic),
+                ("GLOO_SOCKET_IFNAME", nic),
+                ("NCCL_IB_DISABLE", "1"),
+            ]
+    return env
+
+
+def _env_word(name: str, value: Word) -> Word:
+    return ShellExpr(f"{name}={value}") if isinstance(value, ShellExpr) else f"{name}={value}"
+
+
+def docker_run_argv(
+    settings: Settings,
+    rank: int,
+    *,
+    private_ip: str,
+    head_private_ip: str,
+    hf_dir: Word,
+    cache_dir: Word,
+    env_file: Word,
+    nic: Word = PLACEHOLDER_NIC,
+    threads: Word = PLACEHOLDER_THREADS,
+    fingerprint: Word | None = PLACEHOLDER_FINGERPRINT,
+) -> list[Item]:
+    """`docker run` for this rank. Host paths are parameters: the template passes node-root-relative expressions."""
+    engine = settings.engine_name
+    items: list[Item] = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
+    if fingerprint is not None:
+        items.append(("--label", _env_word(FINGERPRINT_LABEL, fingerprint)))
+    items.append(("--gpus", "all"))
+    if engine == "vllm":
+        port = str(settings.api_port)
+        items += ["--privileged", "--ipc=host", ("-p", f"{port}:{port}")]
+    else:
+        items += [
+            ("--network", "host"), "--ipc=host", ("--shm-size", "32g"),
+            ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864"),
+        ]
+    items += [
+        ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
+        ("-v", _mount(hf_dir, CONTAINER_HF_HOME)),
+        ("-v", _mount(cache_dir, CONTAINER_CACHE)),
+        ("--env-file", env_file),
+    ]
+    env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
+    items += [("-e", _env_word(k, v)) for k, v in env]
+    # sh runs the wrapper with $0 = the container name and "$@" = the engine's command line.
+    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER[engine], CONTAINER_NAME)]
+    items += engine_argv(settings, rank, head_private_ip)
+    return items
+
+
+def _mount(host: Word, container: str) -> Word:
+    return ShellExpr(f"{host}:{container}") if isinstance(host, ShellExpr) else f"{host}:{container}"
+
+
+def launch_fingerprint(settings: Settings, rank: int, private_ip: str, head_private_ip: str) -> str:
+    """Identifies one launch configuration; a running container with the same label is left alone on a re-run."""
+    argv = docker_run_argv(settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
+                           hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"),
+                           env_file=ShellExpr("${ENV_FILE}"), fingerprint=None)
+    return hashlib.sha256(shell_words(flatten(argv)).encode()).hexdigest()[:16]
+
+
+def launch_command_text(settings: Settings, rank: int, head_private_ip: str, private_ip: str | None = None) -> str:
+    """The launch command for the plan, with the paths of a real node; NIC and thread count are found on the node."""
+    storage = settings.storage_path.rstrip("/") or ""
+    argv = docker_run_argv(
+        settings, rank,
+        private_ip=private_ip or f"<node{rank}-private-ip>",
+        head_private_ip=head_private_ip,
+        hf_dir=f"{storage}/hf",
+        cache_dir=f"{storage}/cache/{settings.engine_name}",
+        env_file="/etc/kimi-cluster/engine.env",
+        fingerprint=None,
+    )
+    return shell_words(argv, continuation=" \\\n  ")

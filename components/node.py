@@ -1,0 +1,378 @@
+"""One GPU node's bring-up as a chain of remote commands, from an empty VM to a running engine container.
+
+ready -> storage -> (image pull || weights) -> check -> launch, each a pulumi-command `remote.Command` running a script
+rendered from templates/; the head's readiness wait is its own component. Secrets reach the node only on stdin.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pulumi
+import pulumi.dynamic as dyn
+from pulumi_command import remote
+
+from components import launch
+from components.scripts import ShellExpr, render
+from components.settings import Settings
+
+GPU_NODE_TYPE = "kimi:cluster:GpuNode"
+READINESS_TYPE = "kimi:cluster:Readiness"
+STEPS = ("ready", "storage", "image", "weights", "check", "launch")
+HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
+WEIGHTS_UNIT = "kimi-weights"
+CHECK_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "check_download.py"
+SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
+
+# A fresh VM refuses SSH for minutes after it reports ACTIVE; pulumi-command's defaults (10 dials, 15 s each) give up
+# after about 11 s of refused connections. 120 dials with its capped backoff wait about 10 minutes.
+DIAL_ERROR_LIMIT = 120
+PER_DIAL_TIMEOUT_S = 30
+
+SUMMARIES = {
+    "ready": "wait for SSH and cloud-init, count the GPUs, find the private interface",
+    "storage": "put the Hugging Face cache and docker's data-root on the storage disk; refuse if it is too small",
+    "image": "pull the pinned engine image, with bounded retries",
+    "weights": "download the pinned checkpoint in a systemd unit that survives a dropped SSH session, and follow it",
+    "check": "compare the local snapshot with the hub's manifest for the pinned revision",
+    "launch": "start the engine container for this rank",
+    "readiness": "wait until the head serves the model on /v1/models, or print the engine log and fail",
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Waits and retries of the node scripts. Settings give the two long deadlines; tests shorten everything."""
+
+    poll_seconds: int = 30  # progress line interval: silent long commands get cut off
+    fast_poll_seconds: float = 2
+    cloud_init_timeout_s: int = 1200
+    gpu_timeout_s: int = 300
+    docker_timeout_s: int = 180
+    pull_attempts: int = 4
+    pull_timeout_s: int = 3600
+    pull_backoff_s: int = 30
+    settle_seconds: float = 15
+    log_tail: int = 100
+    download_timeout_s: int | None = None  # default: settings.download_timeout_minutes
+    readiness_timeout_s: int | None = None  # default: settings.readiness_timeout_minutes
+
+    def download_s(self, settings: Settings) -> int:
+        return self.download_timeout_s or settings.download_timeout_minutes * 60
+
+    def readiness_s(self, settings: Settings) -> int:
+        return self.readiness_timeout_s or settings.readiness_timeout_minutes * 60
+
+
+# ---- rendering (pure) ----------------------------------------------------------------------------------------------
+
+
+def _storage_path(settings: Settings) -> str:
+    path = "/" + settings.storage_path.strip("/")
+    return path if path != "/" else ""
+
+
+def _repo_folder(settings: Settings) -> str:
+    return "models--" + settings.model.replace("/", "--")
+
+
+def readiness_identity(settings: Settings) -> str:
+    """Changes whenever any rank's launch configuration does, so the readiness wait runs again after a relaunch."""
+    prints = [launch.launch_fingerprint(settings, r, f"<node{r}>", "<node0>") for r in range(settings.nodes)]
+    return hashlib.sha256(" ".join(prints).encode()).hexdigest()[:16]
+
+
+def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
+    return {
+        "step": step,
+        "summary": SUMMARIES[step],
+        "rank": rank,
+        "node_root": settings.node_root,
+        "storage_path": _storage_path(settings),
+        "poll_seconds": timing.poll_seconds,
+        "fast_poll_seconds": timing.fast_poll_seconds,
+    }
+
+
+def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
+                timing: Timing = Timing()) -> str:
+    """One step's script for one node. Addresses are plain strings; no secret is ever a template value."""
+    v = _values(settings, rank, step, timing)
+    ckpt = settings.model_spec.checkpoint_bytes
+    if step == "ready":
+        v.update(private_ip=private_ip, gpus_per_node=settings.gpus_per_node_count,
+                 cloud_init_timeout_s=timing.cloud_init_timeout_s, gpu_timeout_s=timing.gpu_timeout_s)
+    elif step == "storage":
+        v.update(engine=settings.engine_name, need_bytes=ckpt + settings.disk_margin_gb * 10**9,
+                 checkpoint_gb=f"{ckpt / 1e9:,.1f} GB", margin_gb=f"{settings.disk_margin_gb} GB",
+                 docker_timeout_s=timing.docker_timeout_s)
+    elif step == "image":
+        v.update(image=settings.container_image, pull_attempts=timing.pull_attempts,
+                 pull_timeout_s=timing.pull_timeout_s, pull_backoff_s=timing.pull_backoff_s)
+    elif step == "weights":
+        v.update(repo=settings.model, revision=settings.model_revision, unit=WEIGHTS_UNIT,
+                 repo_folder=_repo_folder(settings), checkpoint_bytes=ckpt, hf_hub_version=HF_HUB_VERSION,
+                 download_workers=settings.download_workers, hf_endpoint=settings.hf_endpoint,
+                 download_timeout_s=timing.download_s(settings))
+    elif step == "check":
+        source = CHECK_SOURCE.read_text(encoding="utf-8")
+        v.update(repo=settings.model, revision=settings.model_revision, hf_endpoint=settings.hf_endpoint,
+                 verify_sha256=settings.verify_sha256, check_source=source if source.endswith("\n") else source + "\n")
+    elif step == "launch":
+        argv = launch.docker_run_argv(
+            settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
+            hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"), env_file=ShellExpr("${ENV_FILE}"),
+        )
+        v.update(container=launch.CONTAINER_NAME, private_ip=private_ip, engine=settings.engine_name,
+                 nodes=settings.nodes, repo_folder=_repo_folder(settings), revision=settings.model_revision,
+                 api_key_env=launch.API_KEY_ENV[settings.engine_name],
+                 needs_nic=settings.engine_name == "sglang" and settings.nodes > 1,
+                 gpus_per_node=settings.gpus_per_node_count,
+                 fingerprint=launch.launch_fingerprint(settings, rank, private_ip, head_private_ip),
+                 fingerprint_label=launch.FINGERPRINT_LABEL, docker_argv=argv, settle_seconds=timing.settle_seconds)
+    elif step == "readiness":
+        v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
+                 readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
+                 launch_identity=readiness_identity(settings))
+    else:
+        raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS)} and readiness")
+    return render(f"{step}.sh.j2", **v)
+
+
+def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
+                        timing: Timing = Timing()) -> dict[str, str]:
+    """Every script node `rank` runs, by step, in order (the head also gets readiness). Safe to write to disk."""
+    scripts = {step: render_step(settings, step, rank, private_ip, head_private_ip, timing) for step in STEPS}
+    if rank == 0:
+        scripts["readiness"] = render_step(settings, "readiness", 0, private_ip, head_private_ip, timing)
+    return scripts
+
+
+def remote_command_text(step: str, script: str, vm_id: str | int | None = None) -> str:
+    """What pulumi-command runs over SSH: keep the script in ~/.kimi-cluster, then run it as root.
+
+    The script travels base64-encoded so no quoting can break it; it holds no secret (those arrive on stdin, which
+    `exec sudo` hands to the script untouched), so printing this text on failure reveals nothing. Naming the VM
+    makes a replaced VM run the whole chain again, even if it comes back with the same address.
+    """
+    blob = base64.b64encode(script.encode()).decode()
+    path = f"{SCRIPT_DIR}/{step}.sh"
+    on_vm = f" on VM {vm_id}" if vm_id is not None else ""
+    return (
+        f"# kimi-cluster step {step}{on_vm}: {SUMMARIES[step]} (script kept at {path})\n"
+        f"set -e; mkdir -p {SCRIPT_DIR}; printf %s '{blob}' | base64 -d > {path}; exec sudo -n bash {path}"
+    )
+
+
+# ---- Pulumi resources ----------------------------------------------------------------------------------------------
+
+
+def node_connection(host: pulumi.Input[str], user: str, private_key: pulumi.Input[str],
+                    host_key: pulumi.Input[str] | None = None, port: pulumi.Input[int] = 22) -> remote.ConnectionArgs:
+    """SSH to a node: patient enough for a VM that is still booting, pinned to its host key when one is known."""
+    return remote.ConnectionArgs(
+        host=host,
+        user=user,
+        port=port,
+        private_key=pulumi.Output.secret(private_key),
+        host_key=host_key,
+        dial_error_limit=DIAL_ERROR_LIMIT,
+        per_dial_timeout=PER_DIAL_TIMEOUT_S,
+    )
+
+
+def _minutes(seconds: int, slack_minutes: int) -> str:
+    return f"{seconds // 60 + slack_minutes}m"
+
+
+class GpuNode(pulumi.ComponentResource):
+    """The bring-up chain of one node. `launched` is the launch command, for whatever must come after it.
+
+    What re-runs what: each command re-runs only when its own text or stdin changes. A new image or engine flag
+    changes the pull and the launch; a new revision changes weights, check and launch; nothing here replaces a VM.
+    """
+
+    launched: remote.Command
+    commands: dict[str, remote.Command]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: Settings,
+        rank: int,
+        public_ip: pulumi.Input[str],
+        private_ip: pulumi.Input[str],
+        head_private_ip: pulumi.Input[str],
+        ssh_private_key: pulumi.Input[str],
+        api_key: pulumi.Input[str],
+        hf_token: pulumi.Input[str] | None = None,
+        host_key: pulumi.Input[str] | None = None,
+        ssh_port: pulumi.Input[int] = 22,
+        vm_id: pulumi.Input[str | int] | None = None,
+        launch_after: Sequence[pulumi.Resource] = (),
+        timing: Timing = Timing(),
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__(GPU_NODE_TYPE, name, None, opts)
+        self._name = name
+        self._vm_id = pulumi.Output.from_input(vm_id)
+        self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
+        scripts = pulumi.Output.all(private_ip, head_private_ip).apply(
+            lambda ips: render_node_scripts(settings, rank, ips[0], ips[1], timing)
+        )
+        token = _stdin_secret(hf_token) if hf_token is not None else None
+        key = _stdin_secret(api_key)
+        # Children do not inherit the component's depends_on (e.g. the firewall rule that lets SSH in).
+        caller_deps = opts.depends_on if opts is not None else None
+
+        ready = self._step("ready", scripts, caller_deps, timeout=_minutes(
+            timing.cloud_init_timeout_s + timing.gpu_timeout_s, 20))
+        storage = self._step("storage", scripts, [ready])
+        # The pull and the download both need the storage disk, not each other: they run side by side.
+        image = self._step("image", scripts, [storage], timeout=_minutes(
+            timing.pull_attempts * (timing.pull_timeout_s + timing.pull_backoff_s * timing.pull_attempts), 10))
+        weights = self._step("weights", scripts, [storage], stdin=token,
+                             timeout=_minutes(timing.download_s(settings), 30))
+        check = self._step("check", scripts, [weights], stdin=token, timeout="180m")
+        self.launched = self._step("launch", scripts, [check, image, *launch_after], stdin=key)
+        self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check,
+                         "launch": self.launched}
+        self.register_outputs({"launched": self.launched.id, "launch_stdout": self.launched.stdout})
+
+    def _step(self, step: str, scripts: pulumi.Output[dict[str, str]], depends_on: Any,
+              stdin: pulumi.Output[str] | None = None, timeout: str | None = None) -> remote.Command:
+        create = pulumi.Output.all(scripts, self._vm_id).apply(
+            lambda a: remote_command_text(step, a[0][step], vm_id=a[1]))
+        return _command(self, f"{self._name}-{step}", create, self._connection, depends_on, stdin, timeout)
+
+
+def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
+    """A secret as one line of stdin: the newline lets the script's `read` return without waiting for EOF."""
+    return pulumi.Output.secret(pulumi.Output.from_input(value).apply(lambda v: (v or "") + "\n"))
+
+
+def _command(parent: pulumi.Resource, name: str, create: pulumi.Input[str],
+             connection: remote.ConnectionArgs, depends_on: Any, stdin: pulumi.Output[str] | None,
+             timeout: str | None) -> remote.Command:
+    return remote.Command(
+        name,
+        connection=connection,
+        create=create,
+        stdin=stdin,
+        # The scripts never print a secret (engine logs go through a redaction filter), so the output may be logged.
+        logging=remote.Logging.STDOUT_AND_STDERR,
+        # A long download's progress output would otherwise be passed back in as an environment variable.
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=depends_on,
+            # pulumi-command echoes its inputs into its state; keep the secret stdin encrypted there too.
+            additional_secret_outputs=["stdin"] if stdin is not None else None,
+            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout) if timeout else None,
+        ),
+    )
+
+
+class Readiness(pulumi.ComponentResource):
+    """Waits on the head until /v1/models lists the served model; on failure prints the engine log and fails.
+
+    Give it the launches to wait for as depends_on. Its text carries a fingerprint of every rank's launch
+    configuration, so it runs again whenever a relaunch could have changed the answer.
+    """
+
+    stdout: pulumi.Output[str]
+    command: remote.Command
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: Settings,
+        public_ip: pulumi.Input[str],
+        ssh_private_key: pulumi.Input[str],
+        api_key: pulumi.Input[str],
+        host_key: pulumi.Input[str] | None = None,
+        ssh_port: pulumi.Input[int] = 22,
+        timing: Timing = Timing(),
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__(READINESS_TYPE, name, None, opts)
+        script = render_step(settings, "readiness", 0, "<unused>", "<unused>", timing)
+        self.command = _command(
+            self, f"{name}-wait", remote_command_text("readiness", script),
+            node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),
+            opts.depends_on if opts is not None else None, _stdin_secret(api_key),
+            _minutes(timing.readiness_s(settings), 15),
+        )
+        self.stdout = self.command.stdout
+        self.register_outputs({"stdout": self.stdout})
+
+
+# ---- the node's SSH host key ----------------------------------------------------------------------------------------
+
+
+class _HostKeyProvider(dyn.ResourceProvider):
+    """Makes one ed25519 host key at create time; stateless, and everything it needs is imported inside."""
+
+    def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        import os
+        import shutil
+        import subprocess
+        import tempfile
+
+        if shutil.which("ssh-keygen") is None:
+            raise RuntimeError("ssh-keygen (OpenSSH) is needed on this machine to make the nodes' SSH host keys")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "host_key")
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "kimi-cluster-node", "-f", path],
+                           check=True, capture_output=True)
+            with open(path, encoding="utf-8") as fh:
+                private = fh.read()
+            with open(path + ".pub", encoding="utf-8") as fh:
+                public = " ".join(fh.read().split()[:2])
+        fingerprint = hashlib.sha256(public.encode()).hexdigest()[:16]
+        return dyn.CreateResult(id_=f"hostkey-{fingerprint}", outs={"private_key": private, "public_key": public})
+
+    def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> dyn.DiffResult:
+        # The key must outlive every run: a new one would replace the VM that carries it in user_data.
+        return dyn.DiffResult(changes=False)
+
+
+class NodeHostKey(dyn.Resource, module="kimi", name="NodeHostKey"):
+    """An ed25519 SSH host key pair; `private_key` is a secret output and never a plain input anywhere."""
+
+    private_key: pulumi.Output[str]
+    public_key: pulumi.Output[str]
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["private_key"]))
+        super().__init__(_HostKeyProvider(), name, {"private_key": None, "public_key": None}, opts)
+
+
+def host_key_cloud_config(private_key: str, public_key: str) -> str:
+    """cloud-init user_data installing this host key as the VM's only one, so the pinned key is the one offered."""
+    indented = "\n".join("    " + line for line in private_key.strip().splitlines())
+    return (
+        "#cloud-config\n"
+        "ssh_deletekeys: true\n"
+        "ssh_genkeytypes: []\n"
+        "ssh_keys:\n"
+        "  ed25519_private: |\n"
+        f"{indented}\n"
+        f"  ed25519_public: {public_key.strip()}\n"
+    )
+
+
+def host_key_user_data(name: str, opts: pulumi.ResourceOptions | None = None
+                       ) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
+    """(user_data for the VM, a secret; the public host key to pin in every SSH connection to it)."""
+    key = NodeHostKey(f"{name}-host-key", opts)
+    user_data = pulumi.Output.all(key.private_key, key.public_key).apply(
+        lambda kv: host_key_cloud_config(kv[0], kv[1]) if kv[0] and kv[1] else ""
+    )
+    return pulumi.Output.secret(user_data), key.public_key

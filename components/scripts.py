@@ -1,0 +1,70 @@
+"""Renders the node bring-up scripts from templates/*.sh.j2 through one strict jinja2 environment.
+
+StrictUndefined turns a missing value into an error at render time, so a typo never ships an empty flag to a node;
+every value reaches the shell through the `q` filter, so nothing a user configures is ever parsed as shell code.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Iterable
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
+
+# Literal characters that need no quoting inside double quotes, around ${NAME} references.
+_SAFE_LITERAL = r"[A-Za-z0-9_=:./,@%+\-<>]*"
+_SHELL_EXPR = re.compile(rf"^{_SAFE_LITERAL}(\$\{{[A-Za-z_][A-Za-z0-9_]*\}}{_SAFE_LITERAL})*$")
+
+
+class ShellExpr(str):
+    """A word the node's shell must expand (a `${NAME}` only known at run time, such as the private interface).
+
+    Only `${NAME}` references and plain characters are allowed, so double-quoting it is always safe.
+    """
+
+    def __new__(cls, value: str) -> "ShellExpr":
+        if not _SHELL_EXPR.match(value):
+            raise ValueError(f"{value!r} is not a plain word with ${{NAME}} references")
+        return super().__new__(cls, value)
+
+
+def shell_quote(value: Any) -> str:
+    """One shell word: run-time expressions double-quoted, everything else single-quoted literally."""
+    if isinstance(value, ShellExpr):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def shell_words(argv: Iterable[Any], continuation: str = "") -> str:
+    """An argv as shell words. Items that are tuples (a flag and its value) stay together on one line when a
+    continuation such as ' \\\n  ' is given, which keeps long commands readable in the plan and on the node."""
+    parts = []
+    for item in argv:
+        if isinstance(item, (tuple, list)):
+            parts.append(" ".join(shell_quote(w) for w in item))
+        else:
+            parts.append(shell_quote(item))
+    return (continuation or " ").join(parts)
+
+
+_ENV = Environment(
+    loader=FileSystemLoader(str(TEMPLATES_DIR)),
+    undefined=StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_ENV.filters["q"] = shell_quote
+_ENV.filters["words"] = shell_words
+
+
+def render(template: str, **values: Any) -> str:
+    """Render templates/<template> (e.g. "storage.sh.j2") with `values`; a missing value raises."""
+    return _ENV.get_template(template).render(**values)

@@ -1,0 +1,328 @@
+"""A local stand-in for the Hugging Face Hub: one tiny repository at a pinned revision, served over loopback HTTP.
+
+The real huggingface_hub (snapshot_download, HfApi.model_info) works against it through HF_ENDPOINT, with the hub's
+headers and redirects (LFS files go through a "CDN" on the other loopback name, as on the real hub) and no Xet; knobs
+inject the faults a node must survive: a private repo, a missing repo, a file served short, a dropped connection.
+
+    python -m fakes.hub --port 8123 --repo moonshotai/Kimi-K3.1-Pro --revision 6d0a0202956796543364d666ab19c6ad1a494ee1
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import struct
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+LFS_POINTER_SIZE = 134  # the size of a git-lfs pointer file, which the hub reports alongside the real size
+
+
+@dataclass
+class HubFile:
+    """One file of the repository. LFS files are what the hub serves through its CDN with a sha256 ETag."""
+
+    path: str
+    data: bytes
+    lfs: bool
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def git_sha1(self) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+
+    @property
+    def etag(self) -> str:
+        return self.sha256 if self.lfs else self.git_sha1
+
+
+def safetensors_bytes(tensors: dict[str, list[float]]) -> bytes:
+    """A real safetensors file: little-endian u64 header length, JSON header, then the raw F32 data."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    data = b""
+    for name, values in tensors.items():
+        raw = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": [len(values)], "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads the header to 8 bytes
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def tiny_repo(shards: int = 3, floats_per_shard: int = 4096) -> list[HubFile]:
+    """config.json, an index and `shards` small safetensors shards named the way large checkpoints name them."""
+    config = {"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"]}
+    files = [HubFile("config.json", json.dumps(config, indent=2).encode(), lfs=False)]
+    weight_map = {}
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tensor = f"layers.{i}.weight"
+        values = [float(i + k % 97) for k in range(floats_per_shard)]
+        files.append(HubFile(name, safetensors_bytes({tensor: values}), lfs=True))
+        weight_map[tensor] = name
+    index = json.dumps({"weight_map": weight_map}, indent=2).encode()
+    files.append(HubFile("model.safetensors.index.json", index, lfs=False))
+    return files
+
+
+@dataclass
+class Faults:
+    """What to break. Counts go down as requests use them up."""
+
+    private: bool = False  # 401 without `Authorization: Bearer <token>`
+    missing_repo: bool = False  # 404 RepoNotFound everywhere
+    short: Counter = field(default_factory=Counter)  # path -> times to send a consistent but shorter body
+    drop: Counter = field(default_factory=Counter)  # path -> times to cut the connection mid-body (client resumes)
+    bytes_per_second: float | None = None  # throttle file bodies, to interrupt a download midway
+
+
+class FakeHub:
+    """Threaded HTTP server; use as a context manager or start()/stop(). `url` is the HF_ENDPOINT to use."""
+
+    def __init__(self, repo: str, revision: str, files: list[HubFile] | None = None, *, token: str | None = None,
+                 faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.repo, self.revision = repo, revision
+        self.files = {f.path: f for f in (files if files is not None else tiny_repo())}
+        self.token = token
+        self.faults = faults or Faults()
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, range header)
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer((host, port), _handler(self))
+        self.server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "FakeHub":
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> "FakeHub":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def downloads(self, path: str) -> int:
+        """How many times the body of `path` was requested (GETs of the file or its CDN blob)."""
+        f = self.files[path]
+        with self.lock:
+            return sum(1 for m, p, _ in self.requests
+                       if m == "GET" and (p.endswith("/" + path) or p.endswith(f.sha256)))
+
+    def take(self, counter: Counter, path: str) -> bool:
+        with self.lock:
+            if counter[path] > 0:
+                counter[path] -= 1
+                return True
+        return False
+
+    # ---- JSON shapes of the hub API ---------------------------------------------------------------------------
+
+    def model_info(self, blobs: bool) -> dict:
+        siblings = []
+        for f in self.files.values():
+            s: dict = {"rfilename": f.path}
+            if blobs:
+                s.update(size=len(f.data), blobId=f.git_sha1)
+                if f.lfs:
+                    s["lfs"] = {"size": len(f.data), "sha256": f.sha256, "pointerSize": LFS_POINTER_SIZE}
+            siblings.append(s)
+        return {"_id": "fake", "id": self.repo, "modelId": self.repo, "sha": self.revision,
+                "private": self.faults.private, "gated": False, "disabled": False, "tags": [], "siblings": siblings,
+                "lastModified": "2026-11-04T00:00:00.000Z", "createdAt": "2026-11-04T00:00:00.000Z"}
+
+    def tree(self) -> list[dict]:
+        out = []
+        for f in self.files.values():
+            entry: dict = {"type": "file", "oid": f.git_sha1, "size": len(f.data), "path": f.path}
+            if f.lfs:
+                entry["lfs"] = {"oid": f.sha256, "size": len(f.data), "pointerSize": LFS_POINTER_SIZE}
+            out.append(entry)
+        return out
+
+
+def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    api_info = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
+    api_tree = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/.*)?$")
+    resolve = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+    cdn = re.compile(r"^/cdn/(?P<sha>[0-9a-f]{64})$")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "FakeHub/1"
+
+        def log_message(self, fmt: str, *args) -> None:  # keep test output quiet
+            pass
+
+        # ---- plumbing -------------------------------------------------------------------------------------
+
+        def _send(self, status: int, body: bytes = b"", headers: dict | None = None, length: int | None = None) -> None:
+            self.send_response(status)
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body) if length is None else length))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _json(self, obj, headers: dict | None = None) -> None:
+            self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+        def _error(self, status: int, code: str, message: str) -> None:
+            body = json.dumps({"error": message}).encode()
+            self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code,
+                                      "X-Error-Message": message})
+
+        def _authorized(self) -> bool:
+            if not hub.faults.private:
+                return True
+            return self.headers.get("Authorization", "") == f"Bearer {hub.token}"
+
+        def _repo_ok(self, repo: str) -> bool:
+            if hub.faults.missing_repo or repo != hub.repo:
+                self._error(404, "RepoNotFound", "Repository not found")
+                return False
+            if not self._authorized():
+                # The hub answers a private repo without credentials as if it did not exist.
+                self._error(401, "RepoNotFound", "Invalid username or password.")
+                return False
+            return True
+
+        def _rev_ok(self, rev: str) -> bool:
+            if unquote(rev) not in (hub.revision, "main"):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+                return False
+            return True
+
+        # ---- routes -------------------------------------------------------------------------------------
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802
+            url = urlsplit(self.path)
+            with hub.lock:
+                hub.requests.append((self.command, url.path, self.headers.get("Range", "")))
+            if m := api_tree.match(url.path):
+                if self._repo_ok(m["repo"]) and self._rev_ok(m["rev"]):
+                    self._json(hub.tree())
+            elif m := api_info.match(url.path):
+                if self._repo_ok(m["repo"]) and (m["rev"] is None or self._rev_ok(m["rev"])):
+                    self._json(hub.model_info(blobs="blobs=" in (url.query or "")))
+            elif m := resolve.match(url.path):
+                if self._repo_ok(m["repo"]) and self._rev_ok(m["rev"]):
+                    self._resolve(unquote(m["path"]))
+            elif m := cdn.match(url.path):
+                f = next((f for f in hub.files.values() if f.lfs and f.sha256 == m["sha"]), None)
+                if f is None:
+                    self._send(404, b"no such blob")
+                else:
+                    self._body(f, {"ETag": f'"{f.sha256}"'})
+            else:
+                self._send(404, b"not a hub route")
+
+        def _resolve(self, path: str) -> None:
+            f = hub.files.get(path)
+            common = {"X-Repo-Commit": hub.revision}
+            if f is None:
+                self._send(404, b"", {**common, "X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found"})
+                return
+            if f.lfs:
+                # Like the hub: the metadata rides on the redirect, the bytes come from a CDN on another host (here
+                # the other loopback name), so the client drops its Authorization header for the download.
+                host = self.headers.get("Host", f"127.0.0.1:{hub.port}")
+                cdn_host = f"localhost:{hub.port}" if host.startswith("127.0.0.1") else f"127.0.0.1:{hub.port}"
+                self._send(302, b"", {**common, "Location": f"http://{cdn_host}/cdn/{f.sha256}",
+                                      "ETag": f'"{f.git_sha1}"', "X-Linked-Etag": f'"{f.sha256}"',
+                                      "X-Linked-Size": str(len(f.data))})
+                return
+            self._body(f, {**common, "ETag": f'"{f.git_sha1}"'})
+
+        def _body(self, f: HubFile, headers: dict) -> None:
+            data, start = f.data, 0
+            rng = self.headers.get("Range", "")
+            if m := re.match(r"bytes=(\d+)-(\d*)$", rng):
+                start = int(m[1])
+                end = int(m[2]) if m[2] else len(data) - 1
+                headers = {**headers, "Content-Range": f"bytes {start}-{end}/{len(data)}"}
+                data = data[start:end + 1]
+                status = 206
+            else:
+                status = 200
+            headers = {**headers, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            if self.command == "GET" and hub.take(hub.faults.short, f.path):
+                # A consistent but short answer: the client's size check must catch it.
+                self._send(status, data[: len(data) // 2], headers)
+                return
+            if self.command == "HEAD":
+                self._send(status, b"", headers, length=len(data))
+                return
+            drop = hub.take(hub.faults.drop, f.path)
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            limit = len(data) // 2 if drop else len(data)
+            step = 4096 if hub.faults.bytes_per_second else 1 << 20
+            try:
+                for i in range(0, limit, step):
+                    self.wfile.write(data[i:min(i + step, limit)])
+                    if hub.faults.bytes_per_second:
+                        self.wfile.flush()
+                        time.sleep(step / hub.faults.bytes_per_second)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away (a killed download): nothing to answer
+                return
+            if drop:
+                self.wfile.flush()
+                self.close_connection = True
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Serve a tiny fake Hugging Face repository on loopback.")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--repo", default="moonshotai/Kimi-K3.1-Pro")
+    ap.add_argument("--revision", default="6d0a0202956796543364d666ab19c6ad1a494ee1")
+    ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--token", help="make the repository private: only this Bearer token may read it")
+    ap.add_argument("--missing-repo", action="store_true", help="answer 404 RepoNotFound for everything")
+    ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies")
+    args = ap.parse_args(argv)
+    faults = Faults(private=args.token is not None, missing_repo=args.missing_repo,
+                    bytes_per_second=args.bytes_per_second)
+    hub = FakeHub(args.repo, args.revision, tiny_repo(args.shards), token=args.token, faults=faults,
+                  host=args.host, port=args.port)
+    print(f"fake hub serving {args.repo}@{args.revision} at http://{args.host}:{hub.port}", flush=True)
+    try:
+        hub.server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The offline plan: what it prints for the shipped stacks, what it refuses, and that it needs no network."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """The plan must work offline: any outbound connection fails the test."""
+    def refuse(*_a, **_k):
+        raise AssertionError("the plan tried to open a network connection")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.delenv("HYPERSTACK_API_KEY", raising=False)
+
+
+def write_stack(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "Pulumi.test.yaml"
+    path.write_text("config:\n" + body)
+    return str(path)
+
+
+def test_dev_stack_plan(capsys):
+    assert plan.main(["--stack", "dev"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("n3-H100x8-NVLink") == 4
+    assert "$83.20 per hour (32 GPUs x $2.60 per GPU-hour on demand" in out
+    assert "fits with 1,159.65 GB (1,080.0 GiB) left" in out
+    assert "--tp-size 32" in out and "--node-rank 3" in out
+    assert "kimi-cluster:hfToken: not set" in out
+    assert "documentation range" in out and "pulumi up refuses this" in out
+    assert "$20M" in out and "Kimi K3.1-Pro" in out
+
+
+def test_b300_stack_plan(capsys):
+    assert plan.main(["--stack", "b300"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("n3-B300-SXM6x8") == 1
+    assert "$59.20 per hour" in out and "vllm/vllm-openai:kimi-k31" in out
+    assert "peer" not in out
+
+
+def test_json_plan_and_secrets_shown_as_set(tmp_path, capsys):
+    cfg = write_stack(tmp_path, f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n"
+                                "  kimi-cluster:hfToken:\n    secure: v1:AAAAencrypted\n"
+                                "  hyperstack:apiKey:\n    secure: v1:AAAAencrypted\n")
+    assert plan.main(["--config", cfg, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["secrets"]["kimi-cluster:hfToken"] == "set"
+    assert data["secrets"]["hyperstack:apiKey"] == "set"
+    assert data["secrets"]["kimi-cluster:sshPrivateKey"] == "not set"
+    assert data["hourly_cost_usd"] == 83.2 and len(data["nodes"]) == 4
+    assert data["placeholders"] == []
+    assert "AAAAencrypted" not in json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("  kimi-cluster:operatorCidr: 0.0.0.0/0\n", "kimi-cluster:operatorCidr"),
+        ("  kimi-cluster:operatorCidr: not-a-cidr\n", "kimi-cluster:operatorCidr: 'not-a-cidr' is not a CIDR"),
+        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:modelRevision: main\n", "kimi-cluster:modelRevision"),
+        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:topology: custom\n  kimi-cluster:flavor: n3-B200x8\n"
+         "  kimi-cluster:nodeCount: 1\n  kimi-cluster:gpusPerNode: 8\n  kimi-cluster:gpuMemoryGb: 192\n"
+         "  kimi-cluster:engine: vllm\n", "25.29 GB (23.6 GiB) short"),
+    ],
+)
+def test_bad_config_refused(tmp_path, capsys, body, expected):
+    cfg = write_stack(tmp_path, body + f"  kimi-cluster:sshPublicKey: {KEY}\n")
+    assert plan.main(["--config", cfg]) == 1
+    err = capsys.readouterr().err
+    assert expected in err
+
+
+def test_missing_stack_file(capsys):
+    assert plan.main(["--stack", "nope"]) == 2
+    assert "no stack config" in capsys.readouterr().err
+
+
+def test_render_dir_writes_every_nodes_scripts(tmp_path, capsys):
+    assert plan.main(["--stack", "dev", "--render-dir", str(tmp_path / "r")]) == 0
+    nodes = sorted(p.name for p in (tmp_path / "r").iterdir())
+    assert nodes == [f"kimi-dev-node{r}" for r in range(4)]
+    for node in nodes:
+        assert len(list((tmp_path / "r" / node).glob("*.sh"))) >= 5
+
+
+def test_cli_entry_point_runs():
+    proc = subprocess.run([sys.executable, "-m", "scripts.plan", "--stack", "dev"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "$83.20 per hour" in proc.stdout

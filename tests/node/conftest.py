@@ -1,0 +1,57 @@
+"""Shared fixtures for the node bring-up tests: settings per topology, fast timings, a fake node, a fake hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.node import Timing
+from components.settings import Settings, load_settings
+from fakes.hub import FakeHub, Faults
+from fakes.node import FakeNode, make_fake_node
+
+REPO = "moonshotai/Kimi-K3.1-Pro"
+REVISION = "6d0a0202956796543364d666ab19c6ad1a494ee1"
+BASE = {"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}
+TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm")
+# Every wait is seconds long in the tests; the scripts are the same ones a real node runs.
+FAST = Timing(poll_seconds=1, fast_poll_seconds=0.2, cloud_init_timeout_s=5, gpu_timeout_s=3, docker_timeout_s=5,
+              pull_attempts=3, pull_timeout_s=10, pull_backoff_s=0, settle_seconds=0.3, download_timeout_s=60,
+              readiness_timeout_s=30)
+
+
+def make_settings(topology: str = "h100x4-sglang", **extra) -> Settings:
+    return load_settings({**BASE, "topology": topology, **extra}, "dev")
+
+
+@pytest.fixture
+def node(tmp_path: Path):
+    n = make_fake_node(tmp_path)
+    yield n
+    n.cleanup()
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path):
+    made: list[FakeNode] = []
+
+    def make(**faults) -> FakeNode:
+        n = make_fake_node(tmp_path / f"n{len(made)}", **faults)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        n.cleanup()
+
+
+@pytest.fixture
+def hub():
+    with FakeHub(REPO, REVISION) as h:
+        yield h
+
+
+def hub_with(**faults) -> FakeHub:
+    token = faults.pop("token", None)
+    return FakeHub(REPO, REVISION, token=token, faults=Faults(**faults))

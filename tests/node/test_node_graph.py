@@ -1,0 +1,178 @@
+"""GpuNode and Readiness under Pulumi's mocks: the chain's order, what each step waits on, and where secrets go."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pulumi
+
+from components.node import (DIAL_ERROR_LIMIT, GpuNode, Readiness, STEPS, host_key_cloud_config, host_key_user_data)
+from tests.node.conftest import make_settings
+from tests.node.pulumi_mocks import FAKE_HOST_PUBLIC_KEY, dumps, run
+
+CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
+CANARY_HF = "hf_canaryTOKEN9d2c"
+CANARY_API = "endpoint-canary-key-b61d"
+
+
+def secret(value: str) -> pulumi.Output[str]:
+    return pulumi.Output.secret(value)
+
+
+def build_cluster(topology: str = "h100x4-sglang"):
+    settings = make_settings(topology)
+
+    def program():
+        head_ip = "10.0.0.10"
+        nodes = []
+        for rank in range(settings.nodes):
+            nodes.append(GpuNode(
+                f"kimi-node{rank}", settings=settings, rank=rank,
+                public_ip=f"198.51.100.{10 + rank}", private_ip=f"10.0.0.{10 + rank}", head_private_ip=head_ip,
+                ssh_private_key=secret(CANARY_SSH), hf_token=secret(CANARY_HF), api_key=secret(CANARY_API),
+                host_key=FAKE_HOST_PUBLIC_KEY, vm_id=1000 + rank,
+                launch_after=[nodes[0].launched] if rank else [],
+            ))
+        ready = Readiness("kimi-ready", settings=settings, public_ip="198.51.100.10",
+                          ssh_private_key=secret(CANARY_SSH), api_key=secret(CANARY_API),
+                          host_key=FAKE_HOST_PUBLIC_KEY,
+                          opts=pulumi.ResourceOptions(depends_on=[n.launched for n in nodes]))
+        return ready.stdout
+
+    return settings, run(program)
+
+
+def script_of(res) -> str:
+    create = res.values()["create"]
+    return base64.b64decode(re.search(r"printf %s '([^']+)'", create).group(1)).decode()
+
+
+def test_each_node_has_the_chain_in_order_under_its_component():
+    settings, (res, result) = build_cluster()
+    assert result == "ok"
+    for rank in range(settings.nodes):
+        comp = res[f"kimi-node{rank}"]
+        assert comp.typ == "kimi:cluster:GpuNode"
+        names = [n for n in res if n.startswith(f"kimi-node{rank}-")]
+        assert names == [f"kimi-node{rank}-{s}" for s in STEPS]  # registered in chain order
+        for name in names:
+            assert res[name].typ == "command:remote:Command" and res[name].parent == f"kimi-node{rank}"
+        deps = {s: set(res[f"kimi-node{rank}-{s}"].deps) for s in STEPS}
+        p = f"kimi-node{rank}-"
+        assert deps["storage"] == {p + "ready"}
+        assert deps["image"] == {p + "storage"} and deps["weights"] == {p + "storage"}  # side by side
+        assert deps["check"] == {p + "weights"}
+        expected_launch = {p + "check", p + "image"} | ({"kimi-node0-launch"} if rank else set())
+        assert deps["launch"] == expected_launch
+    assert set(res["kimi-ready-wait"].deps) == {f"kimi-node{r}-launch" for r in range(4)}
+    assert res["kimi-ready"].typ == "kimi:cluster:Readiness"
+
+
+def test_a_worker_launch_points_at_the_head_and_carries_its_own_rank_and_address():
+    _, (res, _) = build_cluster()
+    script = script_of(res["kimi-node2-launch"])
+    assert "--dist-init-addr 10.0.0.10:20000" in script
+    assert "--node-rank 2" in script and "SGLANG_HOST_IP=10.0.0.12" in script and "PRIVATE_IP=10.0.0.12" in script
+    assert "PRIVATE_IP=10.0.0.12" in script_of(res["kimi-node2-ready"])
+
+
+def test_every_command_names_its_vm_so_a_replaced_vm_runs_the_chain_again():
+    _, (res, _) = build_cluster()
+    for rank in range(4):
+        for step in STEPS:
+            assert res[f"kimi-node{rank}-{step}"].values()["create"].startswith(
+                f"# kimi-cluster step {step} on VM {1000 + rank}:")
+
+
+def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
+    _, (res, _) = build_cluster()
+    for name, r in res.items():
+        plain = dumps(r.plain())
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API):
+            assert canary not in plain, f"{canary} readable in the inputs of {name}"
+        if r.typ != "command:remote:Command":
+            continue
+        assert "connection" in r.secret_paths(), name
+        step = name.rsplit("-", 1)[1]
+        if step in ("weights", "check"):
+            assert set(r.secret_paths()) == {"connection", "stdin"}
+            assert r.values()["stdin"] == CANARY_HF + "\n"
+            assert "stdin" in r.secret_outputs
+        elif step in ("launch", "wait"):
+            assert set(r.secret_paths()) == {"connection", "stdin"} and r.values()["stdin"] == CANARY_API + "\n"
+            assert "stdin" in r.secret_outputs
+        else:
+            assert "stdin" not in r.values() or r.values()["stdin"] in (None, "")
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API):
+            assert canary not in r.values()["create"] and canary not in script_of(r)
+        assert "environment" not in r.values()
+
+
+def test_connections_are_patient_and_pinned():
+    _, (res, _) = build_cluster("b300x1-vllm")
+    conn = res["kimi-node0-ready"].values()["connection"]
+    assert conn["dialErrorLimit"] == DIAL_ERROR_LIMIT and conn["perDialTimeout"] == 30
+    assert conn["hostKey"] == FAKE_HOST_PUBLIC_KEY and conn["user"] == "ubuntu" and conn["host"] == "198.51.100.10"
+    assert conn["privateKey"] == CANARY_SSH
+
+
+def test_long_steps_get_timeouts_longer_than_their_own_deadlines():
+    settings, (res, _) = build_cluster("b300x1-vllm")
+    weights = res["kimi-node0-weights"].timeouts["create"]
+    assert int(weights.rstrip("m")) > settings.download_timeout_minutes
+    assert int(res["kimi-ready-wait"].timeouts["create"].rstrip("m")) > settings.readiness_timeout_minutes
+
+
+def test_commands_never_feed_their_output_back_in_and_log_only_what_scripts_print():
+    _, (res, _) = build_cluster("b300x1-vllm")
+    for r in res.values():
+        if r.typ == "command:remote:Command":
+            assert r.values()["addPreviousOutputInEnv"] is False
+            assert r.values()["logging"] == "stdoutAndStderr"
+            assert "delete" not in r.values()  # destroying a node never needs SSH
+
+
+def test_component_depends_on_reaches_the_first_command():
+    settings = make_settings("b300x1-vllm")
+
+    def program():
+        gate = pulumi.CustomResource("test:index:Gate", "firewall-ssh", {})
+        node = GpuNode("n0", settings=settings, rank=0, public_ip="198.51.100.1", private_ip="10.0.0.1",
+                       head_private_ip="10.0.0.1", ssh_private_key=secret(CANARY_SSH), api_key=secret(CANARY_API),
+                       opts=pulumi.ResourceOptions(depends_on=[gate]))
+        return node.launched.stdout
+
+    res, _ = run(program)
+    assert "firewall-ssh" in res["n0-ready"].deps
+    assert "stdin" not in res["n0-weights"].values()  # no token: anonymous, nothing on stdin
+
+
+def test_host_key_helper_gives_secret_user_data_and_the_public_key_to_pin():
+    def program():
+        user_data, public = host_key_user_data("kimi-node0")
+        return pulumi.Output.all(user_data, public, user_data.is_secret())
+
+    res, (user_data, public, is_secret) = run(program)
+    assert is_secret and public == FAKE_HOST_PUBLIC_KEY
+    assert "ssh_keys:\n  ed25519_private: |\n    -----BEGIN OPENSSH PRIVATE KEY-----" in user_data
+    assert "ssh_genkeytypes: []" in user_data and f"ed25519_public: {FAKE_HOST_PUBLIC_KEY}" in user_data
+    key = res["kimi-node0-host-key"]
+    assert "private_key" in key.secret_outputs
+
+
+def test_host_key_provider_makes_a_real_ed25519_key_pair():
+    import shutil
+
+    import pytest
+
+    from components.node import _HostKeyProvider
+
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    result = _HostKeyProvider().create({})
+    assert result.outs["public_key"].startswith("ssh-ed25519 AAAA") and len(result.outs["public_key"].split()) == 2
+    assert "OPENSSH PRIVATE KEY" in result.outs["private_key"]
+    config = host_key_cloud_config(result.outs["private_key"], result.outs["public_key"])
+    assert config.startswith("#cloud-config\n")
+    assert _HostKeyProvider().diff("id", {}, {}).changes is False

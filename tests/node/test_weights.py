@@ -1,0 +1,156 @@
+"""The weights and check steps end to end on a fake node, with the real huggingface_hub and a fake hub.
+
+The systemd-run stub really runs the download unit, so a dropped SSH session, a killed unit, a hub fault and a
+re-run behave as they would on a node: the download resumes from the cache, it never starts over.
+"""
+
+from __future__ import annotations
+
+import stat
+import time
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from tests.node.conftest import FAST, REVISION, hub_with, make_settings
+from tests.node.test_steps_on_fake_node import failed, ok
+
+TOKEN = "hf_canaryTOKEN9d2c"
+SHARD1, SHARD2, SHARD3 = (f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))
+
+
+def steps(node, hub, timing=FAST, **extra):
+    from components.node import render_node_scripts
+
+    settings = make_settings(nodeRoot=str(node.root), hfEndpoint=hub.url, **extra)
+    s = render_node_scripts(settings, 0, "10.0.0.5", "10.0.0.5", timing)
+    return s["weights"], s["check"]
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def blobs(node):
+    d = node.root / "ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/blobs"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def test_private_repo_downloads_with_the_token_from_stdin_and_checks_complete(node):
+    with hub_with(private=True, token=TOKEN) as hub:
+        weights, check = steps(node, hub, verifySha256=True)
+        assert TOKEN not in weights and TOKEN not in check
+        out = ok(node.run(weights, stdin=TOKEN))
+        assert "hub token stored" in out and "downloaded" in out
+        token_file = node.root / "etc/kimi-cluster/hf_token"
+        assert token_file.read_text().strip() == TOKEN
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        result = node.run(check, stdin=TOKEN)
+        out2 = ok(result)
+        assert "RESULT: COMPLETE" in out2 and "safetensors      : 3/3" in out2 and "sha256           : checked" in out2
+        for text in (out, out2, result.stderr, (node.root / "var/log/kimi-cluster/weights.log").read_text(),
+                     str(node.calls())):
+            assert TOKEN not in text
+        run_calls = node.calls("systemd-run")
+        assert len(run_calls) == 1 and any(a.startswith("--setenv=HF_ENDPOINT=http://127.0.0.1") for a in run_calls[0])
+
+        # Twice in a row: the second run finds everything in the cache and fetches nothing.
+        ok(node.run(weights, stdin=TOKEN))
+        assert all(hub.downloads(f) == 1 for f in hub.files)
+
+
+def test_private_repo_without_a_token_fails_with_the_hub_reason(node):
+    with hub_with(private=True, token=TOKEN) as hub:
+        weights, _ = steps(node, hub)
+        out = failed(node.run(weights, stdin=""), "no hub token given", "the weights download failed",
+                     "RepositoryNotFoundError")
+        assert "401" in out
+
+
+def test_a_missing_repo_fails_the_download_with_the_reason(node):
+    with hub_with(missing_repo=True) as hub:
+        weights, check = steps(node, hub)
+        failed(node.run(weights), "the weights download failed", "Repository Not Found")
+        failed(node.run(check), "cannot read the hub's manifest")
+
+
+def test_a_file_served_short_fails_then_a_rerun_completes_without_refetching(node):
+    with hub_with(short=Counter({SHARD2: 1})) as hub:
+        weights, check = steps(node, hub, downloadWorkers=1)
+        failed(node.run(weights), "the weights download failed", "Consistency check failed")
+        ok(node.run(weights))
+        assert "RESULT: COMPLETE" in ok(node.run(check))
+        assert hub.downloads(SHARD1) == 1  # fetched once, kept across the failed run
+        assert hub.downloads(SHARD2) == 2
+
+
+def test_a_dropped_connection_mid_file_resumes_inside_the_same_run(node):
+    with hub_with(drop=Counter({SHARD3: 1})) as hub:
+        weights, check = steps(node, hub)
+        ok(node.run(weights))
+        assert "RESULT: COMPLETE" in ok(node.run(check))
+
+
+def test_a_killed_unit_fails_the_step_and_the_rerun_resumes_from_the_cache(node):
+    # ~0.4 s per shard, one file at a time: the kill lands after the first shard and before the last.
+    with hub_with(bytes_per_second=40_000) as hub:
+        weights, check = steps(node, hub, downloadWorkers=1)
+        proc = node.start(weights)
+        finished = lambda: [b for b in blobs(node) if not b.endswith(".incomplete")]  # noqa: E731
+        wait_for(lambda: len(finished()) >= 2 and node.unit("kimi-weights") is not None, what="the first shard")
+        node.shell("systemctl stop kimi-weights")
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert "stopped before finishing" in out and "run 'pulumi up' again to resume" in out
+        done_before = set(finished())
+        assert len(done_before) < len(hub.files), "the kill came too late to interrupt anything"
+
+        hub.faults.bytes_per_second = None
+        ok(node.run(weights))
+        assert "RESULT: COMPLETE" in ok(node.run(check))
+        assert not [b for b in blobs(node) if b.endswith(".incomplete")]
+        assert hub.downloads("config.json") == 1
+        assert hub.downloads(SHARD1) == 1, "a shard finished before the kill was downloaded again"
+        assert done_before <= set(blobs(node))
+
+
+def test_a_dropped_ssh_session_leaves_the_download_running_and_the_rerun_follows_it(node):
+    with hub_with(bytes_per_second=40_000) as hub:
+        weights, check = steps(node, hub, downloadWorkers=1)
+        first = node.start(weights, stdin=TOKEN)
+        wait_for(lambda: (node.unit("kimi-weights") or {}).get("state") == "active", what="the unit")
+        node.cleanup_process(first)  # the SSH session drops: the script dies, the unit does not
+
+        assert (node.unit("kimi-weights") or {}).get("state") == "active"
+        out = ok(node.run(weights, stdin=TOKEN))
+        assert "already running as unit kimi-weights; following it" in out
+        assert len(node.calls("systemd-run")) == 1
+        assert "RESULT: COMPLETE" in ok(node.run(check, stdin=TOKEN))
+        assert all(hub.downloads(f) == 1 for f in hub.files)
+
+
+def test_the_download_deadline_gives_up_but_leaves_the_unit_running(node):
+    with hub_with(bytes_per_second=5_000) as hub:
+        weights, _ = steps(node, hub, timing=replace(FAST, download_timeout_s=1), downloadWorkers=1)
+        failed(node.run(weights), "gave up after 1 s waiting for the weights download",
+               "the next 'pulumi up' follows it")
+        assert (node.unit("kimi-weights") or {}).get("state") == "active"
+
+
+@pytest.mark.parametrize("topology", ["b300x1-vllm"])
+def test_the_weights_step_is_the_same_for_vllm(node, topology):
+    with hub_with() as hub:
+        from components.node import render_node_scripts
+
+        settings = make_settings(topology, nodeRoot=str(node.root), hfEndpoint=hub.url)
+        s = render_node_scripts(settings, 0, "10.0.0.5", "10.0.0.5", FAST)
+        ok(node.run(s["weights"]))
+        assert "RESULT: COMPLETE" in ok(node.run(s["check"]))
+        snap = node.root / f"ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/snapshots/{REVISION}"
+        assert (snap / "config.json").exists()

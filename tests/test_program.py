@@ -1,0 +1,139 @@
+"""The whole program under Pulumi's mocks: the resource graph per topology, the outputs, and where secrets go."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.pulumi_harness import Recording, run_program
+
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
+CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
+CANARY_HF = "hf_canaryTOKEN9d2c"
+CANARY_HS = "hs-canary-api-key-55e1"
+CANARY_API = "endpoint-canary-key-b61d"
+
+
+def outputs_for(typ: str, name: str, inputs: dict) -> dict:
+    """What the providers would answer: addresses per rank, ids, a generated key."""
+    if typ.endswith(":VirtualMachine"):
+        rank = int(name.rsplit("node", 1)[1])
+        return {"vm_id": 1000 + rank, "public_ip": f"198.51.100.{10 + rank}", "private_ip": f"10.0.0.{10 + rank}",
+                "status": "ACTIVE"}
+    if typ.endswith(":Environment"):
+        return {"environment_id": 7}
+    if typ.endswith(":Keypair"):
+        return {"keypair_id": 8, "fingerprint": "ff:00"}
+    if typ.endswith(":GeneratedSecret"):
+        return {"value": CANARY_API}
+    if typ.endswith(":SecurityRule"):
+        return {"rule_id": 9}
+    if typ.startswith("command:"):
+        return {"stdout": "ok", "stderr": ""}
+    return {}
+
+
+def config(**extra: str) -> tuple[dict[str, str], list[str]]:
+    cfg = {
+        "kimi-cluster:operatorCidr": "198.18.0.7/32",
+        "kimi-cluster:sshPublicKey": PUBLIC_KEY,
+        "kimi-cluster:sshPrivateKey": CANARY_SSH,
+        "kimi-cluster:hfToken": CANARY_HF,
+        "hyperstack:apiKey": CANARY_HS,
+    }
+    cfg.update({f"kimi-cluster:{k}": v for k, v in extra.items()})
+    return cfg, ["kimi-cluster:sshPrivateKey", "kimi-cluster:hfToken", "hyperstack:apiKey"]
+
+
+@pytest.fixture(scope="module")
+def dev():
+    cfg, secret = config()
+    return run_program(cfg, secret, outputs_for)
+
+
+@pytest.fixture(scope="module")
+def b300():
+    cfg, secret = config(topology="b300x1-vllm")
+    return run_program(cfg, secret, outputs_for)
+
+
+def test_dev_graph_has_one_environment_one_keypair_four_vms(dev):
+    assert len(dev.of_type(":Environment")) == 1
+    assert len(dev.of_type(":Keypair")) == 1
+    vms = dev.of_type(":VirtualMachine")
+    assert sorted(v.inputs["name"] for v in vms) == [f"kimi-dev-node{r}" for r in range(4)]
+    assert {v.inputs["flavor_name"] for v in vms} == {"n3-H100x8-NVLink"}
+    assert {v.inputs["image_name"] for v in vms} == {"Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker"}
+
+
+def test_dev_firewall_is_least_privilege(dev):
+    rules = dev.of_type(":SecurityRule")
+    # head: SSH + API + 3 peers; each worker: SSH + 3 peers
+    assert len(rules) == 5 + 3 * 4
+    sources = {r.inputs["remote_ip_prefix"] for r in rules}
+    assert sources == {"198.18.0.7/32"} | {f"10.0.0.{10 + r}/32" for r in range(4)}
+    api = [r for r in rules if r.inputs.get("port_range_min") == 8000]
+    assert len(api) == 1 and api[0].name.endswith("node0-api")
+    assert "0.0.0.0/0" not in json.dumps([r.inputs for r in rules])
+
+
+def test_b300_graph_has_one_vm_and_no_peer_rules(b300):
+    vms = b300.of_type(":VirtualMachine")
+    assert [v.inputs["flavor_name"] for v in vms] == ["n3-B300-SXM6x8"]
+    rules = b300.of_type(":SecurityRule")
+    assert sorted(r.name.rsplit("-", 1)[1] for r in rules) == ["api", "ssh"]
+
+
+def test_outputs_contract(dev):
+    out = dev.exports
+    assert out["endpoint_url"] == "http://198.51.100.10:8000"
+    assert out["openai_base_url"] == "http://198.51.100.10:8000/v1"
+    assert out["anthropic_base_url"] == "http://198.51.100.10:8000"
+    assert out["served_model_name"] == out["model"] == "moonshotai/Kimi-K3.1-Pro"
+    assert out["model_revision"] == "6d0a0202956796543364d666ab19c6ad1a494ee1"
+    assert out["head_public_ip"] == "198.51.100.10"
+    assert out["node_public_ips"] == [f"198.51.100.{10 + r}" for r in range(4)]
+    assert out["node_private_ips"] == [f"10.0.0.{10 + r}" for r in range(4)]
+    assert (out["topology"], out["engine"], out["hourly_cost_usd"]) == ("h100x4-sglang", "sglang", 83.2)
+    assert set(out["client_configs"]) >= {"openai", "claude_code", "kimi_code", "openclaw"}
+    assert out["api_key"] == CANARY_API and dev.export_secrets == {"api_key"}
+
+
+def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
+    for rec in (dev, b300):
+        for res in rec.resources:
+            text = json.dumps(res.plain_view)
+            for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API):
+                assert canary not in text, f"{canary} in plain input of {res.typ} {res.name}"
+        for key, value in rec.exports.items():
+            if key not in rec.export_secrets:
+                for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API):
+                    assert canary not in json.dumps(value), f"{canary} in output {key}"
+
+
+def test_hyperstack_key_is_never_a_resource_input(dev):
+    for res in dev.resources:
+        assert CANARY_HS not in json.dumps(res.inputs, default=str), res.name
+
+
+def test_placeholders_refused_before_any_resource():
+    cfg, secret = config(operatorCidr="203.0.113.7/32")
+    rec = Recording()
+    with pytest.raises(Exception, match="kimi-cluster:operatorCidr .* documentation range"):
+        run_program(cfg, secret, outputs_for, recording=rec)
+    assert rec.resources == []
+
+
+def test_missing_private_key_refused():
+    cfg, secret = config()
+    del cfg["kimi-cluster:sshPrivateKey"]
+    with pytest.raises(Exception, match="kimi-cluster:sshPrivateKey is required"):
+        run_program(cfg, secret, outputs_for)
+
+
+def test_undersized_cluster_refused_naming_the_shortfall():
+    cfg, secret = config(topology="custom", flavor="n3-B200x8", nodeCount="1", gpusPerNode="8",
+                         gpuMemoryGb="192", engine="vllm")
+    with pytest.raises(Exception, match="25.29 GB .* short"):
+        run_program(cfg, secret, outputs_for)
