@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.pulumi_harness import Recording, run_program
+from tests.pulumi_harness import Recording, dumps, run_program
 
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
@@ -103,7 +103,7 @@ def test_outputs_contract(dev):
 def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
     for rec in (dev, b300):
         for res in rec.resources:
-            text = json.dumps(res.plain_view)
+            text = dumps(res.plain())
             for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API):
                 assert canary not in text, f"{canary} in plain input of {res.typ} {res.name}"
         for key, value in rec.exports.items():
@@ -137,3 +137,26 @@ def test_undersized_cluster_refused_naming_the_shortfall():
                          gpuMemoryGb="192", engine="vllm")
     with pytest.raises(Exception, match="25.29 GB .* short"):
         run_program(cfg, secret, outputs_for)
+
+
+def test_dev_chain_per_node_and_the_order_across_nodes(dev):
+    res = dev.by_name
+    commands = dev.of_type("command:remote:Command")
+    assert len(commands) == 4 * 6 + 1  # six steps per node, one readiness wait on the head
+    for rank in range(4):
+        ready = res[f"kimi-node{rank}-ready"]
+        # SSH must be open before the first dial; every rule of the node precedes its chain
+        assert f"kimi-node{rank}-ssh" in ready.deps
+        assert ready.values()["connection"]["host"] == f"198.51.100.{10 + rank}"
+        assert "kimi-node{}-check".format(rank) in res[f"kimi-node{rank}-launch"].deps
+    for rank in range(1, 4):
+        assert "kimi-node0-launch" in res[f"kimi-node{rank}-launch"].deps
+        # workers join the head's rendezvous on its private address
+        assert "10.0.0.10:20000" in res[f"kimi-node{rank}-launch"].script()
+    wait = next(r for r in commands if r.parent == "kimi-ready")
+    assert {f"kimi-node{r}-launch" for r in range(4)} <= set(wait.deps)
+
+
+def test_b300_chain_is_one_node(b300):
+    commands = b300.of_type("command:remote:Command")
+    assert len(commands) == 6 + 1

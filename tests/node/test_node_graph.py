@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import re
 
 import pulumi
 
 from components.node import (DIAL_ERROR_LIMIT, GpuNode, Readiness, STEPS, host_key_cloud_config, host_key_user_data)
 from tests.node.conftest import make_settings
-from tests.node.pulumi_mocks import FAKE_HOST_PUBLIC_KEY, dumps, run
+from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 
 CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
 CANARY_HF = "hf_canaryTOKEN9d2c"
@@ -44,8 +42,7 @@ def build_cluster(topology: str = "h100x4-sglang"):
 
 
 def script_of(res) -> str:
-    create = res.values()["create"]
-    return base64.b64decode(re.search(r"printf %s '([^']+)'", create).group(1)).decode()
+    return res.script()
 
 
 def test_each_node_has_the_chain_in_order_under_its_component():
