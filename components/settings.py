@@ -179,7 +179,13 @@ class Settings(BaseModel):
             raise ValueError(f"model {self.model!r} has no sizing data; known: {', '.join(catalog.MODELS)}")
         fit = self.fit
         if not fit.fits:
-            raise ValueError(f"the cluster cannot serve {self.model}: {fit.summary()}")
+            fitting = [t.name for t in catalog.TOPOLOGIES.values()
+                       if sizing.check_fit(self.model_spec, catalog.GPUS[t.gpu], t.node_count, t.gpus_per_node,
+                                           t.node_count * t.gpus_per_node).fits]
+            raise ValueError(
+                f"the cluster cannot serve {self.model}: {fit.summary()}. Change topology (presets that fit: "
+                f"{', '.join(fitting)}) or, for topology custom, nodeCount, gpusPerNode and gpuMemoryGb"
+            )
         return self
 
     # ---- derived values -------------------------------------------------------------------------
