@@ -310,12 +310,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--revision", default="6d0a0202956796543364d666ab19c6ad1a494ee1")
     ap.add_argument("--shards", type=int, default=3)
     ap.add_argument("--token", help="make the repository private: only this Bearer token may read it")
+    ap.add_argument("--token-file", help="as --token, read from this file (a command line shows in ps)")
     ap.add_argument("--missing-repo", action="store_true", help="answer 404 RepoNotFound for everything")
     ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies")
     args = ap.parse_args(argv)
-    faults = Faults(private=args.token is not None, missing_repo=args.missing_repo,
+    token = args.token
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as fh:
+            token = fh.read().strip()
+        if not token:
+            ap.error(f"--token-file {args.token_file} is empty")
+    faults = Faults(private=token is not None, missing_repo=args.missing_repo,
                     bytes_per_second=args.bytes_per_second)
-    hub = FakeHub(args.repo, args.revision, tiny_repo(args.shards), token=args.token, faults=faults,
+    hub = FakeHub(args.repo, args.revision, tiny_repo(args.shards), token=token, faults=faults,
                   host=args.host, port=args.port)
     print(f"fake hub serving {args.repo}@{args.revision} at http://{args.host}:{hub.port}", flush=True)
     try:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Literal, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
 DEFAULT_API_KEY = "emulator-key"
+# Test-only read access to the emulator's own bookkeeping, outside the API's /v1 prefix and off unless asked for.
+ADMIN_PREFIX = "/_emulator/"
 
 # --- catalog ----------------------------------------------------------------------------------------------------
 
@@ -327,8 +329,11 @@ class Emulator:
         first_ip: str = "127.0.0.2",
         first_floating_ip: Optional[str] = None,
         vm_names_unique: bool = False,
+        admin: bool = False,
     ) -> None:
         self.host, self.port = host, port
+        # GET /_emulator/inventory and /_emulator/requests, for a test that runs the emulator in another process.
+        self.admin = admin
         self.lifecycle = lifecycle or Lifecycle()
         # VMs get loopback addresses so fake nodes can listen on them; one address per VM is used for both
         # fixed_ip and floating_ip unless a separate floating pool is given.
@@ -547,6 +552,8 @@ class Emulator:
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str], raw_body: bytes) -> tuple[int, Any]:
         parts = urlsplit(raw_path)
+        if self.admin and parts.path.startswith(ADMIN_PREFIX):
+            return self._admin(method, parts.path[len(ADMIN_PREFIX):])
         path = parts.path[3:] if parts.path.startswith("/v1/") else parts.path
         query = parse_qs(parts.query)
         try:
@@ -589,6 +596,15 @@ class Emulator:
             except Exception as exc:  # an emulator bug must surface as an answer, not a silently closed socket
                 record.status = 500
                 return 500, {"status": False, "message": f"emulator error: {exc!r}", "error_reason": "server_error"}
+
+    def _admin(self, method: str, what: str) -> tuple[int, Any]:
+        """Not part of the API and not recorded among its requests: what exists, and what was asked."""
+        if method == "GET" and what == "inventory":
+            return 200, self.inventory()
+        if method == "GET" and what == "requests":
+            return 200, [{"method": r.method, "path": r.path, "status": r.status, "authorized": r.authorized}
+                         for r in self.requests]
+        return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests)"}
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
         known = False

@@ -762,6 +762,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", choices=ENGINES, help="answer shape; guessed from the flags if omitted")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--listen", action="append", default=[], metavar="HOST:PORT",
+                        help="serve on these addresses instead of --host/--port (repeatable); a container's port "
+                        "published on several host addresses is one server on each")
     parser.add_argument("--served-model-name", nargs="+", help="model id(s) to serve (SGLang takes one)")
     parser.add_argument("--model-path", help="SGLang's model flag")
     parser.add_argument("--model", dest="model_flag", help="vLLM's --model flag")
@@ -826,24 +829,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         while not stop.wait(1.0):
             pass
         return 0
-    server = FakeInferenceServer(settings, args.host, args.port, verbose=args.verbose)
+    try:
+        addresses = [_address(a) for a in args.listen] or [(args.host, args.port)]
+        servers = [FakeInferenceServer(settings, host, port, verbose=args.verbose) for host, port in addresses]
+    except (OSError, ValueError) as exc:
+        print(f"fake-inference: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    where = ", ".join(f"{host}:{server.port}" for (host, _), server in zip(addresses, servers))
     print(
-        f"fake-inference: {settings.engine} shape on {args.host}:{server.port} serving "
+        f"fake-inference: {settings.engine} shape on {where} serving "
         f"{list(settings.model_ids)}; key {'required' if settings.api_key else 'NOT set (open)'}; "
         f"faults {sorted(settings.faults) or 'none'}"
         + (f"; ignored flags {ignored}" if ignored else ""),
         file=sys.stderr,
         flush=True,
     )
-    server.start()
+    for server in servers:
+        server.start()
     try:
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     return 0
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--listen expects HOST:PORT, got {text!r}")
+    return host, int(port)
 
 
 if __name__ == "__main__":

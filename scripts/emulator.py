@@ -9,7 +9,18 @@ import argparse
 import os
 import sys
 
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Fault, Lifecycle, StuckInBuild, VmError
+
+# Test-only faults, armed at start because the emulator then runs in another process than the test.
+FAULTS = {"vm-error": VmError, "stuck-in-build": StuckInBuild}
+
+
+def parse_fault(spec: str) -> Fault:
+    """`vm-error` (the next VM created) or `vm-error:NAME` (the VM of that name); likewise `stuck-in-build`."""
+    kind, _, name = spec.partition(":")
+    if kind not in FAULTS:
+        raise argparse.ArgumentTypeError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)} (optionally :VM_NAME)")
+    return FAULTS[kind](name=name or None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-floating-ip", default=None,
                         help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
     parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
+    parser.add_argument("--fault", action="append", default=[], type=parse_fault, metavar="KIND[:VM_NAME]",
+                        help="TEST ONLY: arm a fault at start (repeatable): " + ", ".join(FAULTS))
+    parser.add_argument("--admin", action="store_true",
+                        help="TEST ONLY: serve GET /_emulator/inventory and /_emulator/requests (outside /v1)")
     args = parser.parse_args(argv)
 
     keys = tuple(args.api_keys or [os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY])
@@ -34,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         lifecycle=Lifecycle(args.creating_seconds, args.build_seconds, args.floating_ip_seconds,
                             args.deleting_seconds),
         first_ip=args.first_ip, first_floating_ip=args.first_floating_ip, vm_names_unique=args.vm_names_unique,
+        admin=args.admin,
     )
+    emulator.inject(*args.fault)
     emulator.start()
     # Never print the key itself: say where it came from.
     source = "--api-key" if args.api_keys else ("$HYPERSTACK_API_KEY" if os.environ.get("HYPERSTACK_API_KEY")

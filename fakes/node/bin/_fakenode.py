@@ -2,6 +2,8 @@
 
 State lives under $FAKE_NODE_ROOT/var/lib/fake-node; every call is appended to calls.jsonl there. Faults come from
 FAKE_* environment variables (see fakes/node/__init__.py), never from anything the product scripts could know about.
+Under the sandbox engine the node's directory ($SANDBOX_NODE_DIR) is the root, FAKE_NODE_DISKS are created on the first
+call (the VM image's disks) and FAKE_IP_ADDRS may name $SANDBOX_NODE_HOST, so one environment serves every node.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(os.environ.get("FAKE_NODE_ROOT", "/nonexistent-fake-node"))
+# A test names the root; under the sandbox engine each node's directory is its root (one value cannot serve many
+# nodes, so the engine's per-node variable is the fallback).
+ROOT = Path(os.environ.get("FAKE_NODE_ROOT") or os.environ.get("SANDBOX_NODE_DIR") or "/nonexistent-fake-node")
 STATE = ROOT / "var/lib/fake-node"
 DOCKER = STATE / "docker"
 CONTAINERS = DOCKER / "containers"
@@ -49,6 +53,12 @@ def counter(name: str) -> int:
     with locked_json(STATE / "counters.json", {}) as c:
         c[name] = c.get(name, 0) + 1
         return c[name]
+
+
+def boot() -> None:
+    """What the VM image provides before any command runs: the disks in FAKE_NODE_DISKS exist (e.g. "ephemeral")."""
+    for disk in filter(None, (d.strip().strip("/") for d in os.environ.get("FAKE_NODE_DISKS", "").split(","))):
+        (ROOT / disk).mkdir(parents=True, exist_ok=True)
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -468,10 +478,15 @@ def nvidia_smi(argv: list[str]) -> None:
 def ip(argv: list[str]) -> None:
     if [a for a in argv if a not in ("-o", "-4")][:2] not in (["addr", "show"], ["address", "show"], ["a", "show"]):
         fail(f"fake ip: unsupported {argv!r}", 2)
-    spec = os.environ.get("FAKE_IP_ADDRS", "lo=127.0.0.1/8,ens6=10.0.0.5/24")
+    spec = ip_addrs()
     for idx, item in enumerate(spec.split(","), start=1):
         nic, _, cidr = item.partition("=")
         print(f"{idx}: {nic}    inet {cidr} scope global {nic}\\       valid_lft forever preferred_lft forever")
+
+
+def ip_addrs() -> str:
+    """`nic=addr/len,...`; $VARS expand, so one value can give each sandbox node its own ($SANDBOX_NODE_HOST)."""
+    return os.path.expandvars(os.environ.get("FAKE_IP_ADDRS", "lo=127.0.0.1/8,ens6=10.0.0.5/24"))
 
 
 def cloud_init(argv: list[str]) -> None:
@@ -498,6 +513,7 @@ TOOLS = {"docker": docker, "systemctl": systemctl, "systemd-run": systemd_run, "
 
 
 def main(tool: str) -> None:
+    boot()
     record(tool, sys.argv[1:])
     TOOLS[tool](sys.argv[1:])
 

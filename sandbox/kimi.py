@@ -1,0 +1,621 @@
+"""The kimi-cluster sandbox: `up`, `verify` and `destroy` of the real program on this machine, with no account or GPU;
+starts the fakes as detached services, drives the sandbox engine, and on destroy proves nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, TextIO
+
+from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
+from fakes import sandbox_services as services
+from fakes.hyperstack_emulator import DEFAULT_API_KEY
+from sandbox.engine import EngineSettings, spawn
+from sandbox.state import plain_outputs, read_outputs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VERIFICATION_DIR = REPO_ROOT / "verification"
+NODE_BIN = REPO_ROOT / "fakes" / "node" / "bin"
+ENGINE_HOOK = REPO_ROOT / "fakes" / "node" / "engine_hook.py"
+STACK = "sandbox"
+CLUSTER_REF = f"organization/kimi-cluster/{STACK}"
+VERIFY_NS = "kimi-cluster-verification"
+TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm")
+DEFAULT_WORKDIR = ".sandbox"
+
+# The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
+EMULATOR_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
+                      "--deleting-seconds", "0.2")
+# Free space the fake disks report: the checkpoint (1.56 TB) plus the margin must fit, as on the real flavors.
+FAKE_DISK_BYTES = 4 * 10**12
+# Deadlines of the engine runs: every node step has its own, shorter ones from the stack config.
+UP_DEADLINE_S = 1800.0
+VERIFY_DEADLINE_S = 900.0
+OPERATION_TIMEOUT_S = 900.0
+VERIFY_REQUEST_TIMEOUT_S = 60
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class SandboxUsageError(Exception):
+    """The command cannot run as asked (nothing deployed, a conflicting topology); the message says what to do."""
+
+
+# ---- the workdir --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Workdir:
+    """`<workdir>/`: sandbox.json (services, topology, port), secrets/ (0700), state.json and nodes/ (the engine's),
+    verification/ (the verification stack's engine workdir), logs/ (the services' output)."""
+
+    root: Path
+
+    @property
+    def record_path(self) -> Path:
+        return self.root / "sandbox.json"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.root / "secrets"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def nodes(self) -> Path:
+        return self.root / "nodes"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def verification(self) -> Path:
+        return self.root / "verification"
+
+    def record(self) -> dict[str, Any]:
+        return json.loads(self.record_path.read_text()) if self.record_path.exists() else {}
+
+    def save_record(self, record: Mapping[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, self.record_path)
+
+    def secret(self, name: str, make: Callable[[], str]) -> str:
+        """A sandbox secret kept across commands (a later `up` must not change the hub token and re-run steps)."""
+        self.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.secrets_dir / name
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(make() + "\n")
+        return path.read_text().strip()
+
+    def secret_path(self, name: str) -> Path:
+        return self.secrets_dir / name
+
+    def resources(self) -> list[dict[str, Any]]:
+        """What the cluster's state holds (the stack itself excluded)."""
+        if not self.state_path.exists():
+            return []
+        doc = json.loads(self.state_path.read_text())
+        return [r for r in doc.get("resources", []) if r.get("type") != "pulumi:pulumi:Stack"]
+
+    def outputs(self) -> tuple[dict[str, Any], frozenset[str]]:
+        if not self.state_path.exists():
+            return {}, frozenset()
+        return plain_outputs(read_outputs(self.state_path))
+
+
+def _emulator_key() -> str:
+    return "sandbox-" + secrets.token_urlsafe(24)
+
+
+def _hf_token() -> str:
+    return "hf_" + secrets.token_urlsafe(24)
+
+
+def _dummy_ssh_key() -> str:
+    # Node commands run on this machine, so no key is ever used; the program still requires one to be set.
+    return "sandbox-dummy-ssh-key-" + secrets.token_hex(8)
+
+
+# ---- settings the sandbox derives from the stack -------------------------------------------------------------------
+
+
+def stack_settings(topology: str, overrides: Mapping[str, str] | None = None) -> Settings:
+    """The validated settings of the sandbox stack for this topology (as the program will see them)."""
+    raw, _ = read_stack_file(str(REPO_ROOT / f"Pulumi.{STACK}.yaml"))
+    raw = {**raw, "topology": topology, **(overrides or {})}
+    return load_settings(raw, STACK)
+
+
+def node_env(settings: Settings) -> dict[str, str]:
+    """How the fake nodes look: their disks, GPUs, addresses, free space, and the engine the docker stub starts."""
+    disk = settings.storage_path.strip("/")
+    return {
+        "FAKE_NODE_DISKS": disk,
+        "FAKE_DISK_AVAIL_BYTES": str(FAKE_DISK_BYTES),
+        "FAKE_GPU_COUNT": str(settings.gpus_per_node_count),
+        "FAKE_GPU_NAME": f"NVIDIA {settings.gpu.name}",
+        # Each node's private interface holds its own address (the emulator gives a VM one loopback address for
+        # both its fixed and floating IP); the stub expands the variable per node.
+        "FAKE_IP_ADDRS": "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/8,docker0=172.17.0.1/16",
+        "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
+        # The hub and the engine are on loopback: a proxy from the caller's environment must not get in the way.
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+
+
+def node_path() -> tuple[str, ...]:
+    # The stubs, then this interpreter's bin: the node scripts' python3 must be one with huggingface_hub installed.
+    return (str(NODE_BIN), str(Path(sys.executable).parent))
+
+
+# ---- services ----------------------------------------------------------------------------------------------------
+
+
+def _service(record: Mapping[str, Any], name: str) -> services.Service | None:
+    data = (record.get("services") or {}).get(name)
+    return services.Service.from_json(data) if data else None
+
+
+def _port_for(previous: services.Service | None) -> int:
+    # The same port as before keeps the stack config (hfEndpoint, the API URL) and so every step unchanged.
+    if previous is not None and services.port_free(previous.host, previous.port):
+        return previous.port
+    return services.free_port()
+
+
+class Sandbox:
+    """One sandbox in one workdir. Methods return an exit code and print what a user needs to see."""
+
+    def __init__(self, workdir: str | Path = DEFAULT_WORKDIR, out: TextIO | None = None) -> None:
+        self.dir = Workdir(Path(workdir).resolve())
+        self.out = out or sys.stdout
+
+    def say(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    # -- services --
+
+    def _ensure_emulator(self, record: dict[str, Any]) -> tuple[str, str]:
+        """(API URL, key) of the emulator: the one HYPERSTACK_API_URL names, else ours, started if not running."""
+        external = (os.environ.get("HYPERSTACK_API_URL") or "").rstrip("/")
+        if self.dir.resources() and "external_emulator" in record:
+            # Deleting through another emulator than the one that holds the VMs would "succeed" and leave them.
+            before = record["emulator_url"] if record["external_emulator"] else None
+            if (before or None) != (external or None):
+                where = f"the emulator at {before} (HYPERSTACK_API_URL)" if before else "its own emulator"
+                now = f"HYPERSTACK_API_URL={external}" if external else "HYPERSTACK_API_URL unset"
+                raise SandboxUsageError(f"the sandbox in {self.dir.root} was deployed against {where}, but now "
+                                        f"{now}: point it back (with HYPERSTACK_API_KEY) or use another --workdir")
+        if external:
+            record["emulator_url"] = external
+            record["external_emulator"] = True
+            record.setdefault("services", {}).pop("emulator", None)
+            return record["emulator_url"], os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY
+        key = self.dir.secret("hyperstack_api_key", _emulator_key)
+        previous = _service(record, "emulator")
+        if previous is None or not previous.running():
+            if previous is not None:
+                self.say(f"warning: the emulator of this sandbox (pid {previous.pid}) is not running any more; "
+                         "starting a fresh one, which holds nothing of the earlier run")
+            port = _port_for(previous)
+            service = services.start(
+                "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE),
+                host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=self.dir.logs,
+                # The key goes by environment, not argv, which every user of the machine can read.
+                env={"HYPERSTACK_API_KEY": key},
+            )
+            record.setdefault("services", {})["emulator"] = service.to_json()
+            self.say(f"started the Hyperstack emulator on {service.url}/v1 (pid {service.pid}, log {service.log})")
+        record["emulator_url"] = f"{_service(record, 'emulator').url}/v1"  # type: ignore[union-attr]
+        record["external_emulator"] = False
+        return record["emulator_url"], key
+
+    def _ensure_hub(self, record: dict[str, Any], settings: Settings) -> str:
+        self.dir.secret("hf_token", _hf_token)
+        previous = _service(record, "hub")
+        if previous is None or not previous.running():
+            port = _port_for(previous)
+            service = services.start(
+                "hub", services.python_module(
+                    "fakes.hub", "--port", str(port), "--repo", settings.model, "--revision", settings.model_revision,
+                    # The hub answers only with this token: the checkpoint downloads prove it reached each node.
+                    "--token-file", str(self.dir.secret_path("hf_token"))),
+                host="127.0.0.1", port=port, marker="fakes.hub", log_dir=self.dir.logs,
+            )
+            record.setdefault("services", {})["hub"] = service.to_json()
+            self.say(f"started the fake Hugging Face hub on {service.url} serving {settings.model}@"
+                     f"{settings.model_revision[:12]} (pid {service.pid}, token required)")
+        return _service(record, "hub").url  # type: ignore[union-attr]
+
+    def _stop_services(self, record: dict[str, Any]) -> list[str]:
+        problems = []
+        for name, data in list((record.get("services") or {}).items()):
+            service = services.Service.from_json(data)
+            if services.stop(service):
+                self.say(f"stopped the {name} (pid {service.pid})")
+                record["services"].pop(name)
+            else:
+                problems.append(f"the {name} (pid {service.pid}) did not stop")
+        return problems
+
+    # -- engine runs --
+
+    def _cluster_engine(self, record: Mapping[str, Any], settings: Settings) -> EngineSettings:
+        config = {
+            f"{NAMESPACE}:topology": record["topology"],
+            f"{NAMESPACE}:apiPort": str(record["api_port"]),
+            f"{NAMESPACE}:hfEndpoint": record["hub_url"],
+            "hyperstack:apiUrl": record["emulator_url"],
+        }
+        secret_config = {
+            f"{NAMESPACE}:sshPrivateKey": self.dir.secret("ssh_private_key", _dummy_ssh_key),
+            f"{NAMESPACE}:hfToken": self.dir.secret("hf_token", _hf_token),
+            "hyperstack:apiKey": record["emulator_key"],
+        }
+        return EngineSettings(
+            project_dir=REPO_ROOT, stack=STACK, workdir=self.dir.root, config_overrides=config,
+            secret_overrides=secret_config, node_path_prefix=node_path(), node_env=node_env(settings),
+            operation_timeout=OPERATION_TIMEOUT_S, deadline=UP_DEADLINE_S,
+        )
+
+    def _run(self, operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any] | None, str]:
+        """Run the engine (its own process group); forward Ctrl-C/SIGTERM to it. Returns (result or None, log).
+
+        Without a result (killed, interrupted, crashed), the log's last lines say what happened.
+        """
+        pid_file = settings.workdir / "engine.pid"
+        settings.workdir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
+            result_file = Path(tmp) / "result.json"
+            proc = spawn(operation, settings, result_file)
+            pid_file.write_text(f"{proc.pid}\n")
+            lines: list[str] = []
+
+            def pump() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    lines.append(line)
+                    if echo:
+                        self.out.write(line)
+                        self.out.flush()
+
+            def forward(signum: int, _frame: Any) -> None:
+                # The engine runs in its own session, so a terminal's Ctrl-C reaches only this process.
+                lines.append(f"sandbox: stopping the engine (signal {signum})\n")
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            handlers = {}
+            if threading.current_thread() is threading.main_thread():
+                handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+            try:
+                timeout = settings.deadline + settings.operation_timeout + 300
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=30)
+                    lines.append(f"sandbox: the engine did not finish within {timeout:.0f} s and was killed\n")
+                reader.join(timeout=10)
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+                pid_file.unlink(missing_ok=True)
+            result = json.loads(result_file.read_text()) if result_file.exists() else None
+            if result is None:
+                lines.append(f"sandbox: the engine ended with exit code {proc.returncode} and no result\n")
+            return result, "".join(lines)
+
+    def _tail(self, log: str, echoed: bool, lines: int = 20) -> None:
+        shown = log.splitlines()[-1:] if echoed else log.splitlines()[-lines:]
+        for line in shown:
+            self.say(line)
+
+    def _ensure_idle(self) -> None:
+        """Refuse while an engine runs on this workdir: a destroy must not delete VMs an up is still creating."""
+        lock = self.dir.root / ".lock"
+        if not lock.exists():
+            return
+        with open(lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SandboxUsageError(f"a sandbox engine is running on {self.dir.root} (pid in engine.pid); "
+                                        "wait for it or stop it with Ctrl-C first") from None
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- up --
+
+    def up(self, topology: str | None = None, echo: bool = True) -> int:
+        started = time.monotonic()
+        self._ensure_idle()
+        record = self.dir.record()
+        deployed = bool(self.dir.resources())
+        chosen = topology or record.get("topology") or TOPOLOGIES[0]
+        if deployed and record.get("topology") and chosen != record["topology"]:
+            raise SandboxUsageError(
+                f"the sandbox in {self.dir.root} runs {record['topology']}; destroy it first "
+                f"(python -m scripts.sandbox destroy) or use another --workdir for {chosen}")
+        if chosen not in TOPOLOGIES:
+            raise SandboxUsageError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {chosen!r}")
+        settings = stack_settings(chosen)
+        record["topology"] = chosen
+        self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
+                 f"{settings.engine_name}) in {self.dir.root}")
+        record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)
+        record["hub_url"] = self._ensure_hub(record, settings)
+        if not record.get("api_port"):
+            record["api_port"] = services.free_port()
+        # The key is in secrets/, not in the record; it is added back for the engine run only.
+        key = record.pop("emulator_key")
+        self.dir.save_record(record)
+        engine = self._cluster_engine({**record, "emulator_key": key}, settings)
+        services_s = time.monotonic() - started
+
+        result, log = self._run("up", engine, echo)
+        elapsed = time.monotonic() - started
+        if result is None:
+            self._tail(log, echo)
+            self.say(f"sandbox up: stopped after {elapsed:.1f} s; what was done is in {self.dir.state_path}: "
+                     "run up again to resume, or destroy")
+            return EXIT_INTERRUPTED
+        if not result.get("ok"):
+            for reason in [*(result.get("failures") or []), result.get("error")]:
+                if reason:
+                    self.say(f"FAILED: {reason}")
+            self.say(f"sandbox up: failed after {elapsed:.1f} s; fix and run up again (it resumes), or destroy")
+            return EXIT_FAILED
+        outputs, secret_names = self.dir.outputs()
+        self.say("")
+        self.say("Stack outputs:")
+        self.say(format_outputs(outputs, secret_names))
+        counts = result.get("counts") or {}
+        self.say(f"sandbox up: {chosen} ready in {elapsed:.1f} s (services {services_s:.1f} s); "
+                 f"{counts.get('create', 0)} created, {counts.get('same', 0)} unchanged. "
+                 "Next: python -m scripts.sandbox verify")
+        return EXIT_OK
+
+    # -- verify --
+
+    def verify(self, echo: bool = False) -> int:
+        started = time.monotonic()
+        outputs, _ = self.dir.outputs()
+        if not outputs.get("endpoint_url"):
+            raise SandboxUsageError(f"no endpoint in {self.dir.state_path}: run python -m scripts.sandbox up first")
+        self.say(f"sandbox verify: the verification stack against {outputs['endpoint_url']} "
+                 f"({outputs.get('served_model_name')})")
+        engine = EngineSettings(
+            project_dir=VERIFICATION_DIR, stack=STACK, workdir=self.dir.verification,
+            config_overrides={
+                f"{VERIFY_NS}:clusterStack": CLUSTER_REF,
+                # A new run id re-runs every check: verify answers for the endpoint as it is now.
+                f"{VERIFY_NS}:runId": str(time.time_ns()),
+                f"{VERIFY_NS}:timeoutSeconds": str(VERIFY_REQUEST_TIMEOUT_S),
+            },
+            stack_references={CLUSTER_REF: str(self.dir.root)},
+            operation_timeout=OPERATION_TIMEOUT_S, deadline=VERIFY_DEADLINE_S,
+        )
+        result, log = self._run("up", engine, echo)
+        elapsed = time.monotonic() - started
+        if result is None:
+            self._tail(log, echo)
+            self.say(f"sandbox verify: stopped after {elapsed:.1f} s")
+            return EXIT_INTERRUPTED
+        if not result.get("ok"):
+            # The stack's resource failed, naming each failed required check and why: one line each.
+            for reason in [*(result.get("failures") or []), result.get("error")]:
+                if reason:
+                    self.say("  " + "\n    ".join(reason.splitlines()[0].split("; ")))
+            self.say(f"sandbox verify: FAILED after {elapsed:.1f} s (the whole log: verify --verbose)")
+            return EXIT_FAILED
+        verified = plain_outputs(read_outputs(self.dir.verification / "state.json"))[0]
+        self.say(format_report(verified.get("verification_report") or []))
+        ok = bool(verified.get("verified"))
+        self.say(f"sandbox verify: {'PASSED' if ok else 'FAILED'} in {elapsed:.1f} s; verified_endpoint_url = "
+                 f"{verified.get('verified_endpoint_url')}")
+        return EXIT_OK if ok else EXIT_FAILED
+
+    # -- destroy --
+
+    def destroy(self, echo: bool = True) -> int:
+        started = time.monotonic()
+        self._ensure_idle()
+        record = self.dir.record()
+        problems: list[str] = []
+        if not record and not self.dir.resources():
+            self.say(f"sandbox destroy: nothing deployed in {self.dir.root}")
+            problems += self._stop_node_processes()
+            return self._finish_destroy(problems, started)
+        topology = record.get("topology") or TOPOLOGIES[0]
+        settings = stack_settings(topology)
+        # Deleting needs the API (a fresh emulator if ours died: it holds nothing, so each delete finds nothing).
+        record["emulator_url"], key = self._ensure_emulator(record)
+        record.setdefault("hub_url", "http://127.0.0.1:9")
+        record.setdefault("api_port", 8000)
+        self.dir.save_record(record)
+        api = _api(record["emulator_url"], key)
+
+        problems += self._destroy_verification(echo)
+        # A VM whose create an interrupted up never recorded would block the environment's deletion: delete it first.
+        problems += self._delete_unrecorded_vms(api, settings)
+        if not problems:
+            engine = self._cluster_engine({**record, "emulator_key": key}, settings)
+            result, log = self._run("destroy", engine, echo)
+            if result is None:
+                self._tail(log, echo)
+                self.say("sandbox destroy: stopped; what is left is still in the state file: run destroy again")
+                return EXIT_INTERRUPTED
+            if not result.get("ok"):
+                problems += [f for f in result.get("failures") or []] or [result.get("error") or "the engine failed"]
+            else:
+                problems += self._delete_unrecorded_environment(api, settings)
+        left = self._emulator_leftovers(api, settings, external=record.get("external_emulator", False))
+        if left:
+            problems.append("the emulator still holds: " + "; ".join(left))
+        else:
+            self.say("emulator: nothing left" + (f" of {settings.env_name}" if record.get("external_emulator") else ""))
+        # On a real cloud the VMs' deletion ends what ran on them; fake nodes are this machine, so end it here.
+        problems += self._stop_node_processes()
+        if not problems:
+            problems += self._stop_services(record)
+            if not problems:
+                self._forget(record)
+        return self._finish_destroy(problems, started)
+
+    def _finish_destroy(self, problems: list[str], started: float) -> int:
+        elapsed = time.monotonic() - started
+        for problem in problems:
+            self.say(f"LEFT: {problem}")
+        if problems:
+            self.say(f"sandbox destroy: {len(problems)} problem(s) after {elapsed:.1f} s; run destroy again")
+            return EXIT_FAILED
+        self.say(f"sandbox destroy: everything is gone ({elapsed:.1f} s)")
+        return EXIT_OK
+
+    def _destroy_verification(self, echo: bool) -> list[str]:
+        state = self.dir.verification / "state.json"
+        if not state.exists():
+            return []
+        engine = EngineSettings(project_dir=VERIFICATION_DIR, stack=STACK, workdir=self.dir.verification,
+                                config_overrides={f"{VERIFY_NS}:clusterStack": CLUSTER_REF},
+                                operation_timeout=OPERATION_TIMEOUT_S, deadline=VERIFY_DEADLINE_S)
+        result, log = self._run("destroy", engine, False)
+        if result is None or not result.get("ok"):
+            return [f"the verification stack's destroy failed:\n{log}"]
+        return []
+
+    def _delete_unrecorded_vms(self, api: Any, settings: Settings) -> list[str]:
+        from components.hyperstack.providers import delete_vm_and_wait
+
+        recorded = {str(r.get("id")) for r in self.dir.resources() if r.get("type", "").endswith(":VirtualMachine")}
+        ours = {settings.node_name(rank) for rank in range(settings.nodes)}
+        problems = []
+        try:
+            vms = api.list_vms(environment=settings.env_name)
+        except Exception as exc:  # noqa: BLE001 - an unreachable API is reported, not raised
+            return [f"cannot list the VMs of {settings.env_name}: {exc}"]
+        for vm in vms:
+            labels = set(vm.get("labels") or [])
+            if str(vm["id"]) in recorded or vm.get("name") not in ours or f"stack-{STACK}" not in labels:
+                continue
+            what = f"VM {vm['name']!r} (id {vm['id']})"
+            self.say(f"deleting {what}: an interrupted up created it but never recorded it")
+            try:
+                delete_vm_and_wait(api, vm["id"], what, 120.0, 0.5)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{what} could not be deleted: {exc}")
+        return problems
+
+    def _delete_unrecorded_environment(self, api: Any, settings: Settings) -> list[str]:
+        """After a clean destroy, our keypair and environment can only be ones an interrupted up never recorded."""
+        problems = []
+        try:
+            for kp in api.list_keypairs():
+                if kp.get("name") == f"{settings.env_name}-key" and \
+                        (kp.get("environment") or {}).get("name") == settings.env_name:
+                    self.say(f"deleting keypair {kp['name']!r}: an interrupted up created it but never recorded it")
+                    api.delete_keypair(kp["id"])
+            for env in api.list_environments():
+                if env.get("name") == settings.env_name:
+                    self.say(f"deleting environment {env['name']!r}: an interrupted up created it but never "
+                             "recorded it")
+                    api.delete_environment(env["id"])
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"cannot clean up {settings.env_name}: {exc}")
+        return problems
+
+    def _emulator_leftovers(self, api: Any, settings: Settings, external: bool) -> list[str]:
+        """Everything in our emulator, or (in someone else's) everything of our environment."""
+        try:
+            envs = api.list_environments()
+            keypairs = api.list_keypairs()
+            vms = api.list_vms()
+        except Exception as exc:  # noqa: BLE001
+            return [f"the emulator cannot be asked ({exc})"]
+        if external:
+            envs = [e for e in envs if e.get("name") == settings.env_name]
+            keypairs = [k for k in keypairs if (k.get("environment") or {}).get("name") == settings.env_name]
+            vms = [v for v in vms if (v.get("environment") or {}).get("name") == settings.env_name]
+        left = [f"environment {e.get('name')}" for e in envs]
+        left += [f"keypair {k.get('name')}" for k in keypairs]
+        left += [f"VM {v.get('name')} ({v.get('status')})" for v in vms]
+        return left
+
+    def _stop_node_processes(self) -> list[str]:
+        if not self.dir.nodes.exists():
+            return []
+        pids = services.processes_under(self.dir.nodes)
+        if not pids:
+            return []
+        for pid in pids:
+            self.say(f"stopping what a fake node left running: {services.describe(pid)}")
+        left = services.terminate(pids)
+        return [f"node process {services.describe(pid)} did not stop" for pid in left]
+
+    def _forget(self, record: Mapping[str, Any]) -> None:
+        """A destroyed VM's disks are gone: the next up starts from blank nodes and fresh secrets."""
+        import shutil
+
+        shutil.rmtree(self.dir.nodes, ignore_errors=True)
+        shutil.rmtree(self.dir.secrets_dir, ignore_errors=True)
+        self.dir.record_path.unlink(missing_ok=True)
+
+
+def _api(url: str, key: str) -> Any:
+    from components.hyperstack.api import HyperstackClient
+
+    return HyperstackClient(url, key, retry_base_seconds=0.2)
+
+
+# ---- printing ----------------------------------------------------------------------------------------------------
+
+
+def format_outputs(outputs: Mapping[str, Any], secret_names: frozenset[str] | set[str]) -> str:
+    width = max((len(k) for k in outputs), default=0)
+    lines = []
+    for key in sorted(outputs):
+        value = outputs[key]
+        if key in secret_names:
+            text = "[secret]"
+        elif isinstance(value, (dict, list)):
+            text = json.dumps(value)
+            if len(text) > 160:
+                text = (f"{{{', '.join(value)}}}" if isinstance(value, dict) else f"[{len(value)} items]") + \
+                    " (whole value: the stack's state.json)"
+        else:
+            text = str(value)
+        lines.append(f"  {key:<{width}}  {text}")
+    return "\n".join(lines)
+
+
+def format_report(report: list[Mapping[str, Any]]) -> str:
+    lines = [f"  {'check':<19} {'result':<6} {'latency':>8}  detail", f"  {'-' * 19} {'-' * 6} {'-' * 8}  {'-' * 40}"]
+    for row in report:
+        status = "PASS" if row.get("passed") else ("FAIL" if row.get("required", True) else "fail")
+        lines.append(f"  {row.get('name', '?'):<19} {status:<6} {float(row.get('latency_s') or 0):7.2f}s  "
+                     f"{row.get('detail', '')}")
+    return "\n".join(lines)

@@ -1,0 +1,40 @@
+"""See kimi-cluster work with no account and no GPU: `python -m scripts.sandbox up | verify | destroy`
+(up deploys the sandbox stack onto fake nodes, verify runs the verification stack, destroy leaves nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from components.settings import SettingsError
+from sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, SandboxUsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.sandbox", description=__doc__)
+    parser.add_argument("command", choices=["up", "verify", "destroy"])
+    parser.add_argument("--topology", choices=TOPOLOGIES,
+                        help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                        help=f"where state, fake nodes, logs and service records live (default {DEFAULT_WORKDIR})")
+    parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
+    parser.add_argument("--verbose", action="store_true", help="verify: echo the engine's progress too")
+    args = parser.parse_args(argv)
+    if args.topology and args.command != "up":
+        parser.error("--topology applies to up only")
+
+    sandbox = Sandbox(args.workdir)
+    try:
+        if args.command == "up":
+            return sandbox.up(args.topology, echo=not args.quiet)
+        if args.command == "verify":
+            return sandbox.verify(echo=args.verbose)
+        return sandbox.destroy(echo=not args.quiet)
+    except (SandboxUsageError, SettingsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

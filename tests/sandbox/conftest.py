@@ -1,0 +1,193 @@
+"""Fixtures for the sandbox tests: `python -m scripts.sandbox` as a user runs it, an emulator in its own process
+(with the test-only admin paths and faults), and a teardown that ends every process a test started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from fakes import sandbox_services as services
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMMAND_TIMEOUT_S = 240
+# The emulator the tests start: VM phases in tenths of a second, as the sandbox's own.
+FAST_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
+                  "--deleting-seconds", "0.2")
+# Wall times the tests measured, printed at the end of the run.
+WALL_TIMES: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest hook
+    if WALL_TIMES:
+        terminalreporter.section("sandbox wall times")
+        for line in WALL_TIMES:
+            terminalreporter.write_line(line)
+
+
+def report(line: str) -> None:
+    WALL_TIMES.append(line)
+    print(line)
+
+
+@dataclass
+class ExternalEmulator:
+    """`python -m scripts.emulator --admin` in its own process, as HYPERSTACK_API_URL points the sandbox at it."""
+
+    url: str
+    key: str
+    proc: subprocess.Popen
+
+    def _get(self, what: str):
+        base = self.url.removesuffix("/v1")
+        with urllib.request.urlopen(f"{base}/_emulator/{what}", timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def inventory(self) -> dict:
+        return self._get("inventory")
+
+    def requests(self) -> list[dict]:
+        return self._get("requests")
+
+    def vm_posts(self) -> int:
+        return sum(1 for r in self.requests() if r["method"] == "POST" and r["path"] == "/core/virtual-machines")
+
+    def env(self) -> dict[str, str]:
+        return {"HYPERSTACK_API_URL": self.url, "HYPERSTACK_API_KEY": self.key}
+
+
+@pytest.fixture
+def start_emulator(tmp_path: Path) -> Iterator:
+    """start_emulator(*faults) -> ExternalEmulator; stopped (by pid) at teardown."""
+    started: list[subprocess.Popen] = []
+
+    def start(*faults: str) -> ExternalEmulator:
+        port = services.free_port()
+        key = "test-emulator-key-" + os.urandom(6).hex()
+        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *FAST_LIFECYCLE]
+        for fault in faults:
+            argv += ["--fault", fault]
+        log = open(tmp_path / f"emulator-{port}.log", "wb")
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, "HYPERSTACK_API_KEY": key},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        started.append(proc)
+        deadline = time.monotonic() + 30
+        while not services.port_open("127.0.0.1", port):
+            assert proc.poll() is None, (tmp_path / f"emulator-{port}.log").read_text()
+            assert time.monotonic() < deadline, "the emulator did not listen within 30 s"
+            time.sleep(0.05)
+        return ExternalEmulator(f"http://127.0.0.1:{port}/v1", key, proc)
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@dataclass
+class Result:
+    code: int
+    output: str
+    seconds: float
+
+
+@dataclass
+class SandboxRunner:
+    """Runs `python -m scripts.sandbox ...` on one workdir, with or without an external emulator."""
+
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSTACK_")}
+        return {**env, **self.env, "PYTHONUNBUFFERED": "1"}
+
+    def argv(self, command: str, *args: str) -> list[str]:
+        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args]
+
+    def __call__(self, command: str, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
+        started = time.monotonic()
+        proc = subprocess.run(self.argv(command, *args), cwd=REPO_ROOT, env=self.environment(), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        return Result(proc.returncode, proc.stdout, time.monotonic() - started)
+
+    def start(self, command: str, *args: str) -> subprocess.Popen:
+        """In the background, in its own session (as a user's terminal would hold it)."""
+        return subprocess.Popen(self.argv(command, *args), cwd=REPO_ROOT, env=self.environment(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def record(self) -> dict:
+        path = self.workdir / "sandbox.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def leftover_processes(workdir: Path) -> list[int]:
+    """Processes of this sandbox still alive: node processes, and services whose command line names the workdir."""
+    pids = set(services.processes_under(workdir / "nodes"))
+    mine = services._ancestors()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in mine and services._alive(int(entry)):
+            if any(str(workdir) in word for word in services._cmdline(int(entry))):
+                pids.add(int(entry))
+    return sorted(pids)
+
+
+def kill_everything(workdir: Path, record: dict) -> None:
+    """Teardown: the engine (its whole group), the recorded services, whatever the fake nodes left running."""
+    for pid_file in (workdir / "engine.pid", workdir / "verification" / "engine.pid"):
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    for data in (record.get("services") or {}).values():
+        services.stop(services.Service.from_json(data), timeout=5)
+    services.terminate(leftover_processes(workdir), timeout=5)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator:
+    """sandbox(env=None) -> SandboxRunner on a fresh workdir; everything it started is ended at teardown."""
+    made: list[SandboxRunner] = []
+
+    def make(env: dict[str, str] | None = None) -> SandboxRunner:
+        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}))
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
+        kill_everything(runner.workdir, runner.record())
+
+
+def ok(result: Result) -> str:
+    assert result.code == 0, result.output
+    return result.output
+
+
+def wait_for(what: str, predicate, timeout: float, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"gave up after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+
+
+EMPTY = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}

@@ -1,0 +1,190 @@
+"""The sandbox's pieces on their own, in seconds: the docker run hook, the fake node's per-node knobs, the emulator's
+test-only controls, the process bookkeeping and the output formatting.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from components import launch
+from components.settings import load_settings
+from fakes import sandbox_services as services
+from fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
+from fakes.node import BIN, make_fake_node
+from sandbox.kimi import ENGINE_HOOK, format_outputs, format_report, node_env, stack_settings
+from scripts.emulator import parse_fault
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+# The hook is a standalone executable (the docker stub runs it by path), not a package module.
+_spec = importlib.util.spec_from_file_location("engine_hook", ENGINE_HOOK)
+engine_hook = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(engine_hook)
+
+KEY = "sandbox-api-key-canary-3f9c"
+
+
+def _docker_argv(topology: str, rank: int, env_file: Path, port: int = 18000) -> list[str]:
+    settings = load_settings({"operatorCidr": "127.0.0.1/32", "topology": topology, "apiPort": str(port),
+                              "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
+    env_file.write_text(f"{launch.API_KEY_ENV[settings.engine_name]}={KEY}\n")
+    items = launch.docker_run_argv(settings, rank, private_ip="127.0.0.3", head_private_ip="127.0.0.2",
+                                   hf_dir="/hf", cache_dir="/cache", env_file=str(env_file), nic="ens6", threads="1",
+                                   fingerprint="fp")
+    return [str(word) for word in launch.flatten(items)]
+
+
+@pytest.mark.parametrize("topology, engine", [("h100x4-sglang", "sglang"), ("b300x1-vllm", "vllm")])
+def test_hook_serves_what_the_launch_asks_with_the_key_off_the_command_line(tmp_path, monkeypatch, topology,
+                                                                              engine) -> None:
+    monkeypatch.setenv("FAKE_IP_ADDRS", "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/8,docker0=172.17.0.1/16")
+    monkeypatch.setenv("SANDBOX_NODE_HOST", "127.0.0.3")
+    argv = _docker_argv(topology, 0, tmp_path / "engine.env")
+    assert argv[:2] == ["docker", "run"]
+    server_argv, env, name = engine_hook.plan(argv[2:])
+    assert name == "kimi-engine"
+    assert server_argv[1:3] == ["-m", "fakes.inference_server"]
+    assert server_argv[server_argv.index("--engine") + 1] == engine
+    listen = [server_argv[i + 1] for i, w in enumerate(server_argv) if w == "--listen"]
+    # SGLang on the host network and vLLM's published port both reach every address of the node.
+    assert listen == ["127.0.0.1:18000", "127.0.0.3:18000"]
+    assert server_argv[server_argv.index("--served-model-name") + 1] == "moonshotai/Kimi-K3.1-Pro"
+    assert KEY not in " ".join(server_argv)
+    assert env["KIMI_API_KEY"] == KEY
+    assert "VLLM_API_KEY" not in env
+
+
+def test_hook_passes_the_rank_and_refuses_an_unknown_engine(tmp_path) -> None:
+    argv = _docker_argv("h100x4-sglang", 2, tmp_path / "engine.env")
+    server_argv, _, _ = engine_hook.plan(argv[2:])
+    assert server_argv[server_argv.index("--node-rank") + 1] == "2"
+    with pytest.raises(engine_hook.HookError, match="cannot tell the engine"):
+        engine_hook.plan(["--name", "x", "busybox:latest", "sleep", "1"])
+
+
+def test_hook_through_the_docker_stub_serves_with_the_key_and_docker_rm_stops_it(tmp_path) -> None:
+    port = services.free_port()
+    node = make_fake_node(tmp_path, run_hook=str(ENGINE_HOOK),
+                          extra_env={"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin"})
+    argv = _docker_argv("b300x1-vllm", 0, node.root / "engine.env", port)
+    try:
+        run = subprocess.run(argv, env=node.env, cwd=node.root, capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        pid = int(wait_for("the engine's pid file", lambda: (node.state / "engines/kimi-engine.pid").exists()
+                           and (node.state / "engines/kimi-engine.pid").read_text().strip(), 10))
+        assert node.container("kimi-engine")["hook_pid"] == pid
+        wait_for("the fake engine to listen", lambda: services.port_open("127.0.0.1", port), 20)
+        assert KEY not in " ".join(services._cmdline(pid))
+
+        def models(key: str | None) -> int:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                             headers={"Authorization": f"Bearer {key}"} if key else {})
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    return answer.status
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert models(KEY) == 200
+        assert models(None) == 401
+        ps = subprocess.run(["docker", "ps", "-q", "--filter", "name=^kimi-engine$", "--filter", "status=running"],
+                            env=node.env, capture_output=True, text=True, timeout=10)
+        assert ps.stdout.strip()
+        subprocess.run(["docker", "rm", "-f", "kimi-engine"], env=node.env, check=True, timeout=10)
+        wait_for("docker rm -f to stop the engine", lambda: not services._alive(pid), 10)
+    finally:
+        node.cleanup()
+
+
+def test_fake_node_takes_its_root_disks_and_address_from_the_sandbox(tmp_path) -> None:
+    node_dir = tmp_path / "nodes" / "127.0.0.4"
+    node_dir.mkdir(parents=True)
+    env = {"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin", "SANDBOX_NODE_DIR": str(node_dir),
+           "SANDBOX_NODE_HOST": "127.0.0.4", **node_env(stack_settings("b300x1-vllm"))}
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], env=env, cwd=node_dir, capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    assert "ens6    inet 127.0.0.4/8" in out
+    assert (node_dir / "ephemeral").is_dir()  # the stub "booted" the node: its disk exists
+    assert (node_dir / "var/lib/fake-node/calls.jsonl").exists()
+    gpus = subprocess.run(["nvidia-smi"], env=env, capture_output=True, text=True, timeout=10, check=True).stdout
+    assert len(gpus.splitlines()) == 8
+
+
+def test_emulator_faults_and_admin_paths_are_opt_in() -> None:
+    assert parse_fault("vm-error:kimi-sandbox-node0") == VmError(name="kimi-sandbox-node0")
+    assert parse_fault("stuck-in-build") == StuckInBuild(name=None)
+    with pytest.raises(Exception, match="unknown fault"):
+        parse_fault("meteor")
+    with Emulator() as plain:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{plain.port}/_emulator/inventory", timeout=5)
+        assert refused.value.code == 404
+    with Emulator(admin=True) as admin:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin.port}/_emulator/inventory", timeout=5) as answer:
+            assert json.loads(answer.read())["virtual_machines"] == []
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin.port}/_emulator/requests", timeout=5) as answer:
+            assert json.loads(answer.read()) == []  # admin reads are not API requests
+
+
+def test_node_processes_are_found_by_their_node_not_by_where_they_stand(tmp_path) -> None:
+    nodes = tmp_path / "nodes"
+    (nodes / "127.0.0.2").mkdir(parents=True)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    node_proc = subprocess.Popen(sleeper, env={**os.environ, "SANDBOX_NODE_DIR": str(nodes / "127.0.0.2")})
+    # A shell someone opened in a node's directory is not the node's.
+    visitor = subprocess.Popen(sleeper, cwd=nodes / "127.0.0.2")
+    try:
+        wait_for("the node's process to show", lambda: node_proc.pid in services.processes_under(nodes), 5)
+        assert visitor.pid not in services.processes_under(nodes)
+        assert services.terminate([node_proc.pid], timeout=5) == []
+    finally:
+        for proc in (node_proc, visitor):
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_outputs_show_secrets_masked_and_big_values_summarised() -> None:
+    text = format_outputs({"api_key": "k-123456", "endpoint_url": "http://127.0.0.2:8000",
+                           "client_configs": {"openai": {"x": "y" * 200}, "claude_code": {}}}, {"api_key"})
+    assert "k-123456" not in text and "[secret]" in text
+    assert "{openai, claude_code}" in text
+    table = format_report([{"name": "auth", "passed": False, "latency_s": 0.5, "detail": "open endpoint",
+                            "required": True}])
+    assert "auth" in table and "FAIL" in table and "open endpoint" in table
+
+
+def test_services_start_and_stop_by_pid(tmp_path) -> None:
+    port = services.free_port()
+    started = time.monotonic()
+    service = services.start("hub", services.python_module("fakes.hub", "--port", str(port)), host="127.0.0.1",
+                             port=port, marker="fakes.hub", log_dir=tmp_path)
+    try:
+        assert service.running()
+        assert time.monotonic() - started < 30
+    finally:
+        assert services.stop(service)
+    assert not service.running()
+    # A pid that is no longer the service (or never was) is left alone.
+    assert services.stop(services.Service("hub", os.getpid(), "127.0.0.1", port, "no-such-marker", "")) is True
+
+
+def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
+    from components.settings import read_stack_file
+    from sandbox.kimi import REPO_ROOT
+
+    ours, others = read_stack_file(str(REPO_ROOT / "Pulumi.sandbox.yaml"))
+    assert others["hyperstack:apiUrl"].startswith("http://127.0.0.1:")
+    assert ours["hfEndpoint"].startswith("http://127.0.0.1:")
+    assert stack_settings("h100x4-sglang").operator_cidr == "127.0.0.1/32"

@@ -1,0 +1,101 @@
+"""The whole sandbox flow per topology, as a user runs it: up, verify, destroy, and nothing left anywhere.
+
+h100x4-sglang runs against an emulator the test started (HYPERSTACK_API_URL), so the test reads its inventory and
+request log; b300x1-vllm runs exactly the README's commands, with the services the sandbox starts itself.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from fakes import sandbox_services as services
+
+from .conftest import EMPTY, leftover_processes, ok, report
+
+pytestmark = pytest.mark.timeout(420)
+
+CHECKS = ("models", "auth", "chat", "effort", "preserved_thinking", "tool_calls", "image", "anthropic", "stream")
+
+
+def _verified(output: str) -> None:
+    for check in CHECKS:
+        assert any(line.split()[:2] == [check, "PASS"] for line in output.splitlines()), output
+    assert "sandbox verify: PASSED" in output
+
+
+def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None:
+    emulator = start_emulator()
+    run = sandbox(emulator.env())
+    started = time.monotonic()
+
+    up = run("up", "--topology", "h100x4-sglang")
+    out = ok(up)
+    assert "started the Hyperstack emulator" not in out  # HYPERSTACK_API_URL names the one to use
+    assert re.search(r"^  api_key +\[secret\]$", out, re.M), out
+    head = re.search(r"^  head_public_ip +(127\.0\.0\.\d+)$", out, re.M).group(1)
+    assert re.search(rf"^  endpoint_url +http://{re.escape(head)}:\d+$", out, re.M), out
+    inventory = emulator.inventory()
+    assert sorted(vm["name"] for vm in inventory["virtual_machines"]) == [f"kimi-sandbox-node{r}" for r in range(4)]
+    assert {vm["status"] for vm in inventory["virtual_machines"]} == {"ACTIVE"}
+    assert emulator.vm_posts() == 4
+    # Every rank runs an engine; only the head serves HTTP, and readiness passed against it for real.
+    engines = list(run.workdir.glob("nodes/*/var/lib/fake-node/engines/kimi-engine.pid"))
+    assert len(engines) == 4
+
+    verify = run("verify")
+    _verified(ok(verify))
+
+    # The head's engine dies: verify says so and exits non-zero.
+    head_engine = int(run.workdir.joinpath(f"nodes/{head}/var/lib/fake-node/engines/kimi-engine.pid").read_text())
+    assert services.terminate([head_engine], timeout=10) == []
+    broken = run("verify")
+    assert broken.code == 1, broken.output
+    assert "sandbox verify: FAILED" in broken.output and "models" in broken.output
+
+    destroy = run("destroy")
+    out = ok(destroy)
+    assert "emulator: nothing left of kimi-sandbox" in out
+    assert "stopping what a fake node left running" in out  # the three SGLang workers
+    elapsed = time.monotonic() - started
+    assert emulator.inventory() == EMPTY
+    assert leftover_processes(run.workdir) == []
+    report(f"h100x4-sglang (external emulator): up {up.seconds:.1f} s, verify {verify.seconds:.1f} s, "
+           f"destroy {destroy.seconds:.1f} s, whole flow {elapsed:.1f} s")
+
+
+def test_b300_flow_with_its_own_services_and_reruns(sandbox) -> None:
+    run = sandbox()
+    started = time.monotonic()
+
+    up = run("up", "--topology", "b300x1-vllm")
+    out = ok(up)
+    assert "started the Hyperstack emulator" in out and "started the fake Hugging Face hub" in out
+    record = run.record()
+    service_pids = {name: data["pid"] for name, data in record["services"].items()}
+    assert set(service_pids) == {"emulator", "hub"}
+    # The hub answers only with the stack's hfToken: a finished download proves the token reached the node on stdin.
+    token_file = run.workdir / "secrets" / "hf_token"
+    assert str(token_file) in " ".join(services._cmdline(service_pids["hub"]))
+    assert token_file.read_text().strip() not in " ".join(services._cmdline(service_pids["hub"]))
+
+    again = run("up")  # the recorded topology; everything is already there
+    assert re.search(r"ready in [\d.]+ s .*; 0 created, \d+ unchanged", ok(again)), again.output
+
+    verify = run("verify")
+    _verified(ok(verify))
+
+    destroy = run("destroy")
+    out = ok(destroy)
+    assert "emulator: nothing left" in out
+    assert "stopping what a fake node left running" in out  # the vLLM engine the docker stub started
+    elapsed = time.monotonic() - started
+    assert not any(services._alive(pid) for pid in service_pids.values())
+    assert leftover_processes(run.workdir) == []
+    assert not (run.workdir / "sandbox.json").exists()
+
+    assert "nothing deployed" in ok(run("destroy"))
+    report(f"b300x1-vllm (own services): up {up.seconds:.1f} s, second up {again.seconds:.1f} s, "
+           f"verify {verify.seconds:.1f} s, destroy {destroy.seconds:.1f} s, whole flow {elapsed:.1f} s")
