@@ -386,12 +386,29 @@ def spawn(operation: str, settings: EngineSettings, result_file: Path | None = N
     return proc
 
 
-def _run_child(operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any], str]:
+def run_child(
+    operation: str,
+    settings: EngineSettings,
+    *,
+    echo: bool = True,
+    out: Any = None,
+    pid_file: Path | None = None,
+    forward_signals: bool = False,
+) -> tuple[dict[str, Any] | None, str]:
+    """Run the engine child to its end; returns (its result, or None if it left none, and its whole output).
+
+    `forward_signals` passes Ctrl-C/SIGTERM/SIGHUP on to the child, which runs in its own session and so would not
+    see a terminal's Ctrl-C; `pid_file` names the running child for anyone who must wait for it.
+    """
+    out = out if out is not None else sys.stdout
     # The child enforces settings.deadline itself; this backstop covers a child that cannot.
     timeout = settings.deadline + settings.operation_timeout + 300
     with tempfile.TemporaryDirectory(prefix="sandbox-engine-") as tmp:
         result_file = Path(tmp) / "result.json"
         proc = spawn(operation, settings, result_file)
+        if pid_file is not None:
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            pid_file.write_text(f"{proc.pid}\n")
         lines: list[str] = []
 
         def pump() -> None:
@@ -399,28 +416,49 @@ def _run_child(operation: str, settings: EngineSettings, echo: bool) -> tuple[di
             for line in proc.stdout:
                 lines.append(line)
                 if echo:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
+                    out.write(line)
+                    out.flush()
+
+        def forward(signum: int, _frame: Any) -> None:
+            lines.append(f"sandbox: stopping the engine (signal {signum})\n")
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
         reader = threading.Thread(target=pump, name=f"sandbox-{operation}-output", daemon=True)
         reader.start()
+        handlers = {}
+        if forward_signals and threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
-            reader.join(timeout=5)
-            raise DeploymentFailed(f"sandbox {operation} did not finish within {timeout:.0f}s and was stopped",
-                                   log="".join(lines)) from None
-        reader.join(timeout=10)
-        log = "".join(lines)
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=15)
+                lines.append(f"sandbox: {operation} did not finish within {timeout:.0f} s and was stopped\n")
+            reader.join(timeout=10)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            if pid_file is not None:
+                pid_file.unlink(missing_ok=True)
         if not result_file.exists():
-            raise DeploymentFailed(f"sandbox {operation} exited with code {code} without a result", log=log)
-        return json.loads(result_file.read_text()), log
+            lines.append(f"sandbox: the engine ended with exit code {proc.returncode} and no result\n")
+            return None, "".join(lines)
+        return json.loads(result_file.read_text()), "".join(lines)
+
+
+def _run_child(operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any], str]:
+    result, log = run_child(operation, settings, echo=echo)
+    if result is None:
+        raise DeploymentFailed(f"sandbox {operation}: {log.splitlines()[-1].removeprefix('sandbox: ')}", log=log)
+    return result, log
 
 
 def _raise_failed(operation: str, result: dict[str, Any], log: str) -> None:

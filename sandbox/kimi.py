@@ -8,11 +8,7 @@ import fcntl
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +17,7 @@ from typing import Any, Callable, Mapping, TextIO
 from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import DEFAULT_API_KEY
-from sandbox.engine import EngineSettings, spawn
+from sandbox.engine import EngineSettings, run_child
 from sandbox.state import plain_outputs, read_outputs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -279,56 +275,9 @@ class Sandbox:
         )
 
     def _run(self, operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any] | None, str]:
-        """Run the engine (its own process group); forward Ctrl-C/SIGTERM to it. Returns (result or None, log).
-
-        Without a result (killed, interrupted, crashed), the log's last lines say what happened.
-        """
-        pid_file = settings.workdir / "engine.pid"
-        settings.workdir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
-            result_file = Path(tmp) / "result.json"
-            proc = spawn(operation, settings, result_file)
-            pid_file.write_text(f"{proc.pid}\n")
-            lines: list[str] = []
-
-            def pump() -> None:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    lines.append(line)
-                    if echo:
-                        self.out.write(line)
-                        self.out.flush()
-
-            def forward(signum: int, _frame: Any) -> None:
-                # The engine runs in its own session, so a terminal's Ctrl-C reaches only this process.
-                lines.append(f"sandbox: stopping the engine (signal {signum})\n")
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-
-            reader = threading.Thread(target=pump, daemon=True)
-            reader.start()
-            handlers = {}
-            if threading.current_thread() is threading.main_thread():
-                handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-            try:
-                timeout = settings.deadline + settings.operation_timeout + 300
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=30)
-                    lines.append(f"sandbox: the engine did not finish within {timeout:.0f} s and was killed\n")
-                reader.join(timeout=10)
-            finally:
-                for sig, handler in handlers.items():
-                    signal.signal(sig, handler)
-                pid_file.unlink(missing_ok=True)
-            result = json.loads(result_file.read_text()) if result_file.exists() else None
-            if result is None:
-                lines.append(f"sandbox: the engine ended with exit code {proc.returncode} and no result\n")
-            return result, "".join(lines)
+        """Run the engine; Ctrl-C/SIGTERM reach it too. Without a result, the log's last lines say what happened."""
+        return run_child(operation, settings, echo=echo, out=self.out, pid_file=settings.workdir / "engine.pid",
+                         forward_signals=True)
 
     def _tail(self, log: str, echoed: bool, lines: int = 20) -> None:
         shown = log.splitlines()[-1:] if echoed else log.splitlines()[-lines:]
