@@ -70,8 +70,13 @@ def client() -> HyperstackClient:
 
 
 def poll(what: str, timeout: float, interval: float, probe: Callable[[], tuple[Optional[T], str]]) -> T:
-    """Call `probe` until it returns a value; give up at the deadline naming what and what was last seen."""
+    """Call `probe` until it returns a value; give up at the deadline naming what and what was last seen.
+
+    The first waits are short and double up to `interval`: many transitions (a floating IP attaching, a deleted VM
+    answering 404) finish within seconds, and four extra GETs are far inside the 500 requests/minute budget.
+    """
     deadline = time.monotonic() + timeout
+    wait = min(1.0, interval)
     while True:
         result, seen = probe()
         if result is not None:
@@ -79,7 +84,8 @@ def poll(what: str, timeout: float, interval: float, probe: Callable[[], tuple[O
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ProvisioningError(f"gave up after {timeout:g} s waiting for {what} (last seen: {seen})")
-        time.sleep(min(interval, remaining))
+        time.sleep(min(wait, remaining))
+        wait = min(wait * 2, interval)
 
 
 def _transient(err: HyperstackError) -> bool:
