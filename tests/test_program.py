@@ -160,3 +160,32 @@ def test_dev_chain_per_node_and_the_order_across_nodes(dev):
 def test_b300_chain_is_one_node(b300):
     commands = b300.of_type("command:remote:Command")
     assert len(commands) == 6 + 1
+
+
+def test_new_cidr_image_or_flags_touch_only_rules_and_the_launch(dev):
+    """landscape.md section 4: such changes replace rules or the container, never a VM, never the weights."""
+    cfg, secret = config(operatorCidr="198.18.0.99/32", image="lmsysorg/sglang@sha256:" + "b" * 64,
+                         extraEngineArgs='["--enable-metrics"]')
+    changed = run_program(cfg, secret, outputs_for)
+    before, after = dev.by_name, changed.by_name
+    assert set(before) == set(after)
+    differing = {name for name in before if dumps(before[name].plain()) != dumps(after[name].plain())}
+    for name in differing:
+        assert (name.endswith(("-ssh", "-api", "-image", "-launch")) or name == "kimi-ready-wait"), name
+    assert {f"kimi-node{r}-launch" for r in range(4)} <= differing
+    assert {"kimi-node0-ssh", "kimi-node0-api"} <= differing
+    for rank in range(4):
+        for unchanged in (f"kimi-node{rank}", f"kimi-node{rank}-weights", f"kimi-node{rank}-check",
+                          f"kimi-node{rank}-storage"):
+            assert unchanged not in differing, unchanged
+
+
+def test_new_revision_reruns_download_check_and_launch_but_keeps_the_vms(dev):
+    cfg, secret = config(modelRevision="0" * 40)
+    changed = run_program(cfg, secret, outputs_for).by_name
+    before = dev.by_name
+    for rank in range(4):
+        assert dumps(before[f"kimi-node{rank}"].plain()) == dumps(changed[f"kimi-node{rank}"].plain())
+        for step in ("weights", "check", "launch"):
+            name = f"kimi-node{rank}-{step}"
+            assert dumps(before[name].plain()) != dumps(changed[name].plain()), name
