@@ -808,42 +808,6 @@ def run_check(name: str, target: Target, session: Optional[requests.Session] = N
     )
 
 
-def check_models(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("models", target, session)
-
-
-def check_auth(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("auth", target, session)
-
-
-def check_chat(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("chat", target, session)
-
-
-def check_effort(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("effort", target, session)
-
-
-def check_preserved_thinking(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("preserved_thinking", target, session)
-
-
-def check_tool_calls(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("tool_calls", target, session)
-
-
-def check_image(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("image", target, session)
-
-
-def check_anthropic(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("anthropic", target, session)
-
-
-def check_stream(target: Target, session: Optional[requests.Session] = None) -> CheckResult:
-    return run_check("stream", target, session)
-
-
 def run_checks(
     target: Target,
     only: Optional[Iterable[str] | str] = None,

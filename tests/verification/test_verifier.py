@@ -79,7 +79,7 @@ def test_specific_reasons(fake, session):
 
 def test_auth_needs_a_key_to_prove_anything(fake, session):
     with fake() as server:
-        result = v.check_auth(v.Target(server.url, MODEL, None, 5), session)
+        result = v.run_check("auth", v.Target(server.url, MODEL, None, 5), session)
     assert not result.passed and "no API key" in result.detail
 
 
@@ -120,7 +120,7 @@ def test_key_echoed_by_a_server_is_redacted(session):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        result = v.check_models(v.Target(f"http://127.0.0.1:{server.server_address[1]}", MODEL, KEY, 5), session)
+        result = v.run_check("models", v.Target(f"http://127.0.0.1:{server.server_address[1]}", MODEL, KEY, 5), session)
     finally:
         server.shutdown()
         server.server_close()
@@ -130,7 +130,7 @@ def test_key_echoed_by_a_server_is_redacted(session):
 
 def test_models_lists_exactly_the_expected_id(fake, session):
     with fake(served_model_names=(MODEL, "other/model")) as server:
-        result = v.check_models(v.Target(server.url, MODEL, KEY, 5), session)
+        result = v.run_check("models", v.Target(server.url, MODEL, KEY, 5), session)
     assert not result.passed and "expected exactly" in result.detail
 
 
