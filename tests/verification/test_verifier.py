@@ -1,4 +1,4 @@
-"""Tests of components/verification.py against the fake server: both good shapes pass, each broken
+"""Tests of components/verification/ against the fake server: both good shapes pass, each broken
 variant fails and names the check that caught it, and nothing ever prints or stores the key.
 """
 
@@ -94,7 +94,7 @@ def test_a_check_that_raises_is_a_failure_not_a_crash(monkeypatch, fake, session
     def boom(api):
         raise RuntimeError("unexpected shape")
 
-    monkeypatch.setitem(v._CHECK_BODIES, "chat", boom)
+    monkeypatch.setitem(v.CHECKS, "chat", boom)
     with fake() as server:
         results = v.run_checks(v.Target(server.url, MODEL, KEY, 5), only="models,chat", session=session)
     assert [(r.name, r.passed) for r in results] == [("models", True), ("chat", False)]
@@ -183,6 +183,6 @@ def test_safe_arithmetic_evaluates_numbers_only():
 
 
 def test_assistant_turn_keeps_reasoning_and_tool_calls():
-    message = {"content": None, "reasoning": "plan", "tool_calls": [{"id": "x"}], "_finish_reason": "tool_calls"}
+    message = {"content": None, "reasoning": "plan", "tool_calls": [{"id": "x"}], "finish_reason": "tool_calls"}
     assert v.assistant_turn(message) == {"role": "assistant", "content": "", "reasoning": "plan",
                                          "tool_calls": [{"id": "x"}]}

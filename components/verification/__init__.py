@@ -1,0 +1,52 @@
+"""Post-deploy checks of a Kimi K3.1 Pro endpoint (OpenAI and Anthropic routes), as plain functions.
+
+Each check returns a CheckResult, never raises; used by scripts/verify_endpoint.py and the
+verification stack (verification/). Modules, one concern each:
+
+- target: what to check (endpoint, model, key, time per check) and the defaults;
+- results: CheckResult, VerificationOutcome, CheckFailed, VerificationFailed;
+- client: the HTTP client (Api), which key a request carries (RequestKey), a chat reply (ChatReply);
+- checks/: one module per check or small group, and the CHECKS registry in canonical order;
+- runner: run_check, run_checks, verify, select_checks;
+- stack: what the verification stack records (run_stack_checks);
+- prompts, tools, arithmetic, png, messages, text: what the checks send and how they quote answers.
+"""
+
+from __future__ import annotations
+
+from components.verification.arithmetic import safe_arithmetic
+from components.verification.checks import CHECK_NAMES, CHECKS
+from components.verification.messages import REASONING_FIELDS, assistant_turn, reasoning_of
+from components.verification.png import make_split_png
+from components.verification.results import CheckFailed, CheckResult, VerificationFailed, VerificationOutcome
+from components.verification.runner import run_check, run_checks, select_checks, verify
+from components.verification.stack import STACK_REPLACE_KEYS, STACK_UPDATE_KEYS, run_stack_checks
+from components.verification.target import API_KEY_ENV, DEFAULT_MODEL, DEFAULT_TIMEOUT_S, Target, normalize_base_url
+from components.verification.text import redact
+
+__all__ = [
+    "API_KEY_ENV",
+    "CHECKS",
+    "CHECK_NAMES",
+    "DEFAULT_MODEL",
+    "DEFAULT_TIMEOUT_S",
+    "REASONING_FIELDS",
+    "STACK_REPLACE_KEYS",
+    "STACK_UPDATE_KEYS",
+    "CheckFailed",
+    "CheckResult",
+    "Target",
+    "VerificationFailed",
+    "VerificationOutcome",
+    "assistant_turn",
+    "make_split_png",
+    "normalize_base_url",
+    "reasoning_of",
+    "redact",
+    "run_check",
+    "run_checks",
+    "run_stack_checks",
+    "safe_arithmetic",
+    "select_checks",
+    "verify",
+]

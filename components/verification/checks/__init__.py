@@ -1,0 +1,34 @@
+"""The checks, one module per check or small group, and their registry in canonical order.
+
+Each check takes an Api and returns (detail, metrics) or raises CheckFailed; the runner times and
+wraps it. A new check is one module plus one line in CHECKS.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from components.verification.checks.anthropic import check_anthropic
+from components.verification.checks.auth import check_auth
+from components.verification.checks.chat import check_chat, check_effort, check_preserved_thinking
+from components.verification.checks.image import check_image
+from components.verification.checks.models import check_models
+from components.verification.checks.stream import check_stream
+from components.verification.checks.tool_calls import check_tool_calls
+from components.verification.client import Api
+
+CheckBody = Callable[[Api], tuple[str, dict[str, Any]]]
+
+CHECKS: dict[str, CheckBody] = {
+    "models": check_models,
+    "auth": check_auth,
+    "chat": check_chat,
+    "effort": check_effort,
+    "preserved_thinking": check_preserved_thinking,
+    "tool_calls": check_tool_calls,
+    "image": check_image,
+    "anthropic": check_anthropic,
+    "stream": check_stream,
+}
+
+CHECK_NAMES: tuple[str, ...] = tuple(CHECKS)

@@ -1,0 +1,89 @@
+"""The stream check: a streamed chat completion arrives as SSE chunks ending in [DONE]; measures TTFT and speed."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import requests
+
+from components.verification.client import Api, http_error
+from components.verification.messages import REASONING_FIELDS
+from components.verification.prompts import SHORT_BUDGET, STREAM_PROMPT
+from components.verification.results import CheckFailed
+from components.verification.text import short
+
+
+def check_stream(api: Api) -> tuple[str, dict[str, Any]]:
+    body = {
+        "model": api.target.model,
+        "messages": [{"role": "user", "content": STREAM_PROMPT}],
+        "reasoning_effort": "low",
+        "max_tokens": SHORT_BUDGET,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.monotonic()
+    deadline = start + api.target.timeout
+    resp = api.request("POST", "/v1/chat/completions", body, stream=True)
+    with resp:
+        if resp.status_code != 200:
+            raise CheckFailed(http_error("POST", "/v1/chat/completions (stream)", resp))
+        metrics: dict[str, Any] = {"content_type": resp.headers.get("Content-Type")}
+        first: float | None = None
+        chunks = token_chunks = 0
+        content: list[str] = []
+        usage: dict[str, Any] = {}
+        done = False
+        try:
+            # real engines send chunked SSE, and urllib3 hands each chunk over as it arrives
+            for raw in resp.iter_lines():
+                if time.monotonic() > deadline:
+                    raise CheckFailed(f"the stream was still running after {api.target.timeout:g}s", metrics)
+                line = raw.decode("utf-8", "replace").strip() if raw else ""
+                if not line.startswith("data:"):
+                    continue
+                payload = line[len("data:"):].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(payload)
+                except ValueError:
+                    raise CheckFailed(f"an SSE chunk is not JSON: {short(payload, 120)!r}", metrics)
+                chunks += 1
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    pieces = [delta.get(k) for k in ("content",) + REASONING_FIELDS]
+                    if any(isinstance(p, str) and p for p in pieces):
+                        token_chunks += 1
+                        if first is None:
+                            first = time.monotonic()
+                    if isinstance(delta.get("content"), str):
+                        content.append(delta["content"])
+        except requests.RequestException as exc:
+            raise CheckFailed(f"the stream broke after {chunks} chunks: {short(str(exc), 160)}", metrics)
+        end = time.monotonic()
+    metrics["chunks"] = chunks
+    if first is None:
+        raise CheckFailed(f"the stream delivered {chunks} chunks but none carried content or reasoning", metrics)
+    if not done:
+        raise CheckFailed(f"the stream ended after {chunks} chunks without data: [DONE]", metrics)
+    text = "".join(content).strip()
+    if not text:
+        raise CheckFailed("the stream carried reasoning but no answer content", metrics)
+    tokens = usage.get("completion_tokens") or token_chunks
+    generation_s = end - first
+    metrics.update({
+        "ttft_s": round(first - start, 4),
+        "completion_tokens": tokens,
+        "tokens_per_s": round(tokens / generation_s, 2) if generation_s > 0 else None,
+    })
+    return (
+        f"{chunks} chunks, time to first token {metrics['ttft_s']:.2f}s, "
+        f"{metrics['tokens_per_s']} tokens/s",
+        metrics,
+    )

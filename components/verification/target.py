@@ -1,0 +1,39 @@
+"""What the verifier checks: an endpoint root, the served model id, the key and the time allowed per check."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
+# One request at "max" effort on a 3T-class model can think for minutes; 300 s bounds a hung
+# endpoint without failing a healthy one.
+DEFAULT_TIMEOUT_S = 300.0
+API_KEY_ENV = "KIMI_API_KEY"
+
+
+def normalize_base_url(url: str) -> str:
+    """Endpoint root without a trailing slash or /v1, so paths can always start with /v1."""
+    if not url or not re.match(r"^https?://[^/\s]+", url.strip()):
+        raise ValueError(f"base URL must look like http://HOST:PORT, got {url!r}")
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to check. `base_url` is the endpoint root; a trailing /v1 is accepted."""
+
+    base_url: str
+    model: str = DEFAULT_MODEL
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
+        if not self.model:
+            raise ValueError("model must name the served model id, e.g. " + DEFAULT_MODEL)
+        if not self.timeout or self.timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
