@@ -12,7 +12,7 @@ settings, secrets = settings_from_pulumi()
 problems = placeholders(settings)
 if secrets["sshPrivateKey"] is None:
     problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
-                    f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/id_ed25519")
+                    f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, \"Real use\")")
 if problems:
     raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
 

@@ -6,6 +6,8 @@ says how to set it. Secret values (hfToken, sshPrivateKey) never enter this mode
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import json
 import re
@@ -20,6 +22,8 @@ SECRET_KEYS = ("hfToken", "sshPrivateKey")
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
+# The widest IPv6 operatorCidr accepted: a /48 is one site's allocation.
+IPV6_MIN_PREFIX = 48
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
 
 # Examples in error messages: what a user would type to fix each key.
@@ -27,8 +31,8 @@ EXAMPLES: dict[str, str] = {
     "operatorCidr": "203.0.113.7/32",
     "topology": "h100x4-sglang",
     "modelRevision": catalog.KIMI_K31_PRO.default_revision,
-    "sshPublicKey": '"$(cat ~/.ssh/id_ed25519.pub)"',
-    "sshPrivateKey": "--secret < ~/.ssh/id_ed25519",
+    "sshPublicKey": '"$(cat ~/.ssh/kimi-deploy.pub)"',
+    "sshPrivateKey": "--secret < ~/.ssh/kimi-deploy",
     "hfToken": "--secret hf_...",
     "region": "CANADA-1",
     "flavor": "n3-H100x8-NVLink",
@@ -109,6 +113,13 @@ class Settings(BaseModel):
         if net.prefixlen == 0:
             raise ValueError(
                 f"{v!r} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
+            )
+        if net.version == 6 and net.prefixlen < IPV6_MIN_PREFIX:
+            # A /48 is one site; anything wider spans many customers of an ISP (RFC 6177).
+            raise ValueError(
+                f"{v!r} is wider than one site (/{IPV6_MIN_PREFIX}) and opens SSH and the API to other networks; "
+                f"use your own address (/128) or at most your site's /{IPV6_MIN_PREFIX}, e.g. "
+                f"\"$(curl -4 -s https://ifconfig.me)/32\" for your IPv4 address"
             )
         return str(net)
 
@@ -291,9 +302,9 @@ def _alias_of(field_name: str) -> str:
     return (f.alias if f and f.alias else field_name) if f else field_name
 
 
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
+def _format_errors(err: ValidationError | None, extra: list[str] | None = None) -> str:
+    lines = list(extra or [])
+    for e in err.errors() if err is not None else []:
         loc = [str(p) for p in e["loc"]]
         key = _alias_of(loc[0]) if loc else ""
         msg = e["msg"].removeprefix("Value error, ")
@@ -315,8 +326,62 @@ def config_keys() -> list[str]:
     return keys + list(SECRET_KEYS)
 
 
+DEPLOY_KEY_HINT = ("make a deploy key without a passphrase: ssh-keygen -t ed25519 -N '' -f ~/.ssh/kimi-deploy, then "
+                   f"pulumi config set {NAMESPACE}:sshPublicKey \"$(cat ~/.ssh/kimi-deploy.pub)\" and "
+                   f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy")
+
+
+def _openssh_cipher(text: str) -> str | None:
+    """The cipher name inside an `-----BEGIN OPENSSH PRIVATE KEY-----` block ("none" when unencrypted), or None.
+
+    Format: "openssh-key-v1\\0", then a uint32-length-prefixed cipher name (OpenSSH's PROTOCOL.key).
+    """
+    body = re.search(r"-----BEGIN OPENSSH PRIVATE KEY-----(.*?)-----END OPENSSH PRIVATE KEY-----", text, re.S)
+    if not body:
+        return None
+    try:
+        blob = base64.b64decode("".join(body.group(1).split()), validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    magic = b"openssh-key-v1\0"
+    if not blob.startswith(magic) or len(blob) < len(magic) + 4:
+        return None
+    size = int.from_bytes(blob[len(magic):len(magic) + 4], "big")
+    return blob[len(magic) + 4:len(magic) + 4 + size].decode("ascii", "replace")
+
+
+def private_key_problem(text: str) -> str | None:
+    """Why `text` cannot serve as sshPrivateKey, or None. Never quotes the text: it is a secret.
+
+    pulumi-command parses the key with golang.org/x/crypto/ssh.ParsePrivateKey and is given no passphrase, so a
+    passphrase-protected key would fail every node step after the VMs are billing.
+    """
+    stripped = text.strip()
+    if _SSH_PUBLIC_KEY.match(stripped.splitlines()[0] if stripped else ""):
+        return "holds a public key (the .pub file); give the private half: --secret < ~/.ssh/kimi-deploy"
+    if "\n" not in stripped and "PRIVATE KEY" not in stripped and stripped.startswith(("~", "/", "./", "$")):
+        return ("looks like a file name, not the key itself: set the file's content with "
+                f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < FILE")
+    cipher = _openssh_cipher(stripped)
+    encrypted = (cipher not in (None, "none") or "Proc-Type: 4,ENCRYPTED" in stripped
+                 or "-----BEGIN ENCRYPTED PRIVATE KEY-----" in stripped
+                 or bool(re.search(r"^Encryption: (?!none\s*$)", stripped, re.M)))  # PuTTY's .ppk
+    if encrypted:
+        return "is protected by a passphrase, which the node commands cannot type; " + DEPLOY_KEY_HINT
+    return None
+
+
 def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
-    """Validate raw config (keys without namespace). Secret keys count only as set or not set."""
+    """Validate raw config (keys without namespace). Secret keys count only as set or not set.
+
+    A secret given as text (inside the program) is inspected for its shape, then dropped: it never enters the model.
+    """
+    secret_problems = []
+    key_text = raw.get("sshPrivateKey")
+    if isinstance(key_text, str) and key_text:
+        problem = private_key_problem(key_text)
+        if problem:
+            secret_problems.append(f"{NAMESPACE}:sshPrivateKey {problem}")
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key in SECRET_KEYS:
@@ -326,9 +391,12 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
     values["hf_token_set"] = bool(raw.get("hfToken"))
     values["ssh_private_key_set"] = bool(raw.get("sshPrivateKey"))
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
     except ValidationError as err:
-        raise SettingsError(_format_errors(err)) from None
+        raise SettingsError(_format_errors(err, secret_problems)) from None
+    if secret_problems:
+        raise SettingsError(_format_errors(None, secret_problems))
+    return settings
 
 
 def strip_namespace(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -348,7 +416,7 @@ def placeholders(settings: Settings) -> list[str]:
     if any(net.version == d.version and net.subnet_of(d) for d in _DOC_NETS):  # type: ignore[arg-type]
         out.append(f"{NAMESPACE}:operatorCidr {settings.operator_cidr} is a documentation range (the shipped "
                    f"placeholder): set your own public address, e.g. pulumi config set {NAMESPACE}:operatorCidr "
-                   f"\"$(curl -s https://ifconfig.me)/32\"")
+                   f"\"$(curl -4 -s https://ifconfig.me)/32\"")
     if settings.ssh_public_key and "REPLACEWITHYOUROWN" in settings.ssh_public_key:
         out.append(f"{NAMESPACE}:sshPublicKey is the shipped placeholder; {_how_to_set('sshPublicKey')}")
     return out
@@ -382,7 +450,11 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
     for full_key in list(runtime_config.CONFIG.get().keys()):
         if full_key.startswith(prefix):
             key = full_key[len(prefix):]
-            # secrets are read through get_secret below so they never exist as plain values here
-            raw[key] = True if key in SECRET_KEYS else cfg.get(key)
+            # Secrets are read through get_secret below; here only the SSH key's shape is checked (the text is not
+            # kept), so an encrypted key or a public one is refused before anything is billed.
+            if key == "sshPrivateKey":
+                raw[key] = runtime_config.get_config(full_key) or True
+            else:
+                raw[key] = True if key in SECRET_KEYS else cfg.get(key)
     secrets = {key: cfg.get_secret(key) for key in SECRET_KEYS}
     return load_settings(raw, pulumi.get_stack()), secrets

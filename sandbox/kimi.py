@@ -4,6 +4,7 @@ starts the fakes as detached services, drives the sandbox engine, and on destroy
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
 from fakes import sandbox_services as services
@@ -276,8 +277,12 @@ class Sandbox:
 
     def _run(self, operation: str, settings: EngineSettings, echo: bool) -> tuple[dict[str, Any] | None, str]:
         """Run the engine; Ctrl-C/SIGTERM reach it too. Without a result, the log's last lines say what happened."""
-        return run_child(operation, settings, echo=echo, out=self.out, pid_file=settings.workdir / "engine.pid",
-                         forward_signals=True)
+        # HYPERSTACK_API_KEY wins over hyperstack:apiKey in the providers: a real key the caller exported must not
+        # replace the emulator's key, so the engine child gets the emulator's.
+        key = settings.secret_overrides.get("hyperstack:apiKey")
+        with _environment_set("HYPERSTACK_API_KEY", key):
+            return run_child(operation, settings, echo=echo, out=self.out, pid_file=settings.workdir / "engine.pid",
+                             forward_signals=True)
 
     def _tail(self, log: str, echoed: bool, lines: int = 20) -> None:
         shown = log.splitlines()[-1:] if echoed else log.splitlines()[-lines:]
@@ -532,6 +537,23 @@ class Sandbox:
         shutil.rmtree(self.dir.nodes, ignore_errors=True)
         shutil.rmtree(self.dir.secrets_dir, ignore_errors=True)
         self.dir.record_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _environment_set(name: str, value: str | None) -> Iterator[None]:
+    """`name=value` in this process's environment (inherited by children) for the block; unchanged if value is None."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _api(url: str, key: str) -> Any:

@@ -132,6 +132,18 @@ def test_missing_private_key_refused():
         run_program(cfg, secret, outputs_for)
 
 
+def test_passphrase_protected_private_key_refused_before_any_resource(tmp_path):
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-f", str(tmp_path / "k")], check=True)
+    cfg, secret = config()
+    cfg["kimi-cluster:sshPrivateKey"] = (tmp_path / "k").read_text()
+    rec = Recording()
+    with pytest.raises(Exception, match="sshPrivateKey is protected by a passphrase.*ssh-keygen -t ed25519 -N ''"):
+        run_program(cfg, secret, outputs_for, recording=rec)
+    assert rec.resources == []
+
+
 def test_undersized_cluster_refused_naming_the_shortfall():
     cfg, secret = config(topology="custom", flavor="n3-B200x8", nodeCount="1", gpusPerNode="8",
                          gpuMemoryGb="192", engine="vllm")

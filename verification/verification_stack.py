@@ -5,6 +5,7 @@ Apart from __main__.py so tests can build it under Pulumi's mocks with settings 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -14,6 +15,8 @@ import checks_resource  # first: it puts the repository root on sys.path
 from components.verification import CHECK_NAMES, DEFAULT_TIMEOUT_S, select_checks
 
 PROJECT = "kimi-cluster-verification"
+# A fully qualified stack name: the verification stack is another project, so a bare stack name would not resolve.
+_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,12 @@ def _names(key: str, raw: Optional[str]) -> Optional[tuple[str, ...]]:
 def settings_from_config(get: Callable[[str], Optional[str]]) -> StackSettings:
     """Build settings from a `get(key) -> str | None` lookup such as pulumi.Config().get."""
     cluster_stack = (get("clusterStack") or "").strip()
-    if not cluster_stack:
+    if not _STACK_NAME.fullmatch(cluster_stack):
+        given = f" (got {cluster_stack!r})" if cluster_stack else ""
         raise ValueError(
-            f"{PROJECT}:clusterStack is required: the cluster stack to verify, e.g. organization/kimi-cluster/dev"
+            f"{PROJECT}:clusterStack must name the cluster stack to verify as <org>/<project>/<stack>{given}: "
+            "organization/kimi-cluster/dev on a local backend (pulumi login --local), <your-org>/kimi-cluster/dev on "
+            f"Pulumi Cloud; set it with: pulumi config set {PROJECT}:clusterStack organization/kimi-cluster/dev"
         )
     raw_timeout = get("timeoutSeconds")
     timeout = DEFAULT_TIMEOUT_S
@@ -82,6 +88,20 @@ def _present(name: str, stack: str) -> Callable[[Any], Any]:
     return check
 
 
+def _secret_present(name: str, stack: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value in (None, ""):
+            # A StackReference drops the secret outputs it cannot decrypt ("eliding undecryptable secrets"), so a
+            # missing secret beside present plain outputs means another passphrase, not another version.
+            raise ValueError(
+                f"cluster stack {stack} gave no {name}: cannot decrypt the cluster stack's secrets: same passphrase? "
+                "Run this stack with the PULUMI_CONFIG_PASSPHRASE (or _FILE) the cluster stack was created with"
+            )
+        return value
+
+    return check
+
+
 def build(settings: StackSettings) -> dict[str, Any]:
     """Create the resources; returns the stack outputs by name."""
     cluster = pulumi.StackReference("cluster", stack_name=settings.cluster_stack)
@@ -89,7 +109,8 @@ def build(settings: StackSettings) -> dict[str, Any]:
     model = cluster.get_output("served_model_name").apply(_present("served_model_name", settings.cluster_stack))
     revision = cluster.get_output("model_revision").apply(lambda value: value or "")
     # secret whatever the cluster stack declared, so it can never surface in plain state
-    api_key = pulumi.Output.secret(cluster.get_output("api_key").apply(_present("api_key", settings.cluster_stack)))
+    api_key = pulumi.Output.secret(
+        cluster.get_output("api_key").apply(_secret_present("api_key", settings.cluster_stack)))
 
     run = checks_resource.EndpointVerification(
         "endpoint",

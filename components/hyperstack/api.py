@@ -136,7 +136,13 @@ class ImageRecord(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class Settings:
-    """Where to reach the API and with which key; resolved per call, never stored in Pulumi state."""
+    """Where to reach the API and with which key; resolved per provider call.
+
+    The key is never a resource input or output. Set with `pulumi config set --secret hyperstack:apiKey`, it is
+    still in the state: encrypted, among the inputs of the default `pulumi-python` provider, from which
+    `pulumi destroy` configures the providers. So the environment's `HYPERSTACK_API_KEY` wins over
+    `hyperstack:apiKey`: a key rotated after `up` reaches `destroy` as `HYPERSTACK_API_KEY=<new> pulumi destroy`.
+    """
 
     api_url: str
     api_key: str = field(repr=False)
@@ -144,16 +150,19 @@ class Settings:
 
     @classmethod
     def resolve(cls, config: Optional[Mapping[str, Any]] = None) -> "Settings":
-        """Stack config (`hyperstack:*`) first, then the environment; fails before any request if no key."""
+        """The key: the environment first, then stack config; the URL and backoff: stack config first (a stack file
+        that pins a loopback URL keeps a real key in the environment away from the real API). Fails before any
+        request if no key is found."""
         config = config or {}
 
-        def pick(config_key: str, env_key: str) -> Optional[str]:
-            value = config.get(config_key)
-            if value in (None, ""):
-                value = os.environ.get(env_key)
-            return None if value in (None, "") else str(value).strip()
+        def pick(config_key: str, env_key: str, env_first: bool = False) -> Optional[str]:
+            sources = (os.environ.get(env_key), config.get(config_key))
+            for value in sources if env_first else reversed(sources):
+                if value not in (None, ""):
+                    return str(value).strip()
+            return None
 
-        key = pick(API_KEY_CONFIG, API_KEY_ENV)
+        key = pick(API_KEY_CONFIG, API_KEY_ENV, env_first=True)
         if not key:
             raise HyperstackError(
                 f"no Hyperstack API key: set it with `pulumi config set --secret {API_KEY_CONFIG} <key>` "

@@ -145,3 +145,46 @@ def test_shipped_dev_stack_validates_but_is_flagged_as_placeholder():
     found = placeholders(s)
     assert any("operatorCidr" in p for p in found) and any("sshPublicKey" in p for p in found)
     assert placeholders(settings()) == []
+
+
+@pytest.mark.parametrize("cidr", ["2001:4860::/32", "2a00:1450::/29", "2a01:4f8::/47"])
+def test_ipv6_operator_cidr_wider_than_one_site_refused(cidr):
+    msg = refused("kimi-cluster:operatorCidr", operatorCidr=cidr)
+    assert "/48" in msg and "curl -4" in msg
+
+
+@pytest.mark.parametrize("cidr", ["2a01:4f8:c17::/48", "2a01:4f8:c17:1234::7/128", "2a01:4f8:c17:1234::7"])
+def test_ipv6_operator_cidr_of_one_site_or_host_accepted(cidr):
+    assert settings(operatorCidr=cidr).operator_cidr.startswith("2a01:4f8:c17")
+
+
+def _ssh_keygen(tmp_path, passphrase: str) -> str:
+    import subprocess
+
+    path = tmp_path / f"key{len(passphrase)}"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", "test", "-f", str(path)], check=True)
+    return path.read_text()
+
+
+def test_passphrase_protected_ssh_key_refused_with_the_deploy_key_hint(tmp_path):
+    key = _ssh_keygen(tmp_path, "correct horse battery staple")
+    msg = refused("kimi-cluster:sshPrivateKey is protected by a passphrase", sshPrivateKey=key)
+    assert "ssh-keygen -t ed25519 -N '' -f" in msg
+    body = key.splitlines()[1]
+    assert body not in msg  # the key itself is never echoed
+
+
+def test_unencrypted_ssh_key_accepted(tmp_path):
+    assert settings(sshPrivateKey=_ssh_keygen(tmp_path, "")).ssh_private_key_set
+
+
+@pytest.mark.parametrize("value,reason", [
+    (KEY, "holds a public key"),
+    ("~/.ssh/id_ed25519", "looks like a file name"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nAAAA\n"
+     "-----END RSA PRIVATE KEY-----\n", "is protected by a passphrase"),
+    ("-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n", "is protected by a passphrase"),
+])
+def test_ssh_private_key_mistakes_refused_without_echoing_it(value, reason):
+    msg = refused(f"kimi-cluster:sshPrivateKey {reason}", sshPrivateKey=value)
+    assert value.strip().splitlines()[-1] not in msg

@@ -192,16 +192,18 @@ def test_missing_key_fails_before_any_request_naming_both_ways(monkeypatch):
     assert "hyperstack:apiKey" in str(info.value) and "HYPERSTACK_API_KEY" in str(info.value)
 
 
-def test_settings_prefer_stack_config_then_environment(monkeypatch):
+def test_settings_key_from_environment_first_url_from_stack_config_first(monkeypatch):
     monkeypatch.setenv("HYPERSTACK_API_KEY", "from-env")
     monkeypatch.setenv("HYPERSTACK_API_URL", "http://127.0.0.1:1/v1/")
     from_env = Settings.resolve({})
     assert (from_env.api_key, from_env.api_url) == ("from-env", "http://127.0.0.1:1/v1")
     assert "from-env" not in repr(from_env)
-    from_config = Settings.resolve({"hyperstack:apiKey": "from-config"})
-    assert from_config.api_key == "from-config"
+    both = Settings.resolve({"hyperstack:apiKey": "from-config", "hyperstack:apiUrl": "http://127.0.0.1:2/v1"})
+    assert (both.api_key, both.api_url) == ("from-env", "http://127.0.0.1:2/v1")
+    monkeypatch.delenv("HYPERSTACK_API_KEY")
+    assert Settings.resolve({"hyperstack:apiKey": "from-config"}).api_key == "from-config"
     monkeypatch.delenv("HYPERSTACK_API_URL")
-    assert Settings.resolve({}).api_url == api.DEFAULT_API_URL
+    assert Settings.resolve({"hyperstack:apiKey": "k"}).api_url == api.DEFAULT_API_URL
 
 
 def test_lists_follow_pages(emu, monkeypatch):

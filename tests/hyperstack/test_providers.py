@@ -305,18 +305,49 @@ def test_a_rotated_key_still_destroys_everything(base, monkeypatch):
     assert base.inventory() == EMPTY
 
 
-def test_stack_config_from_configure_wins_over_the_environment(base, monkeypatch):
+def test_stack_config_url_wins_and_the_environment_key_wins(base, monkeypatch):
     vm = VirtualMachineProvider().create(vm_props())
-    base.add_api_key("sk-from-config")
+    base.add_api_key("sk-from-env")
     base.inject(RevokeKey(DEFAULT_API_KEY))
-    monkeypatch.setenv("HYPERSTACK_API_URL", "http://127.0.0.1:9/v1")  # wrong on purpose: config must win
-    config = {"hyperstack:apiKey": "sk-from-config", "hyperstack:apiUrl": base.base_url, "other:thing": "x"}
+    monkeypatch.setenv("HYPERSTACK_API_URL", "http://127.0.0.1:9/v1")  # wrong on purpose: the config's URL wins
+    monkeypatch.setenv("HYPERSTACK_API_KEY", "sk-from-env")
+    config = {"hyperstack:apiKey": DEFAULT_API_KEY, "hyperstack:apiUrl": base.base_url, "other:thing": "x"}
     VirtualMachineProvider().configure(ConfigureRequest(Config(config, "kimi-cluster")))
-    assert providers._HOST_CONFIG == {"hyperstack:apiKey": "sk-from-config", "hyperstack:apiUrl": base.base_url}
+    assert providers._HOST_CONFIG == {"hyperstack:apiKey": DEFAULT_API_KEY, "hyperstack:apiUrl": base.base_url}
     provider = VirtualMachineProvider()
     assert vars(provider) == {}  # nothing on the object that gets pickled into state
     provider.delete(vm.id, vm.outs)
     assert vm_names(base) == []
+
+
+def test_a_key_rotated_after_up_destroys_when_exported(hs, monkeypatch):
+    """`up` with hyperstack:apiKey; the key is rotated; `destroy` configures the providers from the config stored
+    in state (the old key) and HYPERSTACK_API_KEY carries the new one, as the README says."""
+    old, new = "sk-before-rotation", "sk-after-rotation"
+    hs.add_api_key(old)
+    monkeypatch.delenv("HYPERSTACK_API_KEY")
+    stored = {"hyperstack:apiKey": old, "hyperstack:apiUrl": hs.base_url}
+    EnvironmentProvider().configure(ConfigureRequest(Config(stored, "kimi-cluster")))
+    env = EnvironmentProvider().create(env_props())
+    key = KeypairProvider().create(keypair_props())
+    vm = VirtualMachineProvider().create(vm_props())
+    rule = SecurityRuleProvider().create(rule_props(vm.id))
+
+    hs.add_api_key(new)
+    hs.inject(RevokeKey(old))
+    hs.inject(RevokeKey(DEFAULT_API_KEY))
+    providers._HOST_CONFIG.clear()  # a new `pulumi destroy`: a fresh provider host, configured from state
+    VirtualMachineProvider().configure(ConfigureRequest(Config(stored, "kimi-cluster")))
+    with pytest.raises(HyperstackError) as info:  # without the documented export: the stale key, refused
+        SecurityRuleProvider().delete(rule.id, rule.outs)
+    assert info.value.status == 401 and "HYPERSTACK_API_KEY" in str(info.value)
+
+    monkeypatch.setenv("HYPERSTACK_API_KEY", new)
+    SecurityRuleProvider().delete(rule.id, rule.outs)
+    VirtualMachineProvider().delete(vm.id, vm.outs)
+    KeypairProvider().delete(key.id, key.outs)
+    EnvironmentProvider().delete(env.id, env.outs)
+    assert hs.inventory() == EMPTY
 
 
 # --- deletes ------------------------------------------------------------------------------------------------------

@@ -137,9 +137,20 @@ def test_a_failed_optional_check_is_reported_not_fatal(fake):
 
 def test_missing_cluster_output_is_named(fake):
     outputs = _cluster_outputs("http://127.0.0.1:9")
-    del outputs["api_key"]
-    with _expect_failed_deployment(), pytest.raises(ValueError, match="has no api_key output"):
+    del outputs["endpoint_url"]
+    with _expect_failed_deployment(), pytest.raises(ValueError, match="has no endpoint_url output"):
         _run_build(ClusterMocks(outputs), verification_stack.StackSettings(CLUSTER, timeout_seconds=1), {})
+
+
+def test_an_undecryptable_secret_output_asks_for_the_same_passphrase(fake):
+    # With another passphrase the CLI's StackReference elides the secrets it cannot decrypt: api_key is simply
+    # absent while the plain outputs are there.
+    outputs = _cluster_outputs("http://127.0.0.1:9")
+    del outputs["api_key"]
+    with _expect_failed_deployment(), pytest.raises(ValueError) as caught:
+        _run_build(ClusterMocks(outputs), verification_stack.StackSettings(CLUSTER, timeout_seconds=1), {})
+    assert "cannot decrypt the cluster stack's secrets: same passphrase?" in str(caught.value)
+    assert "PULUMI_CONFIG_PASSPHRASE" in str(caught.value)
 
 
 def test_main_program_exports_under_mocks(fake, monkeypatch):
@@ -193,6 +204,15 @@ def test_settings_from_config():
 def test_settings_errors_name_their_key(config, key):
     with pytest.raises(ValueError, match=f"kimi-cluster-verification:{key}"):
         verification_stack.settings_from_config(config.get)
+
+
+@pytest.mark.parametrize("name", ["", "dev", "kimi-cluster/dev", "a/b/c/d", "org/kimi-cluster/dev; rm -rf ~"])
+def test_cluster_stack_must_be_qualified_and_the_error_names_both_backends(name):
+    with pytest.raises(ValueError) as caught:
+        verification_stack.settings_from_config({"clusterStack": name}.get)
+    text = str(caught.value)
+    assert "kimi-cluster-verification:clusterStack" in text
+    assert "organization/kimi-cluster/dev on a local backend" in text and "<your-org>/kimi-cluster/dev on Pulumi Cloud" in text
 
 
 # ---------------------------------------------------------------- the dynamic provider
