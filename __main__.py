@@ -6,6 +6,7 @@ Everything is validated before the first resource is registered, so bad config c
 import pulumi
 
 from components.cluster import InferenceCluster
+from components.pricing import program_quote
 from components.settings import NAMESPACE, SettingsError, placeholders, settings_from_pulumi
 
 settings, secrets = settings_from_pulumi()
@@ -19,6 +20,9 @@ if problems:
 for warning in settings.warnings():
     pulumi.warn(warning)
 
-cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"])
+quote = program_quote(settings)
+pulumi.log.info(f"cost: {quote.summary()}")
+cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"],
+                           quote=quote)
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

@@ -13,8 +13,10 @@ import pulumi
 from components import firewall
 from components.client_configs import build_client_configs
 from components.generated_secret import GeneratedSecret
+from components.hyperstack.placement import Placement
 from components.hyperstack.resources import Environment, Keypair, SecurityRule, VirtualMachine
 from components.node import GpuNode, Readiness, host_key_user_data
+from components.pricing import Quote, catalog_quote
 from components.settings import Settings
 
 
@@ -30,11 +32,16 @@ class InferenceCluster(pulumi.ComponentResource):
         ssh_private_key: pulumi.Output[str],
         hf_token: pulumi.Output[str] | None,
         opts: pulumi.ResourceOptions | None = None,
+        quote: Quote | None = None,
     ) -> None:
         super().__init__("kimi:cluster:InferenceCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        quote = quote or catalog_quote(settings)
 
-        env = Environment(f"{name}-env", name=settings.env_name, region=settings.region, opts=child)
+        # Chosen once from live stock, then kept: everything billable hangs off this region.
+        placement = Placement(f"{name}-placement", regions=settings.region_choices,
+                              flavor_name=settings.flavor_name, count=settings.nodes, opts=child)
+        env = Environment(f"{name}-env", name=settings.env_name, region=placement.region, opts=child)
         if settings.keypair_name:
             key_name: pulumi.Input[str] = settings.keypair_name
         else:
@@ -62,7 +69,7 @@ class InferenceCluster(pulumi.ComponentResource):
                     f"{name}-node{rank}",
                     name=settings.node_name(rank),
                     environment_name=env.name,
-                    region=settings.region,
+                    region=placement.region,
                     flavor_name=settings.flavor_name,
                     image_name=settings.vm_image,
                     key_name=key_name,
@@ -128,11 +135,15 @@ class InferenceCluster(pulumi.ComponentResource):
             "node_private_ips": pulumi.Output.all(*[vm.private_ip for vm in vms]),
             "node_names": [settings.node_name(r) for r in range(settings.nodes)],
             "environment_name": env.name,
+            "region": placement.region,
             "topology": settings.topology,
             "engine": settings.engine_name,
             "flavor": settings.flavor_name,
             "gpu_count": settings.total_gpus,
-            "hourly_cost_usd": settings.hourly_cost_usd,
+            "hourly_cost_usd": quote.usd_per_hour,
+            # Where that figure comes from (pricebook and when, or the catalog and its date), and the catalog's.
+            "hourly_cost_source": quote.summary(),
+            "hourly_cost_catalog_usd": quote.catalog_usd_per_hour,
             "client_configs": endpoint_url.apply(
                 lambda u: build_client_configs(
                     u, settings.served_name, settings.context_window, engine=settings.engine_name

@@ -24,6 +24,7 @@ _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
 # The widest IPv6 operatorCidr accepted: a /48 is one site's allocation.
 IPV6_MIN_PREFIX = 48
+_REGION = re.compile(r"^[A-Z0-9][A-Z0-9-]{0,39}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
 
 # Examples in error messages: what a user would type to fix each key.
@@ -35,6 +36,7 @@ EXAMPLES: dict[str, str] = {
     "sshPrivateKey": "--secret < ~/.ssh/kimi-deploy",
     "hfToken": "--secret hf_...",
     "region": "CANADA-1",
+    "regions": '\'["CANADA-1", "NORWAY-1"]\'',
     "flavor": "n3-H100x8-NVLink",
     "nodeCount": "4",
     "gpusPerNode": "8",
@@ -73,6 +75,8 @@ class Settings(BaseModel):
     gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0)
 
     region: str = catalog.DEFAULT_REGION
+    # Ordered preference; the placement resource picks the first with stock for the whole cluster, once.
+    regions: list[str] | None = None
     environment_name: str | None = Field(None, alias="environmentName")
     operator_cidr: str = Field(alias="operatorCidr")
     ssh_public_key: str | None = Field(None, alias="sshPublicKey")
@@ -158,6 +162,30 @@ class Settings(BaseModel):
                 raise ValueError("expected a JSON list of strings, e.g. '[\"--enable-metrics\"]'") from None
         return v
 
+    @field_validator("regions", mode="before")
+    @classmethod
+    def _regions(cls, v: Any) -> Any:
+        if isinstance(v, str):  # `pulumi config set` stores a list as a JSON string unless --path is used
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError('expected a JSON list of region names, e.g. \'["CANADA-1", "NORWAY-1"]\'') from None
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("name at least one region")
+            if not all(isinstance(r, str) and _REGION.match(r) for r in v):
+                raise ValueError("each region is a Hyperstack region name such as CANADA-1")
+            if len(set(v)) != len(v):
+                raise ValueError("a region is listed twice")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not _REGION.match(v):
+            raise ValueError(f"{v!r} is not a Hyperstack region name such as CANADA-1")
+        return v
+
     @field_validator("node_root", "storage_path")
     @classmethod
     def _paths(cls, v: str) -> str:
@@ -182,6 +210,9 @@ class Settings(BaseModel):
             given = [k for k, v in custom_keys.items() if v is not None]
             if given:
                 raise ValueError(f"{', '.join(given)} only apply to topology custom (topology is {self.topology})")
+        if self.regions is not None and "region" in self.model_fields_set:
+            raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
+                             f"list); remove one with: pulumi config rm {NAMESPACE}:region")
         if self.ssh_public_key is None and self.keypair_name is None:
             raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
         if self.ssh_public_key is not None and self.keypair_name is not None:
@@ -260,6 +291,11 @@ class Settings(BaseModel):
         if self.preset:
             return self.preset.os_image
         return catalog.OS_IMAGE_CUDA_13_2 if self.gpu.name.startswith("B") else catalog.OS_IMAGE_CUDA_12_8
+
+    @property
+    def region_choices(self) -> list[str]:
+        """The regions the placement may choose from, in order of preference."""
+        return list(self.regions) if self.regions is not None else [self.region]
 
     @property
     def env_name(self) -> str:

@@ -51,6 +51,14 @@ FLAVORS: list[dict[str, Any]] = [
      "gpu": "B300-SXM6", "gpu_count": 8, "cpu": 224, "ram": 1920.0, "disk": 1000, "ephemeral": 40000,
      "labels": _NETWORK_OPTIMISED},
     # A small CPU flavor (documented as not supporting hibernation) so a catalog has more than GPU boxes.
+    # The H100 flavor in the other regions too, so a cluster can be placed by stock (not confirmed on an official
+    # page for these regions; the shape is the CANADA-1 one).
+    {"id": 105, "name": "n3-H100x8-NVLink", "display_name": "n3-H100x8-NVLink", "region_name": "NORWAY-1",
+     "gpu": "H100-80G-PCIe-NVLink", "gpu_count": 8, "cpu": 252, "ram": 1440.0, "disk": 100, "ephemeral": 6500,
+     "labels": _NETWORK_OPTIMISED},
+    {"id": 106, "name": "n3-H100x8-NVLink", "display_name": "n3-H100x8-NVLink", "region_name": "US-1",
+     "gpu": "H100-80G-PCIe-NVLink", "gpu_count": 8, "cpu": 252, "ram": 1440.0, "disk": 100, "ephemeral": 6500,
+     "labels": _NETWORK_OPTIMISED},
     {"id": 104, "name": "n1-cpu-small", "display_name": "n1-cpu-small", "region_name": "NORWAY-1",
      "gpu": "", "gpu_count": 0, "cpu": 4, "ram": 4.0, "disk": 100, "ephemeral": 0, "labels": []},
 ]
@@ -60,6 +68,20 @@ IMAGES: list[dict[str, Any]] = [
     {"id": 202, "name": "Ubuntu Server 24.04 LTS R595 CUDA 13.2 with Docker", "region_name": "CANADA-1"},
     {"id": 203, "name": "Ubuntu Server 22.04 LTS R570 CUDA 12.8 with Docker", "region_name": "CANADA-1"},
     {"id": 204, "name": "Ubuntu Server 24.04 LTS", "region_name": "NORWAY-1"},
+    {"id": 205, "name": "Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker", "region_name": "NORWAY-1"},
+    {"id": 206, "name": "Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker", "region_name": "US-1"},
+]
+
+# VMs of each GPU flavor a region can create when nothing of ours runs there; live VMs take from it.
+DEFAULT_VMS_IN_STOCK = 16
+
+# Hourly prices per GPU of each GPU model (what Hyperstack's pricing page quotes per GPU-hour), and a few
+# non-GPU resources; the same figures as the project's catalog, so only a test that changes one sees a difference.
+PRICEBOOK: list[dict[str, Any]] = [
+    {"id": 1, "name": "H100-80G-PCIe-NVLink", "value": 2.60, "original_value": 2.60, "discount_applied": False},
+    {"id": 2, "name": "H100-80G-PCIe", "value": 2.40, "original_value": 2.40, "discount_applied": False},
+    {"id": 3, "name": "B300-SXM6", "value": 7.40, "original_value": 7.40, "discount_applied": False},
+    {"id": 4, "name": "Public IP", "value": 0.00672, "original_value": 0.00672, "discount_applied": False},
 ]
 
 PROTOCOLS = ["any", "ah", "dccp", "egp", "esp", "gre", "hopopt", "icmp", "igmp", "ip", "ipip", "ipv6-encap",
@@ -193,6 +215,9 @@ class EmulatorState:
     keypairs: dict[int, dict[str, Any]] = field(default_factory=dict)
     vms: dict[int, Vm] = field(default_factory=dict)
     stock: dict[tuple[str, str], bool] = field(default_factory=dict)
+    # (region, flavor) -> VMs it can hold in all (live VMs included); DEFAULT_VMS_IN_STOCK when not set.
+    capacity: dict[tuple[str, str], int] = field(default_factory=dict)
+    prices: dict[str, float] = field(default_factory=dict)
 
 
 class ApiError(Exception):
@@ -416,6 +441,16 @@ class Emulator:
         with self.lock:
             self.state.stock[(region, flavor_name)] = available
 
+    def set_capacity(self, flavor_name: str, vms: int, region: str = "CANADA-1") -> None:
+        """How many VMs of this flavor the region can hold in all; the stocks endpoint shows what is left."""
+        with self.lock:
+            self.state.capacity[(region, flavor_name)] = vms
+
+    def set_price(self, name: str, value: float) -> None:
+        """A pricebook entry's value (its original_value stays the list price)."""
+        with self.lock:
+            self.state.prices[name] = value
+
     @property
     def requests(self) -> list[RecordedRequest]:
         with self.lock:
@@ -492,6 +527,15 @@ class Emulator:
             return "ACTIVE", "ATTACHING", None
         return "ACTIVE", "ATTACHED", vm.floating_ip
 
+    def _vms_left(self, region: str, flavor: dict[str, Any]) -> int:
+        """Stock of one flavor in one region: none when marked out of stock, else capacity minus live VMs."""
+        key = (region, flavor["name"])
+        if not self.state.stock.get(key, True):
+            return 0
+        used = sum(1 for v in self.state.vms.values() if v.flavor["name"] == flavor["name"]
+                   and self.state.environments[v.environment_id]["region"] == region and v.deleting_since is None)
+        return max(self.state.capacity.get(key, DEFAULT_VMS_IN_STOCK) - used, 0)
+
     @staticmethod
     def _event(vm: Vm, type_: str, reason: str, message: str) -> dict[str, Any]:
         return {"instance_id": vm.id, "message": message, "object": "instance", "org_id": 1, "reason": reason,
@@ -504,7 +548,7 @@ class Emulator:
     def _flavor_fields(self, flavor: dict[str, Any]) -> dict[str, Any]:
         key = (flavor["region_name"], flavor["name"])
         return {**flavor, "features": {}, "created_at": "2025-01-01T00:00:00+00:00",
-                "stock_available": self.state.stock.get(key, True),
+                "stock_available": self.state.stock.get(key, True) and self._vms_left(key[0], flavor) > 0,
                 "image_restrictions": {"has_image_restrictions": False, "restriction_type": None,
                                        "compatible_images": []}}
 
@@ -636,6 +680,27 @@ class Emulator:
         data = [{"gpu": gpu, "region_name": reg, "flavors": fl} for (gpu, reg), fl in groups.items()]
         return {"status": True, "message": "Success", "data": data}
 
+    def stocks(self, query, body):
+        """Per region and GPU model: how many VMs of each size can be created now (whole 8-GPU hosts here)."""
+        out = []
+        for region in REGIONS:
+            models: dict[str, int] = {}
+            for flavor in FLAVORS:
+                if flavor["region_name"] == region["name"] and flavor["gpu_count"]:
+                    gpus = self._vms_left(region["name"], flavor) * flavor["gpu_count"]
+                    models[flavor["gpu"]] = max(models.get(flavor["gpu"], 0), gpus)
+            out.append({"region": region["name"], "stock-type": "GPU", "models": [
+                {"model": model, "available": f"{gpus}+" if gpus else "0", "planned_7_days": None,
+                 "planned_30_days": None, "planned_100_days": None,
+                 "configurations": {"1x": gpus, "2x": gpus // 2, "4x": gpus // 4, "8x": gpus // 8, "10x": 0}}
+                for model, gpus in models.items()]})
+        return {"stocks": out}
+
+    def pricebook(self, query, body):
+        # A bare JSON array, no status/message envelope (docs.hyperstack.cloud/docs/api-reference/get-pricebook).
+        return [{**entry, "value": self.state.prices.get(entry["name"], entry["value"]), "start_time": None,
+                 "end_time": None} for entry in PRICEBOOK]
+
     def images(self, query, body):
         region, search = _q(query, "region"), (_q(query, "search") or "").lower()
         images = [self._image_fields(i) for i in IMAGES if (region is None or i["region_name"] == region)
@@ -731,7 +796,7 @@ class Emulator:
                        and f["region_name"] == env["region"]), None)
         if flavor is None:
             raise ApiError(404, "not_found", f"Flavor {body['flavor_name']} not found in {env['region']}")
-        if not self.state.stock.get((env["region"], flavor["name"]), True):
+        if self._vms_left(env["region"], flavor) < count:
             raise ApiError(400, "bad_request", f"No stock available for flavor {flavor['name']} in {env['region']}")
         image = body.get("image_name")
         if image is None or not any(i["name"] == image and i["region_name"] == env["region"] for i in IMAGES):
@@ -831,6 +896,8 @@ _ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
         ("GET", r"/core/sg-rules-protocols", Emulator.protocols),
         ("GET", r"/core/flavors", Emulator.flavors),
         ("GET", r"/core/images", Emulator.images),
+        ("GET", r"/core/stocks", Emulator.stocks),
+        ("GET", r"/pricebook", Emulator.pricebook),
         ("POST", r"/core/environments", Emulator.create_environment),
         ("GET", r"/core/environments", Emulator.list_environments),
         ("GET", r"/core/environments/(\d+)", Emulator.get_environment),

@@ -1,6 +1,9 @@
-"""Offline plan: what `pulumi up` would build for a stack, its sizing verdict and its cost, with no account and no network.
+"""The plan: what `pulumi up` would build for a stack, its sizing verdict and its cost, with no account needed.
 
     python -m scripts.plan [--stack NAME | --config FILE] [--json] [--render-dir DIR]
+
+Offline unless a Hyperstack API key is set (HYPERSTACK_API_KEY, or a plain hyperstack:apiKey): then the cost comes
+from the live pricebook, and the plan says when it was read and how it differs from the catalog.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 
 from components import catalog, sizing
 from components.firewall import node_rules
+from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
+from components.pricing import Quote, catalog_quote, quote
 from components.settings import SECRET_KEYS, Settings, SettingsError, load_settings, placeholders, read_stack_file
 
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,9 +27,20 @@ def _head_ip_placeholder(rank: int) -> str:
     return f"<node{rank}-private-ip>"
 
 
-def build_plan(settings: Settings, other_config: dict[str, Any], source: str) -> dict[str, Any]:
+def _quote(settings: Settings, other_config: dict[str, Any]) -> Quote:
+    config = {k: other_config[k] for k in (API_KEY_CONFIG, API_URL_CONFIG) if isinstance(other_config.get(k), str)}
+    if API_KEY_CONFIG in other_config and API_KEY_CONFIG not in config and not os.environ.get("HYPERSTACK_API_KEY"):
+        return catalog_quote(settings, f"{API_KEY_CONFIG} is encrypted in the stack file; export "
+                                       "HYPERSTACK_API_KEY for live prices")
+    return quote(settings, config)
+
+
+def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
+               price_quote: Quote | None = None) -> dict[str, Any]:
     """Everything the plan prints, as data (the --json form)."""
     from components import launch  # the engine command lines per rank
+
+    price_quote = price_quote or _quote(settings, other_config)
 
     fit = settings.fit
     price = settings.price
@@ -39,6 +55,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str) ->
         "topology": settings.topology,
         "description": settings.preset.description if settings.preset else "custom",
         "region": settings.region,
+        "regions": settings.region_choices,
         "environment": settings.env_name,
         "api_url": other_config.get("hyperstack:apiUrl") or os.environ.get("HYPERSTACK_API_URL") or catalog.DEFAULT_API_URL,
         "keypair": settings.keypair_name or f"{settings.env_name}-key (imported from sshPublicKey)",
@@ -71,7 +88,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str) ->
             "headroom_per_gpu_bytes": fit.headroom_per_gpu_bytes,
             "usable_memory_basis": fit.gpu.usable_basis,
         },
-        "hourly_cost_usd": settings.hourly_cost_usd,
+        "hourly_cost_usd": price_quote.usd_per_hour,
+        "cost": price_quote.to_json() | {"summary": price_quote.summary()},
         "price": None if price is None else {
             "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source, "as_of": price.as_of,
         },
@@ -90,7 +108,11 @@ def _secret_flag(key: str) -> str:
 def format_plan(plan: dict[str, Any]) -> str:
     lines = [f"kimi-cluster plan for stack '{plan['stack']}' ({plan['source']})", ""]
     lines.append(f"Cluster      {plan['topology']}: {plan['description']}")
-    lines.append(f"Region       {plan['region']}, environment {plan['environment']}, API {plan['api_url']}")
+    if len(plan["regions"]) > 1:
+        where = f"first with stock of {', '.join(plan['regions'])} (chosen at the first up, then kept)"
+    else:
+        where = plan["regions"][0]
+    lines.append(f"Region       {where}, environment {plan['environment']}, API {plan['api_url']}")
     lines.append(f"Keypair      {plan['keypair']}")
     lines.append(f"Engine       {plan['engine']} in {plan['container_image']}")
     lines.append(f"Model        {plan['model']} @ {plan['model_revision']} (served as {plan['served_model_name']})")
@@ -107,14 +129,9 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  tensor parallel {s['tensor_parallel']} (valid: {', '.join(map(str, s['valid_tensor_parallel']))})")
     lines.append(f"  usable memory per GPU: {s['usable_memory_basis']}")
     lines.append("")
-    if plan["hourly_cost_usd"] is None:
-        lines.append("Cost         unknown: no price for this GPU (set kimi-cluster:gpuHourlyPriceUsd)")
-    else:
-        p = plan["price"]
-        lines.append(
-            f"Cost         ${plan['hourly_cost_usd']:,.2f} per hour ({s['gpus']} GPUs x ${p['usd_per_gpu_hour']:.2f} per "
-            f"GPU-hour {p['basis']}; {p['source']}, as of {p['as_of']}); billed per minute until `pulumi destroy`"
-        )
+    lines.append(f"Cost         {plan['cost']['summary']}")
+    if plan["hourly_cost_usd"] is not None:
+        lines.append("             billed per minute until `pulumi destroy`")
     lo, hi = plan["download_minutes_per_node"]
     lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
     lines.append("")

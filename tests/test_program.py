@@ -21,6 +21,8 @@ def outputs_for(typ: str, name: str, inputs: dict) -> dict:
         rank = int(name.rsplit("node", 1)[1])
         return {"vm_id": 1000 + rank, "public_ip": f"198.51.100.{10 + rank}", "private_ip": f"10.0.0.{10 + rank}",
                 "status": "ACTIVE"}
+    if typ.endswith(":Placement"):
+        return {"region": inputs["regions"][-1], "chosen_at": "2026-12-01T08:00:00+00:00"}
     if typ.endswith(":Environment"):
         return {"environment_id": 7}
     if typ.endswith(":Keypair"):
@@ -41,6 +43,8 @@ def config(**extra: str) -> tuple[dict[str, str], list[str]]:
         "kimi-cluster:sshPrivateKey": CANARY_SSH,
         "kimi-cluster:hfToken": CANARY_HF,
         "hyperstack:apiKey": CANARY_HS,
+        # Nothing listens there: the cost falls back to the catalog at once, and no test reaches the real API.
+        "hyperstack:apiUrl": "http://127.0.0.1:9/v1",
     }
     cfg.update({f"kimi-cluster:{k}": v for k, v in extra.items()})
     return cfg, ["kimi-cluster:sshPrivateKey", "kimi-cluster:hfToken", "hyperstack:apiKey"]
@@ -201,3 +205,43 @@ def test_new_revision_reruns_download_check_and_launch_but_keeps_the_vms(dev):
         for step in ("weights", "check", "launch"):
             name = f"kimi-node{rank}-{step}"
             assert dumps(before[name].plain()) != dumps(changed[name].plain()), name
+
+
+def test_regions_reach_the_placement_and_its_choice_places_everything():
+    cfg, secret = config(regions='["CANADA-1", "NORWAY-1"]')
+    rec = run_program(cfg, secret, outputs_for)
+    (placement,) = rec.of_type(":Placement")
+    assert placement.inputs["regions"] == ["CANADA-1", "NORWAY-1"]
+    assert (placement.inputs["flavor_name"], placement.inputs["count"]) == ("n3-H100x8-NVLink", 4)
+    # The mock placement picks the last region listed: the environment and every VM follow it.
+    assert rec.of_type(":Environment")[0].inputs["region"] == "NORWAY-1"
+    assert {v.inputs["region"] for v in rec.of_type(":VirtualMachine")} == {"NORWAY-1"}
+    assert rec.exports["region"] == "NORWAY-1"
+
+
+def test_region_and_regions_together_are_refused_naming_both():
+    cfg, secret = config(region="CANADA-1", regions='["NORWAY-1"]')
+    rec = Recording()
+    with pytest.raises(Exception, match="kimi-cluster:region .* and kimi-cluster:regions"):
+        run_program(cfg, secret, outputs_for, recording=rec)
+    assert rec.resources == []
+
+
+def test_hourly_cost_uses_the_pricebook_when_a_key_is_set_and_says_so():
+    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+
+    with Emulator() as emu:
+        emu.set_price("H100-80G-PCIe-NVLink", 2.25)
+        cfg, secret = config()
+        cfg.update({"hyperstack:apiUrl": emu.base_url, "hyperstack:apiKey": DEFAULT_API_KEY})
+        rec = run_program(cfg, secret, outputs_for)
+    out = rec.exports
+    assert out["hourly_cost_usd"] == 72.0 and out["hourly_cost_catalog_usd"] == 83.2
+    assert "Hyperstack pricebook read at 20" in out["hourly_cost_source"]
+    assert "the catalog says $83.20 (-$11.20 per hour from the pricebook)" in out["hourly_cost_source"]
+
+
+def test_hourly_cost_falls_back_to_the_catalog_with_its_date(dev):
+    source = dev.exports["hourly_cost_source"]
+    assert dev.exports["hourly_cost_usd"] == 83.2 and "from the catalog" in source and "as of 2026-11" in source
+    assert "pricebook not read" in source  # a key is set, but nothing answers at the test's API URL

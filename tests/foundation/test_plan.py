@@ -13,6 +13,7 @@ import pytest
 from scripts import plan
 
 ROOT = Path(__file__).resolve().parents[2]
+_CONNECT = socket.socket.connect
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 
 
@@ -35,7 +36,8 @@ def test_dev_stack_plan(capsys):
     assert plan.main(["--stack", "dev"]) == 0
     out = capsys.readouterr().out
     assert out.count("n3-H100x8-NVLink") == 4
-    assert "$83.20 per hour (32 GPUs x $2.60 per GPU-hour on demand" in out
+    assert "$83.20 per hour, from the catalog: 32 GPUs x $2.60 per GPU-hour on demand" in out
+    assert "as of 2026-11" in out
     assert "fits with 1,159.65 GB (1,080.0 GiB) left" in out
     assert "--tp-size 32" in out and "--node-rank 3" in out
     assert "kimi-cluster:hfToken: not set" in out
@@ -101,3 +103,33 @@ def test_cli_entry_point_runs():
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "$83.20 per hour" in proc.stdout
+
+
+def test_a_set_key_makes_the_plan_use_the_pricebook_and_show_the_difference(tmp_path, capsys, monkeypatch):
+    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+
+    monkeypatch.setattr(socket.socket, "connect", _CONNECT)  # this plan is allowed to ask the (local) API
+    with Emulator() as emu:
+        emu.set_price("H100-80G-PCIe-NVLink", 2.75)
+        monkeypatch.setenv("HYPERSTACK_API_KEY", DEFAULT_API_KEY)
+        cfg = write_stack(tmp_path, f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n"
+                                    f"  hyperstack:apiUrl: {emu.base_url}\n"
+                                    '  kimi-cluster:regions: \'["NORWAY-1", "CANADA-1"]\'\n')
+        assert plan.main(["--config", cfg]) == 0
+        out = capsys.readouterr().out
+        assert plan.main(["--config", cfg, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+    assert "Cost         $88.00 per hour, from the Hyperstack pricebook read at 20" in out
+    assert "entry 'H100-80G-PCIe-NVLink', $2.75 per GPU-hour x 32 GPUs" in out
+    assert "the catalog says $83.20 (+$4.80 per hour from the pricebook)" in out
+    assert "first with stock of NORWAY-1, CANADA-1 (chosen at the first up, then kept)" in out
+    assert data["hourly_cost_usd"] == 88.0 and data["cost"]["source"] == "pricebook"
+    assert data["cost"]["difference_usd"] == 4.8 and data["cost"]["catalog_usd_per_hour"] == 83.2
+
+
+def test_an_encrypted_key_in_the_stack_file_falls_back_to_the_catalog_and_says_why(tmp_path, capsys):
+    cfg = write_stack(tmp_path, f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n"
+                                "  hyperstack:apiKey:\n    secure: v1:AAAAencrypted\n")
+    assert plan.main(["--config", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "from the catalog" in out and "export HYPERSTACK_API_KEY for live prices" in out

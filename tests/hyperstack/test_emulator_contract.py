@@ -150,6 +150,28 @@ def test_emulator_rejects_what_the_sdk_model_rejects(emu, body, fragment):
             hyperstack.CreateEnvironment.from_dict(body)
 
 
+def test_stocks_and_pricebook_parse_into_the_sdk_models_and_the_sdk_reads_them(emu):
+    _parses(hyperstack.NewStockRetriveResponse, _get(emu, "/core/stocks"))
+    book = _get(emu, "/pricebook")
+    assert isinstance(book.json(), list) and book.json()  # a bare array, no envelope
+    for entry in book.json():
+        parsed = hyperstack.PricebookModel.from_dict(entry)
+        assert _lost_keys(entry, parsed.to_dict()) == [], "PricebookModel: fields the SDK does not know"
+    assert _get(emu, "/pricebook", key="wrong").status_code == 401
+    assert _get(emu, "/core/stocks", key="wrong").status_code == 401
+
+    emu.set_capacity(FLAVOR, 3, region="NORWAY-1")
+    emu.set_price("H100-80G-PCIe-NVLink", 2.25)
+    config = hyperstack.Configuration(host=emu.base_url, api_key={"apiKey": DEFAULT_API_KEY})
+    with hyperstack.ApiClient(config) as client:
+        stocks = hyperstack.StockApi(client).get_gpu_stock().stocks
+        norway = next(s for s in stocks if s.region == "NORWAY-1")
+        h100 = next(m for m in norway.models if m.model == "H100-80G-PCIe-NVLink")
+        assert norway.stock_type == "GPU" and h100.configurations.var_8x == 3 and h100.available == "24+"
+        prices = {p.name: p for p in hyperstack.PricebookApi(client).get_pricebook()}
+        assert prices["H100-80G-PCIe-NVLink"].value == 2.25 and prices["H100-80G-PCIe-NVLink"].original_value == 2.6
+
+
 def test_rule_protocol_enum_matches_the_sdk(emu):
     from fakes.hyperstack_emulator import PROTOCOLS
     field = hyperstack.CreateSecurityRulePayload.model_fields["protocol"]

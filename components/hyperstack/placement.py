@@ -1,0 +1,110 @@
+"""Placement: which region the cluster lives in, chosen once from live stock and then kept.
+
+    Placement(resource_name, *, regions, flavor_name, count, opts=None)
+        -> region, chosen_at, stock_at_choice, regions, flavor_name, count
+
+On create it reads the stocks endpoint and the flavors of every listed region and picks the first region, in the
+order given, that can create `count` VMs of `flavor_name` now. When none can, it fails with a table of what each
+region has, before anything billable exists (the environment and the VMs depend on its `region` output).
+
+The choice is sticky: later changes to the list, the flavor or the count update the inputs but never the chosen
+region, and no `up` re-reads stock for it, so a running cluster never moves. Moving on purpose means replacing
+this resource (`pulumi up --replace <its URN>`), which replaces the environment and every VM with it.
+
+There is no cloud object behind a placement: read echoes the state and delete has nothing to remove.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi.dynamic
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+
+from .market import format_stock_table, region_stock
+from .providers import ProvisioningError, _known, _Provider, client
+
+_INPUTS = ("regions", "flavor_name", "count")
+
+
+class PlacementError(ProvisioningError):
+    """No listed region can hold the cluster right now; the message carries the per-region table."""
+
+
+def choose_region(regions: list[str], flavor_name: str, count: int) -> tuple[str, list[dict[str, Any]]]:
+    """The first region that holds `count` VMs of the flavor, and the stock seen in every region."""
+    with client() as api:
+        table = region_stock(api, regions, flavor_name)
+    seen = [{"region": r.region, "vms_available": r.vms_available, "offered": r.offered,
+             "stock_available": r.stock_available, "holds_cluster": r.holds(count)} for r in table]
+    for row in table:
+        if row.holds(count):
+            return row.region, seen
+    raise PlacementError(
+        f"no region in kimi-cluster:regions can hold {count} x {flavor_name} right now; nothing was created. "
+        f"Stock per region (Hyperstack stocks endpoint):\n{format_stock_table(table, count)}\n"
+        "Add a region to kimi-cluster:regions, choose another topology or flavor, or try again later")
+
+
+class PlacementProvider(_Provider):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = []
+        regions, flavor, count = news.get("regions"), news.get("flavor_name"), news.get("count")
+        if _known(regions) and not (isinstance(regions, list) and regions
+                                    and all(isinstance(r, str) and r for r in regions)):
+            failures.append(CheckFailure("regions", "regions must be a non-empty list of region names"))
+        if _known(flavor) and not (isinstance(flavor, str) and flavor):
+            failures.append(CheckFailure("flavor_name", "flavor_name must be a non-empty string"))
+        if _known(count) and not (isinstance(count, (int, float)) and count >= 1 and int(count) == count):
+            failures.append(CheckFailure("count", "count must be a whole number of VMs, at least 1"))
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # Never a replacement: a new list, flavor or count is recorded, the chosen region stays.
+        changed = [k for k in _INPUTS if olds.get(k) != news.get(k)]
+        return DiffResult(changes=bool(changed), replaces=[], stables=["region", "chosen_at", "stock_at_choice"])
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        regions, flavor, count = list(props["regions"]), str(props["flavor_name"]), int(props["count"])
+        region, seen = choose_region(regions, flavor, count)
+        pulumi.log.info(f"placement: {region} chosen for {count} x {flavor} (first of {', '.join(regions)} with "
+                        "stock); later ups keep it")
+        outs = {"regions": regions, "flavor_name": flavor, "count": count, "region": region,
+                "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "stock_at_choice": seen}
+        return CreateResult(f"placement-{region}", outs)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        region = olds["region"]
+        if region not in (news.get("regions") or []):
+            pulumi.log.warn(f"placement: the cluster stays in {region}, which kimi-cluster:regions no longer lists; "
+                            "a running cluster is never moved (to move it: pulumi up --replace <placement URN>)")
+        return UpdateResult({**olds, **{k: news[k] for k in _INPUTS if k in news}, "region": region})
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        return ReadResult(id_, props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None  # nothing exists in the cloud for a placement
+
+
+class Placement(pulumi.dynamic.Resource, module="hyperstack", name="Placement"):
+    """The cluster's region: the first of `regions` with stock for `count` x `flavor_name`, chosen once."""
+
+    region: pulumi.Output[str]
+    chosen_at: pulumi.Output[str]
+    stock_at_choice: pulumi.Output[list]
+
+    def __init__(
+        self,
+        resource_name: str,
+        *,
+        regions: Sequence[str],
+        flavor_name: pulumi.Input[str],
+        count: pulumi.Input[int],
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ) -> None:
+        props = {"regions": list(regions), "flavor_name": flavor_name, "count": count, "region": None,
+                 "chosen_at": None, "stock_at_choice": None}
+        super().__init__(PlacementProvider(), resource_name, props, opts)

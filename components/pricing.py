@@ -1,0 +1,109 @@
+"""What the cluster costs per hour: the live pricebook when an API key is set, else the catalog, and how they differ.
+
+Used by `scripts.plan` and by the program for the `hourly_cost_usd` output. A pricebook that cannot be read never
+blocks a deployment: the quote falls back to the catalog and says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, HyperstackClient, HyperstackError
+from components.hyperstack.api import Settings as ApiSettings
+from components.hyperstack.market import get_pricebook, list_all_flavors, price_for_flavor
+from components.settings import NAMESPACE, Settings
+
+# A price lookup must not hold up a plan or a preview for long: one try, short deadlines.
+PRICEBOOK_TIMEOUT = (5.0, 15.0)
+
+
+@dataclass(frozen=True)
+class Quote:
+    """The hourly cost of the whole cluster and where the figure comes from."""
+
+    usd_per_hour: float | None
+    source: str            # "pricebook" or "catalog"
+    as_of: str             # when the pricebook was read, or the catalog price's date
+    detail: str            # one line: what was read, from where, when
+    catalog_usd_per_hour: float | None
+    note: str = ""         # why the catalog was used although a key is set, if it was
+
+    @property
+    def difference_usd(self) -> float | None:
+        if self.source != "pricebook" or self.usd_per_hour is None or self.catalog_usd_per_hour is None:
+            return None
+        return round(self.usd_per_hour - self.catalog_usd_per_hour, 2)
+
+    def summary(self) -> str:
+        """One line for the plan and the program log."""
+        if self.usd_per_hour is None:
+            return f"unknown: no price for this GPU (set {NAMESPACE}:gpuHourlyPriceUsd){self._note()}"
+        line = f"${self.usd_per_hour:,.2f} per hour, {self.detail}"
+        diff = self.difference_usd
+        if diff:
+            line += (f"; the catalog says ${self.catalog_usd_per_hour:,.2f} "
+                     f"({'+' if diff > 0 else '-'}${abs(diff):,.2f} per hour from the pricebook)")
+        elif diff == 0:
+            line += "; the catalog agrees"
+        return line + self._note()
+
+    def _note(self) -> str:
+        return f" ({self.note})" if self.note else ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"usd_per_hour": self.usd_per_hour, "source": self.source, "as_of": self.as_of,
+                "detail": self.detail, "catalog_usd_per_hour": self.catalog_usd_per_hour,
+                "difference_usd": self.difference_usd, "note": self.note}
+
+
+def catalog_quote(settings: Settings, note: str = "") -> Quote:
+    price = settings.price
+    cost = settings.hourly_cost_usd
+    if price is None:
+        return Quote(None, "catalog", "", "no catalog price", None, note)
+    detail = (f"from the catalog: {settings.total_gpus} GPUs x ${price.usd_per_gpu_hour:.2f} per GPU-hour "
+              f"{price.basis} ({price.source}, as of {price.as_of})")
+    return Quote(cost, "catalog", price.as_of, detail, cost, note)
+
+
+def quote(settings: Settings, config: Mapping[str, Any] | None = None, *,
+          client: HyperstackClient | None = None) -> Quote:
+    """The pricebook's figure when an API key is set (stack config `hyperstack:*` or the environment)."""
+    if client is None:
+        try:
+            api_settings = ApiSettings.resolve(config or {})
+        except HyperstackError as err:
+            if err.error_reason == "missing_api_key":
+                return catalog_quote(settings)  # no key: the catalog is the only source, and that is expected
+            return catalog_quote(settings, f"pricebook not read: {err.message}")
+        client = HyperstackClient.from_settings(api_settings, timeout=PRICEBOOK_TIMEOUT, rate_limit_tries=1,
+                                                server_error_retries=0)
+    try:
+        with client as api:
+            flavor = next((f for f in list_all_flavors(api) if f.get("name") == settings.flavor_name), None)
+            gpu_model = str((flavor or {}).get("gpu") or "")
+            gpus = int((flavor or {}).get("gpu_count") or settings.gpus_per_node_count)
+            book = get_pricebook(api)
+    except (HyperstackError, ValueError) as err:
+        return catalog_quote(settings, f"pricebook not read: {err}")
+    read_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    live = price_for_flavor(book, settings.flavor_name, gpu_model, gpus)
+    if live is None:
+        return catalog_quote(settings, f"the pricebook read at {read_at} has no entry for {settings.flavor_name}"
+                                       f"{' or ' + gpu_model if gpu_model else ''}")
+    total = round(live.usd_per_vm_hour * settings.nodes, 2)
+    unit = (f"${live.usd_per_vm_hour / max(gpus, 1):.2f} per GPU-hour x {gpus * settings.nodes} GPUs"
+            if live.per_gpu else f"${live.usd_per_vm_hour:.2f} per VM-hour x {settings.nodes} VMs")
+    discount = " (discount applied)" if live.discount_applied else ""
+    detail = f"from the Hyperstack pricebook read at {read_at}: entry {live.entry!r}, {unit}{discount}"
+    return Quote(total, "pricebook", read_at, detail, settings.hourly_cost_usd)
+
+
+def program_quote(settings: Settings) -> Quote:
+    """Inside the Pulumi program: the hyperstack:* stack config as the providers see it (plain, never exported)."""
+    from pulumi.runtime import config as runtime_config
+
+    config = {key: runtime_config.get_config(key) for key in (API_KEY_CONFIG, API_URL_CONFIG)}
+    return quote(settings, {k: v for k, v in config.items() if v})
