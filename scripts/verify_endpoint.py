@@ -17,6 +17,7 @@ from components.verification import (
     DEFAULT_TIMEOUT_S,
     CheckResult,
     redact,
+    redact_obj,
     verify,
 )
 
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", help="the key itself; visible in ps, prefer the env var or a file")
     parser.add_argument("--only", help="comma list of checks to run: " + ",".join(CHECK_NAMES))
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds allowed for each request (default {DEFAULT_TIMEOUT_S:g})")
+                        help=f"seconds allowed for each check in total (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     return parser
 
@@ -87,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "verified": outcome.all_passed,
             "checks": outcome.report(),
         }
-        print(redact(json.dumps(document, indent=2), key))
+        print(json.dumps(redact_obj(document, key), indent=2))
     else:
         failed = [r.name for r in outcome.failed]
         summary = "all checks passed" if not failed else f"{len(failed)} failed: {', '.join(failed)}"

@@ -3,9 +3,11 @@
 Each check returns a CheckResult, never raises; used by scripts/verify_endpoint.py and the
 verification stack (verification/). Modules, one concern each:
 
-- target: what to check (endpoint, model, key, time per check) and the defaults;
+- target: what to check (endpoint, model, key, total time per check) and the defaults;
 - results: CheckResult, VerificationOutcome, CheckFailed, VerificationFailed;
-- client: the HTTP client (Api), which key a request carries (RequestKey), a chat reply (ChatReply);
+- client: the HTTP client (Api): answers capped in size, which key a request carries (RequestKey),
+  a chat reply (ChatReply);
+- deadline: one total deadline per check, however slowly a server trickles;
 - checks/: one module per check or small group, and the CHECKS registry in canonical order;
 - runner: run_check, run_checks, verify, select_checks;
 - stack: what the verification stack records (run_stack_checks);
@@ -22,7 +24,7 @@ from components.verification.results import CheckFailed, CheckResult, Verificati
 from components.verification.runner import run_check, run_checks, select_checks, verify
 from components.verification.stack import STACK_REPLACE_KEYS, STACK_UPDATE_KEYS, run_stack_checks
 from components.verification.target import API_KEY_ENV, DEFAULT_MODEL, DEFAULT_TIMEOUT_S, Target, normalize_base_url
-from components.verification.text import redact
+from components.verification.text import redact, redact_obj
 
 __all__ = [
     "API_KEY_ENV",
@@ -43,6 +45,7 @@ __all__ = [
     "normalize_base_url",
     "reasoning_of",
     "redact",
+    "redact_obj",
     "run_check",
     "run_checks",
     "run_stack_checks",

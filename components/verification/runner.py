@@ -9,6 +9,7 @@ import requests
 
 from components.verification.checks import CHECK_NAMES, CHECKS
 from components.verification.client import Api
+from components.verification.deadline import Deadline, use_deadlines
 from components.verification.results import CheckFailed, CheckResult, VerificationOutcome
 from components.verification.target import DEFAULT_TIMEOUT_S, Target
 from components.verification.text import redact, redact_obj, short
@@ -32,19 +33,23 @@ def select_checks(only: Iterable[str] | str | None) -> tuple[str, ...]:
 
 
 def run_check(name: str, target: Target, session: requests.Session | None = None) -> CheckResult:
-    """Run one check by name. A check that raises is a failed result, never an exception."""
+    """Run one check by name within `target.timeout` in total. A check that raises is a failed
+    result, never an exception. A given session gets the verifier's transport adapter mounted."""
     if name not in CHECKS:
         raise ValueError(f"unknown check {name!r}; known checks: {', '.join(CHECK_NAMES)}")
     own_session = session is None
     session = session or requests.Session()
+    use_deadlines(session)
     start = time.monotonic()
     try:
-        detail, metrics = CHECKS[name](Api(target, session))
+        with Deadline(target.timeout) as deadline:
+            detail, metrics = CHECKS[name](Api(target, session, deadline))
         passed = True
     except CheckFailed as exc:
         passed, detail, metrics = False, exc.reason, exc.metrics
     except Exception as exc:  # a bug or an unexpected shape must not stop the other checks
-        passed, detail, metrics = False, f"check raised {type(exc).__name__}: {short(str(exc), 200)}", {}
+        message = short(redact(str(exc), target.api_key), 200)
+        passed, detail, metrics = False, f"check raised {type(exc).__name__}: {message}", {}
     finally:
         if own_session:
             session.close()

@@ -6,9 +6,10 @@ import re
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
-# One request at "max" effort on a 3T-class model can think for minutes; 300 s bounds a hung
-# endpoint without failing a healthy one.
-DEFAULT_TIMEOUT_S = 300.0
+# The time one check may take in total, all its requests included. One request at "max" effort
+# on a 3T-class model can think for minutes (8192 tokens at 50 tokens/s is under 3 min), and the
+# tool_calls check makes up to four; 900 s bounds a hung endpoint without failing a healthy one.
+DEFAULT_TIMEOUT_S = 900.0
 API_KEY_ENV = "KIMI_API_KEY"
 
 

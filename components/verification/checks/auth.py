@@ -27,7 +27,7 @@ def check_auth(api: Api) -> tuple[str, dict[str, Any]]:
     statuses: dict[str, int] = {}
     problems: list[str] = []
     for label, method, path, body, key, expected in probes:
-        status = api.request(method, path, body, key=key).status_code
+        status = api.answer(method, path, body, key=key).status_code
         statuses[label] = status
         if status != expected:
             problems.append(f"{label} answered HTTP {status} (expected {expected})")

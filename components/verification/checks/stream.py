@@ -6,9 +6,7 @@ import json
 import time
 from typing import Any
 
-import requests
-
-from components.verification.client import Api, http_error
+from components.verification.client import Api
 from components.verification.messages import REASONING_FIELDS
 from components.verification.prompts import SHORT_BUDGET, STREAM_PROMPT
 from components.verification.results import CheckFailed
@@ -25,23 +23,17 @@ def check_stream(api: Api) -> tuple[str, dict[str, Any]]:
         "stream_options": {"include_usage": True},
     }
     start = time.monotonic()
-    deadline = start + api.target.timeout
-    resp = api.request("POST", "/v1/chat/completions", body, stream=True)
-    with resp:
-        if resp.status_code != 200:
-            raise CheckFailed(http_error("POST", "/v1/chat/completions (stream)", resp))
-        metrics: dict[str, Any] = {"content_type": resp.headers.get("Content-Type")}
-        first: float | None = None
-        chunks = token_chunks = 0
-        content: list[str] = []
-        usage: dict[str, Any] = {}
-        done = False
+    metrics: dict[str, Any] = {}
+    first: float | None = None
+    chunks = token_chunks = 0
+    content: list[str] = []
+    usage: dict[str, Any] = {}
+    done = False
+    with api.stream("POST", "/v1/chat/completions", body, "/v1/chat/completions (stream)") as stream:
+        metrics["content_type"] = stream.headers.get("Content-Type")
         try:
             # real engines send chunked SSE, and urllib3 hands each chunk over as it arrives
-            for raw in resp.iter_lines():
-                if time.monotonic() > deadline:
-                    raise CheckFailed(f"the stream was still running after {api.target.timeout:g}s", metrics)
-                line = raw.decode("utf-8", "replace").strip() if raw else ""
+            for line in stream.lines():
                 if not line.startswith("data:"):
                     continue
                 payload = line[len("data:"):].strip()
@@ -64,8 +56,8 @@ def check_stream(api: Api) -> tuple[str, dict[str, Any]]:
                             first = time.monotonic()
                     if isinstance(delta.get("content"), str):
                         content.append(delta["content"])
-        except requests.RequestException as exc:
-            raise CheckFailed(f"the stream broke after {chunks} chunks: {short(str(exc), 160)}", metrics)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{exc.reason} (after {chunks} chunks)", dict(metrics, chunks=chunks))
         end = time.monotonic()
     metrics["chunks"] = chunks
     if first is None:
