@@ -5,6 +5,7 @@ One exception type, bounded retries (429 backoff for every method; 5xx only for 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ DEFAULT_RETRY_BASE_SECONDS = 1.0
 DEFAULT_TIMEOUT = (10.0, 120.0)
 SERVER_ERROR_STATUSES = (500, 502, 503, 504)
 _PAGE_SIZE = 100
+_LOGGER = logging.getLogger(__name__)
 _MAX_PAGES = 200
 
 
@@ -199,6 +201,7 @@ class HyperstackClient:
         rate_limit_tries: int = RATE_LIMIT_TRIES,
         server_error_retries: int = 3,
         sleep: Callable[[float], None] = time.sleep,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         if not api_key:
             raise HyperstackError(
@@ -210,6 +213,8 @@ class HyperstackClient:
         self.retry_base_seconds = retry_base_seconds
         self.rate_limit_tries = rate_limit_tries
         self._sleep = sleep
+        # Where each 429 backoff is announced: the providers pass pulumi.log.info; standalone, the logging module.
+        self._log = log or _LOGGER.info
         self._session = requests.Session()
         self._session.headers.update({"api_key": api_key, "Accept": "application/json"})
         # 5xx and dropped reads are retried only where repeating the call is harmless. urllib3 retries failed
@@ -273,6 +278,8 @@ class HyperstackClient:
             if response.status_code != 429:
                 return self._decode(response, method, path)
             if attempt < self.rate_limit_tries:
+                self._log(f"Hyperstack {method} {path}: HTTP 429 (rate limited), retrying in {delay:g} s "
+                          f"(try {attempt + 1} of {self.rate_limit_tries})")
                 self._sleep(delay)
                 delay *= 2
         raise self._error(

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, TypeVar
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Generic, Mapping, Optional, TypeVar
 
 import pulumi
 from pulumi.dynamic import (
@@ -37,7 +37,10 @@ from .api import (
     API_URL_CONFIG,
     RETRY_BASE_CONFIG,
     HyperstackClient,
+    EnvironmentRecord,
     HyperstackError,
+    KeypairRecord,
+    SecurityRuleRecord,
     Settings,
     VmRecord,
 )
@@ -66,26 +69,64 @@ def stack_config() -> dict[str, Any]:
 
 
 def client() -> HyperstackClient:
-    return HyperstackClient.from_settings(Settings.resolve(stack_config()))
+    return HyperstackClient.from_settings(Settings.resolve(stack_config()), log=pulumi.log.info)
 
 
-def poll(what: str, timeout: float, interval: float, probe: Callable[[], tuple[Optional[T], str]]) -> T:
+@dataclass(frozen=True)
+class Look(Generic[T]):
+    """One look at what poll() waits for: `value` once the wait is over; `state`, short, is logged whenever it
+    changes, with `waiting_for` (what has to happen next); `seen`, everything looked at, goes into the timeout
+    error."""
+
+    state: str
+    value: T | None = None
+    waiting_for: str = ""
+    seen: str = ""
+
+
+def poll(subject: str, what: str, timeout: float, interval: float, probe: Callable[[], Look[T]]) -> T:
     """Call `probe` until it returns a value; give up at the deadline naming what and what was last seen.
 
-    The first waits are short and double up to `interval`: many transitions (a floating IP attaching, a deleted VM
-    answering 404) finish within seconds, and four extra GETs are far inside the 500 requests/minute budget.
+    Each change of state is logged through pulumi.log.info with the time waited so far and what comes next: under
+    the Pulumi CLI these lines are the only sign of life during a VM boot. The first waits are short and double up
+    to `interval`: many transitions (a floating IP attaching, a deleted VM answering 404) finish within seconds, and
+    four extra GETs are far inside the 500 requests/minute budget.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     wait = min(1.0, interval)
+    last: str | None = None
     while True:
-        result, seen = probe()
-        if result is not None:
-            return result
+        look = probe()
+        if look.state != last:
+            _log_change(subject, last, look, time.monotonic() - started)
+            last = look.state
+        if look.value is not None:
+            return look.value
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ProvisioningError(f"gave up after {timeout:g} s waiting for {what} (last seen: {seen})")
+            raise ProvisioningError(f"gave up after {timeout:g} s waiting for {what} (last seen: {look.seen or look.state})")
         time.sleep(min(wait, remaining))
         wait = min(wait * 2, interval)
+
+
+def _log_change(subject: str, before: str | None, look: Look[Any], elapsed: float) -> None:
+    if before is None:
+        if look.value is None:  # a wait that is over at the first look needs no sign of life
+            pulumi.log.info(f"{subject}: {look.state}; waiting for {look.waiting_for}")
+        return
+    line = f"{subject}: {before} → {look.state} after {_duration(elapsed)}"
+    pulumi.log.info(line + (f"; waiting for {look.waiting_for}" if look.value is None else ""))
+
+
+def _duration(seconds: float) -> str:
+    """3 min 10 s, 42 s, 1 h 5 min: how long a wait has lasted, as a person would say it."""
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60} s"
+    return f"{total // 3600} h {total % 3600 // 60} min"
 
 
 def _transient(err: HyperstackError) -> bool:
@@ -129,6 +170,11 @@ def _diff(olds: Mapping[str, Any], news: Mapping[str, Any], replace: tuple[str, 
                       delete_before_replace=delete_before_replace if replaces else None)
 
 
+def _timings(spec: type, props: Mapping[str, Any]) -> dict[str, float]:
+    """The `*_seconds` inputs of `spec` (a dataclass) from `props`; a missing or empty one takes the spec's default."""
+    return {f.name: float(props.get(f.name) or f.default) for f in fields(spec) if f.name.endswith("_seconds")}
+
+
 class _Provider(ResourceProvider):
     def configure(self, req: ConfigureRequest) -> None:
         for key in _CONFIG_KEYS:
@@ -141,6 +187,8 @@ class _Provider(ResourceProvider):
 
 @dataclass(frozen=True)
 class EnvironmentSpec:
+    """An environment's inputs. The timing defaults here are the only ones: resources.py refers to them."""
+
     name: str
     region: str
     delete_timeout_seconds: float = 300.0
@@ -148,9 +196,7 @@ class EnvironmentSpec:
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> "EnvironmentSpec":
-        return cls(name=props["name"], region=props["region"],
-                   delete_timeout_seconds=float(props.get("delete_timeout_seconds") or 300.0),
-                   poll_interval_seconds=float(props.get("poll_interval_seconds") or 5.0))
+        return cls(name=props["name"], region=props["region"], **_timings(cls, props))
 
 
 _ENV_INPUTS = ("name", "region", "delete_timeout_seconds", "poll_interval_seconds")
@@ -187,7 +233,7 @@ class EnvironmentProvider(_Provider):
         return CreateResult(str(env["id"]), self._outs(spec, env))
 
     @staticmethod
-    def _find(api: HyperstackClient, spec: EnvironmentSpec) -> Optional[dict]:
+    def _find(api: HyperstackClient, spec: EnvironmentSpec) -> EnvironmentRecord | None:
         env = next((e for e in api.list_environments(search=spec.name) if e.get("name") == spec.name), None)
         if env is not None and env.get("region") != spec.region:
             raise ProvisioningError(
@@ -208,9 +254,7 @@ class EnvironmentProvider(_Provider):
                 if err.not_found:
                     return ReadResult("", {})
                 raise
-        spec = EnvironmentSpec(name=env["name"], region=env["region"],
-                               delete_timeout_seconds=float(props.get("delete_timeout_seconds") or 300.0),
-                               poll_interval_seconds=float(props.get("poll_interval_seconds") or 5.0))
+        spec = EnvironmentSpec.from_props({**props, "name": env["name"], "region": env["region"]})
         outs = self._outs(spec, env)
         return ReadResult(id_, outs, {k: outs[k] for k in _ENV_INPUTS})
 
@@ -218,24 +262,27 @@ class EnvironmentProvider(_Provider):
         return UpdateResult({**olds, **{k: news[k] for k in _ENV_INPUTS if k in news}})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        spec_timeout = float(props.get("delete_timeout_seconds") or 300.0)
-        interval = float(props.get("poll_interval_seconds") or 5.0)
+        timings = _timings(EnvironmentSpec, props)
         name = props.get("name", id_)
         with client() as api:
-            def attempt() -> tuple[Optional[bool], str]:
+            def attempt() -> Look[bool]:
                 try:
                     api.delete_environment(_int(id_))
                 except HyperstackError as err:
                     if err.not_found:
-                        return True, "gone"
+                        return Look("gone", True)
                     # 405 not_allowed: VMs or keypairs are still draining out of the environment.
-                    if err.status == 405 or _transient(err):
-                        return None, str(err)
+                    if err.status == 405:
+                        return Look("deletion refused (VMs or keypairs still in it)", None,
+                                    "its VMs and keypairs to be gone", str(err))
+                    if _transient(err):
+                        return _unanswered(err, "the API to accept the deletion")
                     raise
-                return True, "deleted"
+                return Look("deleted", True)
 
-            poll(f"environment {name!r} to accept deletion (its VMs and keypairs must be gone first)",
-                 spec_timeout, interval, attempt)
+            subject = f"environment {name!r}"
+            poll(subject, f"{subject} to accept deletion (its VMs and keypairs must be gone first)",
+                 timings["delete_timeout_seconds"], timings["poll_interval_seconds"], attempt)
 
 
 # --- Keypair ------------------------------------------------------------------------------------------------------
@@ -284,7 +331,7 @@ class KeypairProvider(_Provider):
         return CreateResult(str(keypair["id"]), self._outs(props, keypair))
 
     @staticmethod
-    def _find(api: HyperstackClient, name: str, env_name: str, public_key: str) -> Optional[dict]:
+    def _find(api: HyperstackClient, name: str, env_name: str, public_key: str) -> KeypairRecord | None:
         for keypair in api.list_keypairs(search=name):
             if keypair.get("name") == name and (keypair.get("environment") or {}).get("name") == env_name:
                 if _key_body(keypair.get("public_key", "")) != _key_body(public_key):
@@ -324,8 +371,16 @@ class KeypairProvider(_Provider):
 
 # --- VirtualMachine -----------------------------------------------------------------------------------------------
 
+_VM_REPLACE = ("name", "environment_name", "region", "flavor_name", "image_name", "key_name", "user_data",
+               "assign_floating_ip")
+_VM_UPDATE = ("labels", "create_timeout_seconds", "poll_interval_seconds", "delete_timeout_seconds")
+_VM_INPUTS = _VM_REPLACE + _VM_UPDATE
+
+
 @dataclass(frozen=True)
 class VmSpec:
+    """A VM's inputs. The timing defaults here are the only ones: resources.py refers to them."""
+
     name: str
     environment_name: str
     region: str
@@ -341,30 +396,18 @@ class VmSpec:
 
     @classmethod
     def from_props(cls, props: Mapping[str, Any]) -> "VmSpec":
-        def number(key: str, default: float) -> float:
-            value = props.get(key)
-            return float(value) if value is not None else default
-
         return cls(
             name=props["name"], environment_name=props["environment_name"], region=props["region"],
             flavor_name=props["flavor_name"], image_name=props["image_name"], key_name=props["key_name"],
             labels=tuple(props.get("labels") or ()), user_data=props.get("user_data"),
             assign_floating_ip=bool(props.get("assign_floating_ip", True)),
-            create_timeout_seconds=number("create_timeout_seconds", 1800.0),
-            poll_interval_seconds=number("poll_interval_seconds", 10.0),
-            delete_timeout_seconds=number("delete_timeout_seconds", 900.0),
+            **_timings(cls, props),
         )
 
     def echoed_inputs(self) -> dict[str, Any]:
         """The inputs repeated in the outputs (Pulumi diffs against outputs); user_data only as a digest."""
         return {k: (list(getattr(self, k)) if k == "labels" else getattr(self, k))
                 for k in _VM_INPUTS if k != "user_data"}
-
-
-_VM_REPLACE = ("name", "environment_name", "region", "flavor_name", "image_name", "key_name", "user_data",
-               "assign_floating_ip")
-_VM_UPDATE = ("labels", "create_timeout_seconds", "poll_interval_seconds", "delete_timeout_seconds")
-_VM_INPUTS = _VM_REPLACE + _VM_UPDATE
 
 
 def _user_data_digest(props: Mapping[str, Any]) -> Optional[str]:
@@ -398,33 +441,41 @@ def delete_vm_and_wait(api: HyperstackClient, vm_id: int, what: str, timeout: fl
     """DELETE (retrying while the API says the VM is still being created), then wait for GET to answer 404."""
     deadline = time.monotonic() + timeout
 
-    def attempt() -> tuple[Optional[bool], str]:
+    def attempt() -> Look[bool]:
         try:
             api.delete_vm(vm_id)
         except HyperstackError as err:
             if err.not_found:
-                return True, "gone"
+                return Look("gone", True)
             # The API refuses to delete a VM that is still CREATING; 409 is what it declares for that.
-            if err.status == 409 or "being created" in err.message.lower() or _transient(err):
-                return None, str(err)
+            if err.status == 409 or "being created" in err.message.lower():
+                return Look("deletion refused (still being created)", None, "the API to accept the deletion",
+                            str(err))
+            if _transient(err):
+                return _unanswered(err, "the API to accept the deletion")
             raise
-        return True, "deletion accepted"
+        return Look("deletion accepted", True)
 
-    poll(f"{what} to accept deletion", timeout, interval, attempt)
+    poll(what, f"{what} to accept deletion", timeout, interval, attempt)
 
-    def gone() -> tuple[Optional[bool], str]:
+    def gone() -> Look[bool]:
         try:
             vm = api.get_vm(vm_id)
         except HyperstackError as err:
             if err.not_found:
-                return True, "404"
+                return Look("gone (GET answers 404)", True)
             if _transient(err):
-                return None, str(err)
+                return _unanswered(err, "GET to answer 404")
             raise
-        return None, _describe(vm)
+        return Look(str(vm.get("status")), None, "GET to answer 404", _describe(vm))
 
-    poll(f"{what} to disappear after deletion (GET answering 404)",
+    poll(what, f"{what} to disappear after deletion (GET answering 404)",
          max(deadline - time.monotonic(), interval), interval, gone)
+
+
+def _unanswered(err: HyperstackError, waiting_for: str) -> Look[Any]:
+    """A look that got no usable answer (timeout, 5xx, 429): try again."""
+    return Look(f"no answer ({err.error_reason})", None, waiting_for, str(err))
 
 
 class VirtualMachineProvider(_Provider):
@@ -556,12 +607,12 @@ class VirtualMachineProvider(_Provider):
     def _wait_ready(api: HyperstackClient, spec: VmSpec, vm: VmRecord) -> VmRecord:
         vm_id = vm["id"]
 
-        def probe() -> tuple[Optional[VmRecord], str]:
+        def probe() -> Look[VmRecord]:
             try:
                 current = api.get_vm(vm_id)
             except HyperstackError as err:
                 if _transient(err):
-                    return None, str(err)
+                    return _unanswered(err, "ACTIVE")
                 raise
             status = current.get("status")
             if status == "ERROR":
@@ -575,13 +626,15 @@ class VirtualMachineProvider(_Provider):
                                         f"({_describe(current)}); events: {reasons}")
             if status in _GONE:
                 raise ProvisioningError(f"VM {spec.name!r} (id {vm_id}) is being deleted by someone else")
-            if status == "ACTIVE" and (current.get("floating_ip") or not spec.assign_floating_ip):
-                return current, _describe(current)
-            return None, _describe(current)
+            if status != "ACTIVE":
+                return Look(str(status), None, "ACTIVE", _describe(current))
+            if current.get("floating_ip") or not spec.assign_floating_ip:
+                return Look("ACTIVE", current, "", _describe(current))
+            return Look("ACTIVE without its floating IP", None, "the floating IP", _describe(current))
 
         what = f"VM {spec.name!r} (id {vm_id}) to be ACTIVE" + (
             " with its floating IP attached" if spec.assign_floating_ip else "")
-        return poll(what, spec.create_timeout_seconds, spec.poll_interval_seconds, probe)
+        return poll(spec.name, what, spec.create_timeout_seconds, spec.poll_interval_seconds, probe)
 
     @staticmethod
     def _cleanup(api: HyperstackClient, spec: VmSpec, vm: VmRecord) -> str:
@@ -623,24 +676,22 @@ class VirtualMachineProvider(_Provider):
         return UpdateResult(_vm_outs(spec, vm, _user_data_digest(news)))
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
-        timeout = float(props.get("delete_timeout_seconds") or 900.0)
-        interval = float(props.get("poll_interval_seconds") or 10.0)
+        timings = _timings(VmSpec, props)
         with client() as api:
-            delete_vm_and_wait(api, _int(id_), f"VM {props.get('name', id_)!r} (id {id_})", timeout, interval)
+            delete_vm_and_wait(api, _int(id_), f"VM {props.get('name', id_)!r} (id {id_})",
+                               timings["delete_timeout_seconds"], timings["poll_interval_seconds"])
 
 
 # --- SecurityRule -------------------------------------------------------------------------------------------------
 
-_RULE_INPUTS = ("vm_id", "direction", "protocol", "ethertype", "remote_ip_prefix", "port_range_min",
-                "port_range_max")
+_RULE_TEXT_INPUTS = ("direction", "protocol", "ethertype", "remote_ip_prefix")
+_RULE_PORT_INPUTS = ("port_range_min", "port_range_max")
+_RULE_INPUTS = ("vm_id", *_RULE_TEXT_INPUTS, *_RULE_PORT_INPUTS)
 
 
-def _rule_key(rule: Mapping[str, Any]) -> tuple:
-    def port(value: Any) -> Optional[int]:
-        return None if value is None else _int(value)
-
-    return (rule.get("direction"), rule.get("protocol"), rule.get("ethertype"), rule.get("remote_ip_prefix"),
-            port(rule.get("port_range_min")), port(rule.get("port_range_max")))
+def _rule_key(rule: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What identifies a rule on its VM: every input but the VM, ports as numbers."""
+    return (*(rule.get(k) for k in _RULE_TEXT_INPUTS), *(_opt_int(rule.get(k)) for k in _RULE_PORT_INPUTS))
 
 
 class SecurityRuleProvider(_Provider):
@@ -698,7 +749,7 @@ class SecurityRuleProvider(_Provider):
         return CreateResult(str(rule["id"]), {**_rule_inputs(props), "rule_id": str(rule["id"])})
 
     @staticmethod
-    def _find(api: HyperstackClient, vm_id: int, wanted: tuple) -> Optional[dict]:
+    def _find(api: HyperstackClient, vm_id: int, wanted: tuple[Any, ...]) -> SecurityRuleRecord | None:
         rules = api.get_vm(vm_id).get("security_rules") or []
         return next((r for r in rules if _rule_key(r) == wanted), None)
 
@@ -727,9 +778,8 @@ class SecurityRuleProvider(_Provider):
 
 
 def _rule_inputs(props: Mapping[str, Any]) -> dict[str, Any]:
-    return {"vm_id": str(_int(props["vm_id"])), **{k: props.get(k) for k in _RULE_INPUTS[1:5]},
-            "port_range_min": _opt_int(props.get("port_range_min")),
-            "port_range_max": _opt_int(props.get("port_range_max"))}
+    return {"vm_id": str(_int(props["vm_id"])), **{k: props.get(k) for k in _RULE_TEXT_INPUTS},
+            **{k: _opt_int(props.get(k)) for k in _RULE_PORT_INPUTS}}
 
 
 def _opt_int(value: Any) -> Optional[int]:
@@ -738,6 +788,6 @@ def _opt_int(value: Any) -> Optional[int]:
 
 def _rule_value(props: Mapping[str, Any], key: str) -> Any:
     value = props.get(key)
-    if key in ("vm_id", "port_range_min", "port_range_max") and _known(value):
+    if key in ("vm_id", *_RULE_PORT_INPUTS) and _known(value):
         return _int(value)
     return value

@@ -3,17 +3,18 @@
 Each is a dynamic resource with its own type token (`pulumi-python:dynamic/hyperstack:<Name>`); no credential is
 an input or an output: providers read `hyperstack:apiKey` / HYPERSTACK_API_KEY when they run.
 
-Signatures (every input accepts a plain value or a pulumi.Input; ids are strings):
+Signatures (every input accepts a plain value or a pulumi.Input; ids are strings; the timing defaults `...` are
+those of EnvironmentSpec and VmSpec in providers.py):
 
-    Environment(resource_name, *, name, region, delete_timeout_seconds=300, poll_interval_seconds=5, opts=None)
+    Environment(resource_name, *, name, region, delete_timeout_seconds=..., poll_interval_seconds=..., opts=None)
         -> environment_id, name, region                         (name or region change: replace)
 
     Keypair(resource_name, *, name, environment_name, public_key, opts=None)
         -> keypair_id, name, fingerprint, environment_name, public_key          (any change: replace)
 
     VirtualMachine(resource_name, *, name, environment_name, region, flavor_name, image_name, key_name,
-                   labels=(), user_data=None, assign_floating_ip=True, create_timeout_seconds=1800,
-                   poll_interval_seconds=10, delete_timeout_seconds=900, opts=None)
+                   labels=(), user_data=None, assign_floating_ip=True, create_timeout_seconds=...,
+                   poll_interval_seconds=..., delete_timeout_seconds=..., opts=None)
         -> vm_id, public_ip, private_ip, status, flavor_name, name, labels
            (labels and timings update in place; name, environment, region, flavor, image, key, user_data and
             assign_floating_ip replace, deleting the old VM first)
@@ -33,7 +34,14 @@ from typing import Optional, Sequence
 import pulumi
 import pulumi.dynamic
 
-from .providers import EnvironmentProvider, KeypairProvider, SecurityRuleProvider, VirtualMachineProvider
+from .providers import (
+    EnvironmentProvider,
+    EnvironmentSpec,
+    KeypairProvider,
+    SecurityRuleProvider,
+    VirtualMachineProvider,
+    VmSpec,
+)
 
 
 class Environment(pulumi.dynamic.Resource, module="hyperstack", name="Environment"):
@@ -49,8 +57,8 @@ class Environment(pulumi.dynamic.Resource, module="hyperstack", name="Environmen
         *,
         name: pulumi.Input[str],
         region: pulumi.Input[str],
-        delete_timeout_seconds: pulumi.Input[float] = 300,
-        poll_interval_seconds: pulumi.Input[float] = 5,
+        delete_timeout_seconds: pulumi.Input[float] = EnvironmentSpec.delete_timeout_seconds,
+        poll_interval_seconds: pulumi.Input[float] = EnvironmentSpec.poll_interval_seconds,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         props = {
@@ -115,9 +123,9 @@ class VirtualMachine(pulumi.dynamic.Resource, module="hyperstack", name="Virtual
         labels: pulumi.Input[Sequence[pulumi.Input[str]]] = (),
         user_data: Optional[pulumi.Input[str]] = None,
         assign_floating_ip: pulumi.Input[bool] = True,
-        create_timeout_seconds: pulumi.Input[float] = 1800,
-        poll_interval_seconds: pulumi.Input[float] = 10,
-        delete_timeout_seconds: pulumi.Input[float] = 900,
+        create_timeout_seconds: pulumi.Input[float] = VmSpec.create_timeout_seconds,
+        poll_interval_seconds: pulumi.Input[float] = VmSpec.poll_interval_seconds,
+        delete_timeout_seconds: pulumi.Input[float] = VmSpec.delete_timeout_seconds,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         props = {

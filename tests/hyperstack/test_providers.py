@@ -5,8 +5,10 @@ Every fault case of landscape.md §4 ends as required, and the emulator then hol
 
 from __future__ import annotations
 
+import re
 import time
 
+import pulumi
 import pytest
 from pulumi.dynamic import Config, ConfigureRequest
 from pulumi.runtime.rpc import UNKNOWN
@@ -484,3 +486,36 @@ def test_user_data_never_comes_back_in_outputs(base):
     for outs in (created.outs, updated.outs, read.outs):
         assert marker not in repr(outs)
     assert provider.diff(created.id, read.outs, p).replaces == []  # the digest alone still detects no change
+
+
+def test_a_vm_create_logs_each_state_change_with_the_time_waited_and_what_comes_next(base, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: lines.append(message))
+    VirtualMachineProvider().create(vm_props())
+    mine = [line for line in lines if line.startswith("kimi-node-0: ")]
+    states = [line.split(": ", 1)[1] for line in mine]
+    assert states[0] in ("CREATING; waiting for ACTIVE", "BUILD; waiting for ACTIVE"), mine
+    assert re.fullmatch(r"ACTIVE without its floating IP → ACTIVE after \d+ s", states[-1]), mine
+    assert any(re.fullmatch(r"BUILD → ACTIVE without its floating IP after \d+ s; waiting for the floating IP", s)
+               for s in states), mine
+
+
+def test_a_vm_delete_logs_the_wait_for_404(base, monkeypatch):
+    vm = VirtualMachineProvider().create(vm_props())
+    lines: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: lines.append(message))
+    VirtualMachineProvider().delete(vm.id, vm.outs)
+    assert f"VM 'kimi-node-0' (id {vm.id}): DELETING; waiting for GET to answer 404" in lines
+    assert any(re.fullmatch(rf"VM 'kimi-node-0' \(id {vm.id}\): DELETING → gone \(GET answers 404\) after \d+ s", line)
+               for line in lines), lines
+
+
+def test_each_429_backoff_is_logged_with_its_delay(base, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: lines.append(message))
+    base.inject(RateLimit(count=2, method="POST"))
+    EnvironmentProvider().create(env_props("limited"))
+    assert lines == [
+        "Hyperstack POST /core/environments: HTTP 429 (rate limited), retrying in 0.005 s (try 2 of 5)",
+        "Hyperstack POST /core/environments: HTTP 429 (rate limited), retrying in 0.01 s (try 3 of 5)",
+    ]
