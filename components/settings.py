@@ -27,14 +27,14 @@ IPV6_MIN_PREFIX = 48
 _REGION = re.compile(r"^[A-Z0-9][A-Z0-9-]{0,39}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
 
-# Examples in error messages: what a user would type to fix each key.
+# Examples in error messages: the value a user would type to fix each key (`--secret` is added for SECRET_KEYS).
 EXAMPLES: dict[str, str] = {
     "operatorCidr": "203.0.113.7/32",
     "topology": "h100x4-sglang",
     "modelRevision": catalog.KIMI_K31_PRO.default_revision,
     "sshPublicKey": '"$(cat ~/.ssh/kimi-deploy.pub)"',
-    "sshPrivateKey": "--secret < ~/.ssh/kimi-deploy",
-    "hfToken": "--secret hf_...",
+    "sshPrivateKey": "< ~/.ssh/kimi-deploy",
+    "hfToken": "hf_...",
     "region": "CANADA-1",
     "regions": '\'["CANADA-1", "NORWAY-1"]\'',
     "flavor": "n3-H100x8-NVLink",
@@ -53,10 +53,8 @@ class SettingsError(ValueError):
 
 
 def _how_to_set(key: str) -> str:
-    example = EXAMPLES.get(key, "VALUE")
-    if example.startswith("--secret"):
-        return f"set it with: pulumi config set {NAMESPACE}:{key} {example}"
-    return f"set it with: pulumi config set {NAMESPACE}:{key} {example}"
+    secret = "--secret " if key in SECRET_KEYS else ""
+    return f"set it with: pulumi config set {secret}{NAMESPACE}:{key} {EXAMPLES.get(key, 'VALUE')}"
 
 
 class Settings(BaseModel):
@@ -478,19 +476,31 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
     """Inside a Pulumi program: validate every kimi-cluster key; return settings and the secret Outputs."""
     import pulumi
-    from pulumi.runtime import config as runtime_config
 
     cfg = pulumi.Config(NAMESPACE)
     raw: dict[str, Any] = {}
     prefix = NAMESPACE + ":"
-    for full_key in list(runtime_config.CONFIG.get().keys()):
+    for full_key in _stack_config_keys():
         if full_key.startswith(prefix):
             key = full_key[len(prefix):]
             # Secrets are read through get_secret below; here only the SSH key's shape is checked (the text is not
             # kept), so an encrypted key or a public one is refused before anything is billed.
             if key == "sshPrivateKey":
-                raw[key] = runtime_config.get_config(full_key) or True
+                raw[key] = pulumi.runtime.get_config(full_key) or True
             else:
                 raw[key] = True if key in SECRET_KEYS else cfg.get(key)
     secrets = {key: cfg.get_secret(key) for key in SECRET_KEYS}
     return load_settings(raw, pulumi.get_stack()), secrets
+
+
+def _stack_config_keys() -> list[str]:
+    """Every key set in the stack's config, namespaced ("kimi-cluster:region").
+
+    pulumi.Config reads one key by name, and the SDK exports no way to list them; but a misspelt key must be
+    refused, not silently ignored. The SDK holds the whole config in `pulumi.runtime.config.CONFIG`, a ContextVar
+    the language host fills before the program runs, which `pulumi.runtime` does not export. This is the one place
+    that reads it, so an SDK change breaks here alone.
+    """
+    from pulumi.runtime import config as runtime_config
+
+    return list(runtime_config.CONFIG.get().keys())
