@@ -2,6 +2,10 @@
 
 The endpoint's API key is made this way so that `pulumi up` never serves an unauthenticated endpoint and the key
 survives re-runs without pulling in another provider plugin.
+
+Stable names: state records each provider pickled by reference (module path + class name), and `destroy`
+of an existing stack unpickles it from there. Never rename or move this module (`components.generated_secret`) or
+`_GeneratedSecretProvider`.
 """
 
 from __future__ import annotations

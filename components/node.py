@@ -316,6 +316,8 @@ class Readiness(pulumi.ComponentResource):
 # ---- the node's SSH host key ----------------------------------------------------------------------------------------
 
 
+# Stable names: state records this provider as `components.node._HostKeyProvider` (pickled by reference) and
+# `destroy` of an existing stack unpickles it from there. Never rename or move it.
 class _HostKeyProvider(dyn.ResourceProvider):
     """Makes one ed25519 host key at create time; stateless, and everything it needs is imported inside."""
 

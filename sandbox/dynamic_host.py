@@ -4,9 +4,10 @@ Providers are unpickled from `__provider` and called in that separate process, a
 so a provider that only works inside the program's process fails here too.
 
 The host needs no engine address: it serves the ResourceProvider gRPC service on a loopback port it prints on
-stdout. It is launched with the program directory as cwd (so modules the provider was pickled by reference from
-import the same way), with PULUMI_PROJECT/PULUMI_STACK/PULUMI_CONFIG set, and configured with the full namespaced
-stack config (the engine's behaviour for dynamic providers since pulumi#17229). Like the real engine, secrets are
+stdout. It is launched with the program directory as cwd, as the real engine does, with PULUMI_PROJECT/PULUMI_STACK
+set and no program config in its environment, and configured with the full namespaced stack config (the engine's
+behaviour for dynamic providers since pulumi#17673). The providers it unpickles by reference are imported through
+the project's editable install (pyproject.toml). Like the real engine, secrets are
 stripped before each call because the host's Configure answers acceptSecrets=False, and outputs are re-marked
 secret where the same-named input was secret.
 """
@@ -14,7 +15,6 @@ secret where the same-named input was secret.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import queue
 import signal
@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -54,6 +55,24 @@ def _die_with_parent() -> None:
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "(no detail)"
+
+
+# Set by the language host for the program only; a plugin process never sees the program's config through them.
+_PROGRAM_ONLY_ENV = ("PULUMI_CONFIG", "PULUMI_CONFIG_SECRET_KEYS")
+_INSTALL_HINT = ("the provider host imports each provider by its module name; install the project into the venv "
+                 "the host runs from: .venv/bin/pip install -e .")
+
+
+def host_environment(base: Mapping[str, str], project: str, stack: str) -> dict[str, str]:
+    """The environment the engine starts the host with: the engine's own, plus project and stack, no config.
+
+    The real engine passes a plugin only the config of its own package namespace (`pulumi-python` has none), so a
+    provider that reads `pulumi.Config()` or PULUMI_CONFIG sees nothing; stack config arrives only through
+    Configure. Stripping them here makes a provider that relies on them fail in the sandbox as it would for real.
+    """
+    env = {k: v for k, v in base.items() if k not in _PROGRAM_ONLY_ENV}
+    env.update({"PULUMI_PROJECT": project, "PULUMI_STACK": stack, "PYTHONUNBUFFERED": "1"})
+    return env
 
 
 class DynamicProviderHost:
@@ -89,14 +108,7 @@ class DynamicProviderHost:
         """Launch the host without waiting for it; call from the main thread (the parent-death signal is per thread)."""
         if self._proc is not None:
             return
-        env = dict(os.environ)
-        env.update({
-            "PULUMI_PROJECT": self._project,
-            "PULUMI_STACK": self._stack,
-            "PULUMI_CONFIG": self._config.env_json(),
-            "PULUMI_CONFIG_SECRET_KEYS": json.dumps(sorted(self._config.secret_keys)),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env = host_environment(os.environ, self._project, self._stack)
         self._proc = subprocess.Popen(
             [self._python, "-u", "-m", "pulumi.dynamic"],
             cwd=self._program_dir,
@@ -209,7 +221,10 @@ class DynamicProviderHost:
                 raise ProviderError(self._exit_detail()) from None
             details = exc.details() or str(code)
             # The host sends the provider's traceback; its last line is the exception, the reason.
-            raise ProviderError(_last_line(details), details) from None
+            reason = _last_line(details)
+            if "ModuleNotFoundError" in reason:
+                reason = f"{reason} ({_INSTALL_HINT})"
+            raise ProviderError(reason, details) from None
 
     def check(self, call: Call, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
         resp = self._invoke("check", call, "Check", provider_pb2.CheckRequest(

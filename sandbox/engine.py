@@ -368,7 +368,8 @@ def spawn(operation: str, settings: EngineSettings, result_file: Path | None = N
     if result_file is not None:
         argv += ["--result-file", str(result_file)]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    # No PYTHONPATH of ours: the program and Pulumi's provider host import the project through its editable
+    # install (pyproject.toml), as they must under the Pulumi CLI.
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
         argv, cwd=_REPO_ROOT, env=env, text=True,

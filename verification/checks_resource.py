@@ -4,22 +4,17 @@ runs the endpoint checks; a failed required check raises, so `pulumi up` fails n
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from typing import Any, Mapping, Optional, Sequence
 
-# dill pickles the provider by reference to this module's top-level name, and the dynamic provider
-# host imports it cold from the project directory; the checks live in `components`, one level up.
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO_ROOT not in sys.path:
-    sys.path.insert(0, _REPO_ROOT)
+import pulumi
+import pulumi.dynamic as dynamic
+from pulumi.output import Unknown
 
-import pulumi  # noqa: E402
-import pulumi.dynamic as dynamic  # noqa: E402
-from pulumi.output import Unknown  # noqa: E402
-
-from components.verification import (  # noqa: E402
+# dill pickles the provider by reference to this module's top-level name, `checks_resource`, and the dynamic
+# provider host imports it cold; `pip install -e .` (pyproject.toml) puts verification/ and the repository root,
+# where `components` lives, on the venv's sys.path, whatever directory the host starts in.
+from components.verification import (
     CHECK_NAMES,
     DEFAULT_TIMEOUT_S,
     STACK_REPLACE_KEYS,
@@ -57,6 +52,8 @@ def _run(props: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
+# Module and class names are part of the state: the pickled provider names `checks_resource.VerificationProvider`,
+# and `destroy` of an existing stack unpickles it. Renaming or moving either breaks that destroy.
 class VerificationProvider(dynamic.ResourceProvider):
     """Stateless: the key arrives with each call's inputs and is not kept or returned."""
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
-import checks_resource  # first: it puts the repository root on sys.path
+import checks_resource
 from components.verification import CHECK_NAMES, DEFAULT_TIMEOUT_S, select_checks
 
 PROJECT = "kimi-cluster-verification"

@@ -9,6 +9,10 @@ would make every rule a child of one shared object whose VM set is written by `a
 replace semantics ("any firewalls not included will be detached"): a rule change would rewrite shared state and a
 partial failure could detach protection from a running VM. Per-VM rules cost one API call per rule and node, a few
 dozen calls for a cluster, well inside the 500 requests/minute budget.
+
+Stable names: state records each provider pickled by reference (module path + class name), and `destroy`
+of an existing stack unpickles it from there. Never rename or move this module (`components.hyperstack.providers`) or its
+`*Provider` classes.
 """
 
 from __future__ import annotations
