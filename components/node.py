@@ -357,12 +357,17 @@ class NodeHostKey(dyn.Resource, module="kimi", name="NodeHostKey"):
 
 
 def host_key_cloud_config(private_key: str, public_key: str) -> str:
-    """cloud-init user_data installing this host key as the VM's only one, so the pinned key is the one offered."""
+    """cloud-init user_data installing this host key as the VM's only one, so the pinned key is the one offered.
+
+    `ssh_deletekeys` removes the image's host keys; with `ssh_keys` given, cloud-init's cc_ssh writes only that
+    pair and never reads `ssh_genkeytypes` (which must not be `[]` anyway: its schema has minItems 1, and an
+    invalid user_data leaves `cloud-init status` at "degraded"). tests/node/test_user_data.py runs cloud-init's
+    own validator on what the program produces for every node.
+    """
     indented = "\n".join("    " + line for line in private_key.strip().splitlines())
     return (
         "#cloud-config\n"
         "ssh_deletekeys: true\n"
-        "ssh_genkeytypes: []\n"
         "ssh_keys:\n"
         "  ed25519_private: |\n"
         f"{indented}\n"

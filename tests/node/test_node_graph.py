@@ -158,7 +158,8 @@ def test_host_key_helper_gives_secret_user_data_and_the_public_key_to_pin():
     res, (user_data, public, is_secret) = run(program)
     assert is_secret and public == FAKE_HOST_PUBLIC_KEY
     assert "ssh_keys:\n  ed25519_private: |\n    -----BEGIN OPENSSH PRIVATE KEY-----" in user_data
-    assert "ssh_genkeytypes: []" in user_data and f"ed25519_public: {FAKE_HOST_PUBLIC_KEY}" in user_data
+    assert "ssh_deletekeys: true\n" in user_data and f"ed25519_public: {FAKE_HOST_PUBLIC_KEY}" in user_data
+    assert "ssh_genkeytypes" not in user_data  # never read when ssh_keys is given; `[]` fails the schema
     key = res["kimi-node0-host-key"]
     assert "private_key" in key.secret_outputs
 
