@@ -3,14 +3,19 @@
 Everything is validated before the first resource is registered, so bad config costs nothing.
 """
 
+import os
+
 import pulumi
 
 from components.cluster import InferenceCluster
 from components.pricing import program_quote
 from components.settings import NAMESPACE, SettingsError, placeholders, settings_from_pulumi
+from components.ssh_agent import dead_agent_socket
 
 settings, secrets = settings_from_pulumi()
 problems = placeholders(settings)
+if (dead_agent := dead_agent_socket(os.environ)) is not None:
+    problems.append(dead_agent)
 if secrets["sshPrivateKey"] is None:
     problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
                     f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, \"Real use\")")

@@ -23,6 +23,7 @@ from components.settings import Settings
 GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
+ALL_STEPS = (*STEPS, "readiness")  # every step that runs on a node; each has a deadline (Timing.deadline_s)
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
 WEIGHTS_UNIT = "kimi-weights"
 CHECK_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "check_download.py"
@@ -32,6 +33,13 @@ SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for read
 # after about 11 s of refused connections. 120 dials with its capped backoff wait about 10 minutes.
 DIAL_ERROR_LIMIT = 120
 PER_DIAL_TIMEOUT_S = 30
+# What custom_timeouts add to a step's node-side deadline: pulumi-command applies them to the dial only (a running
+# command is never stopped by them), so they must outlast the ~10 minutes of refused dials allowed above.
+DIAL_ALLOWANCE_S = 15 * 60
+# Exit codes of coreutils `timeout`: the deadline passed (TERM), or the step ignored TERM and was KILLed.
+TIMEOUT_EXIT, KILLED_EXIT = 124, 137
+# How long a step has to exit after TERM before `timeout` KILLs it.
+KILL_AFTER_S = 30
 
 SUMMARIES = {
     "ready": "wait for SSH and cloud-init, count the GPUs, find the private interface",
@@ -60,12 +68,46 @@ class Timing:
     log_tail: int = 100
     download_timeout_s: int | None = None  # default: settings.download_timeout_minutes
     readiness_timeout_s: int | None = None  # default: settings.readiness_timeout_minutes
+    # Node-side deadlines of the steps without a long wait of their own (see deadline_s).
+    storage_timeout_s: int = 1800  # a docker prune and restart on a fresh VM
+    check_timeout_s: int = 3 * 3600  # reading (with verifySha256: hashing) 1.5 TB
+    launch_timeout_s: int = 900  # removing the old container, starting the new one, the settle check
+    # Beyond a step's own waits: installing tools, writing files, printing the log tail on failure.
+    deadline_slack_s: int = 300
 
     def download_s(self, settings: Settings) -> int:
         return self.download_timeout_s or settings.download_timeout_minutes * 60
 
     def readiness_s(self, settings: Settings) -> int:
         return self.readiness_timeout_s or settings.readiness_timeout_minutes * 60
+
+    def deadline_s(self, step: str, settings: Settings) -> int:
+        """How long `step` may run on the node before it is stopped there; its custom_timeouts derive from this.
+
+        pulumi-command never stops a running command (custom_timeouts cut short only the dial), so a hung script
+        would hang `pulumi up` for good: every step runs under `timeout` with this deadline (remote_command_text).
+        Each default outlasts the step's own waits; kimi-cluster:stepDeadlineMinutes overrides it per step.
+        """
+        override = settings.step_deadline_minutes.get(step)
+        if override:
+            return max(1, round(override * 60))
+        slack = self.deadline_slack_s
+        defaults = {
+            "ready": self.cloud_init_timeout_s + self.gpu_timeout_s + slack,
+            "storage": self.storage_timeout_s + self.docker_timeout_s,
+            "image": self.pull_attempts * (self.pull_timeout_s + self.pull_backoff_s * self.pull_attempts) + slack,
+            "weights": self.download_s(settings) + 6 * slack,  # also installs huggingface_hub on the node
+            "check": self.check_timeout_s,
+            "launch": self.launch_timeout_s + round(self.settle_seconds),
+            "readiness": self.readiness_s(settings) + slack,
+        }
+        if step not in defaults:
+            raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")
+        return defaults[step]
+
+    def custom_timeout(self, step: str, settings: Settings) -> str:
+        """The step's custom_timeouts (create and update), as a Go duration: its deadline plus the dial allowance."""
+        return f"{-(-(self.deadline_s(step, settings) + DIAL_ALLOWANCE_S) // 60)}m"
 
 
 # ---- rendering (pure) ----------------------------------------------------------------------------------------------
@@ -152,19 +194,33 @@ def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_pri
     return scripts
 
 
-def remote_command_text(step: str, script: str, vm_id: str | int | None = None) -> str:
-    """What pulumi-command runs over SSH: keep the script in ~/.kimi-cluster, then run it as root.
+def remote_command_text(step: str, script: str, *, deadline_s: int, vm_id: str | int | None = None) -> str:
+    """What pulumi-command runs over SSH: keep the script in ~/.kimi-cluster, then run it as root within its deadline.
 
     The script travels base64-encoded so no quoting can break it; it holds no secret (those arrive on stdin, which
-    `exec sudo` hands to the script untouched), so printing this text on failure reveals nothing. Naming the VM
-    makes a replaced VM run the whole chain again, even if it comes back with the same address.
+    sudo and `timeout` hand to the script untouched), so printing this text on failure reveals nothing. Naming the
+    VM makes a replaced VM run the whole chain again, even if it comes back with the same address.
+
+    The deadline is enforced on the node, by coreutils `timeout`: pulumi-command never stops a running command, so
+    this is the only thing that ends a hung step. `timeout` runs the script in its own process group and signals
+    the whole group (TERM, then KILL after KILL_AFTER_S), so whatever the step started in the background goes too.
     """
     blob = base64.b64encode(script.encode()).decode()
     path = f"{SCRIPT_DIR}/{step}.sh"
     on_vm = f" on VM {vm_id}" if vm_id is not None else ""
+    deadline = int(deadline_s)
+    if deadline < 1:
+        raise ValueError(f"step {step}: deadline {deadline_s!r} s must be at least 1 s")
+    expired = (f"kimi-cluster step {step} ran out of its {deadline} s deadline on the node and was stopped "
+               f"(raise it with kimi-cluster:stepDeadlineMinutes)")
     return (
-        f"# kimi-cluster step {step}{on_vm}: {SUMMARIES[step]} (script kept at {path})\n"
-        f"set -e; mkdir -p {SCRIPT_DIR}; printf %s '{blob}' | base64 -d > {path}; exec sudo -n bash {path}"
+        f"# kimi-cluster step {step}{on_vm}: {SUMMARIES[step]} (script kept at {path}, deadline {deadline} s)\n"
+        f"set -e; mkdir -p {SCRIPT_DIR}; printf %s '{blob}' | base64 -d > {path}; set +e; t0=$(date +%s)\n"
+        f"sudo -n timeout --kill-after={KILL_AFTER_S} {deadline} bash {path}; rc=$?\n"
+        # POSIX sh: the login shell pulumi-command runs this in need not be bash.
+        f"if [ $rc -eq {TIMEOUT_EXIT} ] || {{ [ $rc -eq {KILLED_EXIT} ] && [ $(( $(date +%s) - t0 )) -ge {deadline} ]; }}; "
+        f"then echo '{expired}' >&2; fi\n"
+        f"exit $rc"
     )
 
 
@@ -185,15 +241,16 @@ def node_connection(host: pulumi.Input[str], user: str, private_key: pulumi.Inpu
     )
 
 
-def _minutes(seconds: int, slack_minutes: int) -> str:
-    return f"{seconds // 60 + slack_minutes}m"
-
-
 class GpuNode(pulumi.ComponentResource):
     """The bring-up chain of one node. `launched` is the launch command, for whatever must come after it.
 
-    What re-runs what: each command re-runs only when its own text or stdin changes. A new image or engine flag
-    changes the pull and the launch; a new revision changes weights, check and launch; nothing here replaces a VM.
+    What re-runs what: pulumi-command replaces a command only when its `triggers` change (none are set here); any
+    other changed input is an update, and an update re-runs `create`. That is its text or stdin, and also its
+    `connection`: a rotated SSH key, a new sshUser or a new address re-runs every step of the chain. So each step is
+    idempotent and cheap on a healthy node: storage changes nothing, the pull finds the image, the download finds
+    every file, the launch leaves an engine with the same configuration running (same container, same process).
+    A new image or engine flag changes the pull and the launch; a new revision changes weights, check and launch;
+    nothing here replaces a VM.
     """
 
     launched: remote.Command
@@ -220,6 +277,8 @@ class GpuNode(pulumi.ComponentResource):
     ) -> None:
         super().__init__(GPU_NODE_TYPE, name, None, opts)
         self._name = name
+        self._settings = settings
+        self._timing = timing
         self._vm_id = pulumi.Output.from_input(vm_id)
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         scripts = pulumi.Output.all(private_ip, head_private_ip).apply(
@@ -230,25 +289,24 @@ class GpuNode(pulumi.ComponentResource):
         # Children do not inherit the component's depends_on (e.g. the firewall rule that lets SSH in).
         caller_deps = opts.depends_on if opts is not None else None
 
-        ready = self._step("ready", scripts, caller_deps, timeout=_minutes(
-            timing.cloud_init_timeout_s + timing.gpu_timeout_s, 20))
+        ready = self._step("ready", scripts, caller_deps)
         storage = self._step("storage", scripts, [ready])
         # The pull and the download both need the storage disk, not each other: they run side by side.
-        image = self._step("image", scripts, [storage], timeout=_minutes(
-            timing.pull_attempts * (timing.pull_timeout_s + timing.pull_backoff_s * timing.pull_attempts), 10))
-        weights = self._step("weights", scripts, [storage], stdin=token,
-                             timeout=_minutes(timing.download_s(settings), 30))
-        check = self._step("check", scripts, [weights], stdin=token, timeout="180m")
+        image = self._step("image", scripts, [storage])
+        weights = self._step("weights", scripts, [storage], stdin=token)
+        check = self._step("check", scripts, [weights], stdin=token)
         self.launched = self._step("launch", scripts, [check, image, *launch_after], stdin=key)
         self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check,
                          "launch": self.launched}
         self.register_outputs({"launched": self.launched.id, "launch_stdout": self.launched.stdout})
 
     def _step(self, step: str, scripts: pulumi.Output[dict[str, str]], depends_on: Any,
-              stdin: pulumi.Output[str] | None = None, timeout: str | None = None) -> remote.Command:
+              stdin: pulumi.Output[str] | None = None) -> remote.Command:
+        deadline = self._timing.deadline_s(step, self._settings)
         create = pulumi.Output.all(scripts, self._vm_id).apply(
-            lambda a: remote_command_text(step, a[0][step], vm_id=a[1]))
-        return _command(self, f"{self._name}-{step}", create, self._connection, depends_on, stdin, timeout)
+            lambda a: remote_command_text(step, a[0][step], deadline_s=deadline, vm_id=a[1]))
+        return _command(self, f"{self._name}-{step}", create, self._connection, depends_on, stdin,
+                        self._timing.custom_timeout(step, self._settings))
 
 
 def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -258,7 +316,7 @@ def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
 
 def _command(parent: pulumi.Resource, name: str, create: pulumi.Input[str],
              connection: remote.ConnectionArgs, depends_on: Any, stdin: pulumi.Output[str] | None,
-             timeout: str | None) -> remote.Command:
+             timeout: str) -> remote.Command:
     return remote.Command(
         name,
         connection=connection,
@@ -273,7 +331,8 @@ def _command(parent: pulumi.Resource, name: str, create: pulumi.Input[str],
             depends_on=depends_on,
             # pulumi-command echoes its inputs into its state; keep the secret stdin encrypted there too.
             additional_secret_outputs=["stdin"] if stdin is not None else None,
-            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout) if timeout else None,
+            # They only bound the dial (see DIAL_ALLOWANCE_S); the deadline that ends a hung step is on the node.
+            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
         ),
     )
 
@@ -304,10 +363,11 @@ class Readiness(pulumi.ComponentResource):
         super().__init__(READINESS_TYPE, name, None, opts)
         script = render_step(settings, "readiness", 0, "<unused>", "<unused>", timing)
         self.command = _command(
-            self, f"{name}-wait", remote_command_text("readiness", script),
+            self, f"{name}-wait",
+            remote_command_text("readiness", script, deadline_s=timing.deadline_s("readiness", settings)),
             node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),
             opts.depends_on if opts is not None else None, _stdin_secret(api_key),
-            _minutes(timing.readiness_s(settings), 15),
+            timing.custom_timeout("readiness", settings),
         )
         self.stdout = self.command.stdout
         self.register_outputs({"stdout": self.stdout})

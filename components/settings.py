@@ -98,6 +98,8 @@ class Settings(BaseModel):
     download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
     download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1)
     readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1)
+    # Per-step override of the node-side deadline (components.node.Timing.deadline_s), e.g. {"image": 120}.
+    step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
     verify_sha256: bool = Field(False, alias="verifySha256")
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint", pattern=r"^https?://[^\s'\"]+$")
 
@@ -182,6 +184,26 @@ class Settings(BaseModel):
     def _region(cls, v: str) -> str:
         if not _REGION.match(v):
             raise ValueError(f"{v!r} is not a Hyperstack region name such as CANADA-1")
+        return v
+
+    @field_validator("step_deadline_minutes", mode="before")
+    @classmethod
+    def _step_deadlines(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'') from None
+        if not isinstance(v, dict):
+            raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'')
+        # Imported here: components.node imports this module, and its step list is the one that counts.
+        from components.node import ALL_STEPS
+
+        for step, minutes in v.items():
+            if step not in ALL_STEPS:
+                raise ValueError(f"{step!r} is not a node step; steps are {', '.join(ALL_STEPS)}")
+            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+                raise ValueError(f"{step}: {minutes!r} is not a positive number of minutes")
         return v
 
     @field_validator("node_root", "storage_path")

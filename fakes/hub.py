@@ -95,6 +95,7 @@ class FakeHub:
         self.token = token
         self.faults = faults or Faults()
         self.requests: list[tuple[str, str, str]] = []  # (method, path, range header)
+        self.body_bytes = 0  # file bytes sent (GET bodies), for tests proving a re-run downloads nothing
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer((host, port), _handler(self))
         self.server.daemon_threads = True
@@ -162,6 +163,9 @@ class FakeHub:
         return out
 
 
+STATS_PATH = "/_fake/stats"
+
+
 def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     api_info = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
     api_tree = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/tree/(?P<rev>[^/]+)(?:/.*)?$")
@@ -222,6 +226,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802
             url = urlsplit(self.path)
+            if url.path == STATS_PATH:
+                # The fake's own counters (not a hub route): what a test reads of a hub running as a service.
+                with hub.lock:
+                    self._json({"requests": len(hub.requests), "body_bytes": hub.body_bytes})
+                return
             with hub.lock:
                 hub.requests.append((self.command, url.path, self.headers.get("Range", "")))
             if m := api_tree.match(url.path):
@@ -274,6 +283,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if self.command == "GET" and hub.take(hub.faults.short, f.path):
                 # A consistent but short answer: the client's size check must catch it.
                 self._send(status, data[: len(data) // 2], headers)
+                with hub.lock:
+                    hub.body_bytes += len(data) // 2
                 return
             if self.command == "HEAD":
                 self._send(status, b"", headers, length=len(data))
@@ -288,7 +299,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             step = 4096 if hub.faults.bytes_per_second else 1 << 20
             try:
                 for i in range(0, limit, step):
-                    self.wfile.write(data[i:min(i + step, limit)])
+                    chunk = data[i:min(i + step, limit)]
+                    self.wfile.write(chunk)
+                    with hub.lock:
+                        hub.body_bytes += len(chunk)
                     if hub.faults.bytes_per_second:
                         self.wfile.flush()
                         time.sleep(step / hub.faults.bytes_per_second)

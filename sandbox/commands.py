@@ -72,7 +72,12 @@ def kill_tree(pid: int) -> None:
 
 
 class CommandRunner:
-    """The pulumi-command provider's behaviour (v1.x): create/update/delete scripts, stdin, env, triggers."""
+    """The pulumi-command provider's behaviour (v1.x): create/update/delete scripts, stdin, env, triggers.
+
+    As in pulumi-command: only `triggers` replace; any other changed input (the script, stdin, and the whole
+    `connection`) is an update, which re-runs `create` when there is no `update` script; customTimeouts never stop
+    a running command.
+    """
 
     def __init__(
         self,
@@ -232,12 +237,10 @@ class CommandRunner:
                 reader.start()
             if stdin_text:
                 threading.Thread(target=self._feed, args=(proc, stdin_text), daemon=True).start()
-            try:
-                code = proc.wait(timeout=call.timeout)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc.pid)
-                proc.wait(timeout=10)
-                raise ProviderError(f"{op} command did not finish within {call.timeout:.0f}s and was killed") from None
+            # No deadline here, as in pulumi-command: customTimeouts bound only its SSH dial, and a running command
+            # is never stopped by them. A hung command hangs the run until it ends by itself (a node step's own
+            # deadline, see components.node.remote_command_text) or the engine is stopped (kill_all).
+            code = proc.wait()
             for reader in readers:
                 reader.join(timeout=_PIPE_DRAIN_SECONDS)
         finally:

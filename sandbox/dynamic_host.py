@@ -212,11 +212,11 @@ class DynamicProviderHost:
     def _invoke(self, what: str, call: Call, method_name: str, request: Any) -> Any:
         stub = self._connect()
         try:
-            return getattr(stub, method_name)(request, timeout=call.timeout)
+            # No gRPC deadline: the real engine sets none on a provider call (it passes customTimeouts in the
+            # request's `timeout` field, which the Python host ignores). Providers bound their own waits.
+            return getattr(stub, method_name)(request)
         except grpc.RpcError as exc:
             code = exc.code()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise ProviderError(f"the provider's {what} did not finish within {call.timeout:.0f}s") from None
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise ProviderError(self._exit_detail()) from None
             details = exc.details() or str(code)

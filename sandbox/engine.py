@@ -41,6 +41,13 @@ STATE_FILE = "state.json"
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+# The engine's defaults, declared once (EngineSettings, run_up/run_destroy and the command line use these).
+DEFAULT_PARALLEL = 64  # resource steps at once (the Pulumi CLI's --parallel default is unbounded; 64 is plenty)
+# The engine's own patience for one provider operation (waiting out steps still running after a program error, or
+# a stuck delete). No provider call or command is cut off at it: the real engine sets no deadline on either.
+DEFAULT_OPERATION_TIMEOUT_S = 3600.0
+DEFAULT_DEADLINE_S = 6 * 3600.0  # the whole program run of an `up`
+
 
 class SandboxError(Exception):
     """The sandbox engine could not do what was asked; the message says what and why."""
@@ -67,11 +74,9 @@ class EngineSettings:
     node_env: Mapping[str, str] = field(default_factory=dict)
     # Stack reference name -> workdir of the sandbox run that holds that stack.
     stack_references: Mapping[str, str] = field(default_factory=dict)
-    parallel: int = 64
-    # Deadline of one provider operation (a command, a dynamic provider call) without customTimeouts.
-    operation_timeout: float = 3600.0
-    # Deadline of the whole program run (up) in the engine.
-    deadline: float = 6 * 3600.0
+    parallel: int = DEFAULT_PARALLEL
+    operation_timeout: float = DEFAULT_OPERATION_TIMEOUT_S
+    deadline: float = DEFAULT_DEADLINE_S
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -211,33 +216,41 @@ class Engine:
     def _up(
         self, project: Project, config: StackConfig, state: StateFile, deployment: Deployment, started: float
     ) -> dict[str, Any]:
+        """The phases of an update: run the program (registering performs each step), settle, report."""
+        self._console.line(f"Updating {project.name}/{self._settings.stack} with the sandbox engine "
+                           f"(state: {state.path})")
+        run = self._run_program(project, config, deployment)
+        # After a clean run only: delete what the program no longer declares, save the outputs.
+        ok = run.ok(deployment) and deployment.finish_up()
+        self._report_up(ok, run, state, deployment, started)
+        return self._outcome(ok, deployment, self._console.mask(run.error) if run.error else None)
+
+    def _run_program(self, project: Project, config: StackConfig, deployment: Deployment) -> _ProgramRun:
+        """Phase 1: the program runs to its end; then wait for steps still running (after a program error)."""
         settings = self._settings
         refs = {name: Path(where) for name, where in settings.stack_references.items()}
         monitor = SandboxMonitor(deployment, project.name, settings.stack, self._console, refs)
-        log = EngineLog(self._console)
-        self._console.line(f"Updating {project.name}/{settings.stack} with the sandbox engine (state: {state.path})")
-        drained = True
+        run = _ProgramRun(EngineLog(self._console))
 
         def drain() -> None:
-            nonlocal drained
-            drained = deployment.drain(settings.operation_timeout + 120)
+            run.drained = deployment.drain(settings.operation_timeout + 120)
 
-        program_error: BaseException | None = None
         try:
-            run_program(project, settings.stack, config, monitor, log, settings.parallel, settings.deadline,
+            run_program(project, settings.stack, config, monitor, run.log, settings.parallel, settings.deadline,
                         before_close=drain)
         except Exception as exc:  # noqa: BLE001 - reported below, the run fails
-            program_error = exc
-        program_failed = program_error is not None and not _caused_by_step(program_error)
-        if program_failed:
-            assert program_error is not None
-            self._report_program_error(program_error, project.program_dir)
-        if not drained:
+            run.program_error = exc
+        if run.program_failed:
+            assert run.program_error is not None
+            self._report_program_error(run.program_error, project.program_dir)
+        if not run.drained:
             self._console.error("some resource steps were still running at the deadline; their results are lost")
-        ok = program_error is None and not deployment.failures and not log.errors and drained
-        if ok:
-            ok = deployment.finish_up()
-        else:
+        return run
+
+    def _report_up(self, ok: bool, run: _ProgramRun, state: StateFile, deployment: Deployment,
+                   started: float) -> None:
+        """Phase 2: outputs on success, each failure and its reason otherwise, and the summary line."""
+        if not run.ok(deployment):
             leftovers = [r for r in state.snapshot() if r.delete or r.urn not in set(deployment.registered)]
             if leftovers:
                 self._console.line(f"  (not deleting {len(leftovers)} resource(s) the program no longer declares: "
@@ -249,21 +262,12 @@ class Engine:
                 for key in sorted(outputs):
                     self._console.line(f"    {key}: {props.render(outputs[key])}")
         self._summary(deployment, started)
-        error = None
-        if program_failed:
-            assert program_error is not None
-            error = f"the program failed: {_one_line(program_error)}"
-        elif not drained:
-            error = "steps still running at the deadline"
-        elif log.errors:
-            error = f"the program logged an error: {log.errors[0].splitlines()[0] if log.errors[0] else ''}"
         if not ok:
             self._console.error("update failed")
             for failure in deployment.failures:
                 self._console.line(indent_rest(f"    {failure.describe()}", "      "))
-            if error:
-                self._console.line(f"    {error}")
-        return self._outcome(ok, deployment, self._console.mask(error) if error else None)
+            if run.error:
+                self._console.line(f"    {run.error}")
 
     def _report_program_error(self, exc: BaseException, program_dir: Path) -> None:
         if isinstance(exc, (pulumi.RunError, ProgramTimeout)):
@@ -307,6 +311,35 @@ class Engine:
                 self._close()
 
 
+@dataclass
+class _ProgramRun:
+    """How the program run of an `up` ended: its error (if any), logged errors, whether every step finished."""
+
+    log: EngineLog
+    program_error: BaseException | None = None
+    drained: bool = True
+
+    @property
+    def program_failed(self) -> bool:
+        """The program itself failed (not just a failed step surfacing through the SDK, already reported)."""
+        return self.program_error is not None and not _caused_by_step(self.program_error)
+
+    def ok(self, deployment: Deployment) -> bool:
+        return self.program_error is None and not deployment.failures and not self.log.errors and self.drained
+
+    @property
+    def error(self) -> str | None:
+        """One line for the outcome: why the run failed beyond its failed steps."""
+        if self.program_failed:
+            assert self.program_error is not None
+            return f"the program failed: {_one_line(self.program_error)}"
+        if not self.drained:
+            return "steps still running at the deadline"
+        if self.log.errors:
+            return f"the program logged an error: {self.log.errors[0].splitlines()[0] if self.log.errors[0] else ''}"
+        return None
+
+
 def _caused_by_step(exc: BaseException) -> bool:
     """Whether a program error is just a failed/skipped step surfacing through the SDK (already reported)."""
     seen: set[int] = set()
@@ -330,18 +363,20 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _settings(
+    *,
     project_dir: str | Path,
     stack: str,
     workdir: str | Path,
-    config_overrides: Mapping[str, Any] | None,
-    secret_overrides: Mapping[str, Any] | None,
-    node_path_prefix: Sequence[str | Path],
-    node_env: Mapping[str, str] | None,
-    stack_references: Mapping[str, str | Path] | None,
-    parallel: int,
-    operation_timeout: float,
-    deadline: float,
+    config_overrides: Mapping[str, Any] | None = None,
+    secret_overrides: Mapping[str, Any] | None = None,
+    node_path_prefix: Sequence[str | Path] = (),
+    node_env: Mapping[str, str] | None = None,
+    stack_references: Mapping[str, str | Path] | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    operation_timeout: float = DEFAULT_OPERATION_TIMEOUT_S,
+    deadline: float = DEFAULT_DEADLINE_S,
 ) -> EngineSettings:
+    """EngineSettings from caller-friendly values: paths resolved, structured config values as JSON."""
     return EngineSettings(
         project_dir=Path(project_dir).resolve(),
         stack=stack,
@@ -480,17 +515,19 @@ def run_up(
     *,
     secret_overrides: Mapping[str, Any] | None = None,
     stack_references: Mapping[str, str | Path] | None = None,
-    parallel: int = 64,
-    operation_timeout: float = 3600.0,
-    deadline: float = 6 * 3600.0,
+    parallel: int = DEFAULT_PARALLEL,
+    operation_timeout: float = DEFAULT_OPERATION_TIMEOUT_S,
+    deadline: float = DEFAULT_DEADLINE_S,
     echo: bool = True,
 ) -> UpResult:
     """`pulumi up` of the program in `project_dir` for `stack`, state in `<workdir>/state.json`.
 
     Raises DeploymentFailed (naming each failed resource and its reason) if anything failed.
     """
-    settings = _settings(project_dir, stack, workdir, config_overrides, secret_overrides, node_path_prefix,
-                         node_env, stack_references, parallel, operation_timeout, deadline)
+    settings = _settings(project_dir=project_dir, stack=stack, workdir=workdir, config_overrides=config_overrides,
+                         secret_overrides=secret_overrides, node_path_prefix=node_path_prefix, node_env=node_env,
+                         stack_references=stack_references, parallel=parallel,
+                         operation_timeout=operation_timeout, deadline=deadline)
     result, log = _run_child("up", settings, echo)
     if not result.get("ok"):
         _raise_failed("up", result, log)
@@ -505,14 +542,15 @@ def run_destroy(
     config_overrides: Mapping[str, Any] | None = None,
     *,
     secret_overrides: Mapping[str, Any] | None = None,
-    parallel: int = 64,
-    operation_timeout: float = 3600.0,
-    deadline: float = 6 * 3600.0,
+    parallel: int = DEFAULT_PARALLEL,
+    operation_timeout: float = DEFAULT_OPERATION_TIMEOUT_S,
+    deadline: float = DEFAULT_DEADLINE_S,
     echo: bool = True,
 ) -> DestroyResult:
     """`pulumi destroy`: delete all that `<workdir>/state.json` holds, dependents first, through the same providers."""
-    settings = _settings(project_dir, stack, workdir, config_overrides, secret_overrides, (), None, None,
-                         parallel, operation_timeout, deadline)
+    settings = _settings(project_dir=project_dir, stack=stack, workdir=workdir, config_overrides=config_overrides,
+                         secret_overrides=secret_overrides, parallel=parallel,
+                         operation_timeout=operation_timeout, deadline=deadline)
     result, log = _run_child("destroy", settings, echo)
     if not result.get("ok"):
         _raise_failed("destroy", result, log)
@@ -545,9 +583,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[str, EngineSettings, Path | None
     parser.add_argument("--node-path", action="append", metavar="DIR", help="prefix PATH of node commands")
     parser.add_argument("--node-env", action="append", metavar="KEY=VALUE", help="extra env of node commands")
     parser.add_argument("--stack-ref", action="append", metavar="NAME=WORKDIR", help="where a referenced stack lives")
-    parser.add_argument("--parallel", type=int, default=64)
-    parser.add_argument("--operation-timeout", type=float, default=3600.0, help="seconds per provider operation")
-    parser.add_argument("--deadline", type=float, default=6 * 3600.0, help="seconds for the whole program run")
+    parser.add_argument("--parallel", type=int, default=DEFAULT_PARALLEL)
+    parser.add_argument("--operation-timeout", type=float, default=DEFAULT_OPERATION_TIMEOUT_S,
+                        help="seconds the engine waits on one provider operation (never cuts it off)")
+    parser.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
+                        help="seconds for the whole program run")
     parser.add_argument("--request", metavar="FILE", help="settings as JSON ('-' for stdin) instead of the flags")
     parser.add_argument("--result-file", metavar="FILE", help="write the outcome as JSON here")
     args = parser.parse_args(argv)
@@ -558,9 +598,11 @@ def _parse(argv: Sequence[str] | None) -> tuple[str, EngineSettings, Path | None
     if not (args.project_dir and args.stack and args.workdir):
         parser.error("--project-dir, --stack and --workdir are required (or --request)")
     settings = _settings(
-        args.project_dir, args.stack, args.workdir, _pairs(args.config, "--config"),
-        _pairs(args.secret, "--secret"), args.node_path or (), _pairs(args.node_env, "--node-env"),
-        _pairs(args.stack_ref, "--stack-ref"), args.parallel, args.operation_timeout, args.deadline,
+        project_dir=args.project_dir, stack=args.stack, workdir=args.workdir,
+        config_overrides=_pairs(args.config, "--config"), secret_overrides=_pairs(args.secret, "--secret"),
+        node_path_prefix=args.node_path or (), node_env=_pairs(args.node_env, "--node-env"),
+        stack_references=_pairs(args.stack_ref, "--stack-ref"), parallel=args.parallel,
+        operation_timeout=args.operation_timeout, deadline=args.deadline,
     )
     return args.operation, settings, result_file
 

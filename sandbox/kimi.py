@@ -28,7 +28,7 @@ ENGINE_HOOK = REPO_ROOT / "fakes" / "node" / "engine_hook.py"
 STACK = "sandbox"
 CLUSTER_REF = f"organization/kimi-cluster/{STACK}"
 VERIFY_NS = "kimi-cluster-verification"
-TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm")
+TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "custom")  # custom: its shape keys come with --config
 DEFAULT_WORKDIR = ".sandbox"
 
 # The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
@@ -141,9 +141,14 @@ def stack_settings(topology: str, overrides: Mapping[str, str] | None = None) ->
     return load_settings(raw, STACK)
 
 
-def node_env(settings: Settings) -> dict[str, str]:
-    """How the fake nodes look: their disks, GPUs, addresses, free space, and the engine the docker stub starts."""
+def node_env(settings: Settings, faults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """How the fake nodes look: their disks, GPUs, addresses, free space, and the engine the docker stub starts.
+
+    FAKE_* variables of the caller's environment (`faults`, default os.environ) are passed on last: they are the
+    fake node's fault knobs (fakes/node/__init__.py), e.g. FAKE_HANG=nvidia-smi for a driver that never answers.
+    """
     disk = settings.storage_path.strip("/")
+    knobs = {k: v for k, v in (os.environ if faults is None else faults).items() if k.startswith("FAKE_")}
     return {
         "FAKE_NODE_DISKS": disk,
         "FAKE_DISK_AVAIL_BYTES": str(FAKE_DISK_BYTES),
@@ -156,6 +161,7 @@ def node_env(settings: Settings) -> dict[str, str]:
         # The hub and the engine are on loopback: a proxy from the caller's environment must not get in the way.
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
+        **knobs,
     }
 
 
@@ -259,6 +265,7 @@ class Sandbox:
 
     def _cluster_engine(self, record: Mapping[str, Any], settings: Settings) -> EngineSettings:
         config = {
+            **{f"{NAMESPACE}:{key}": value for key, value in (record.get("config") or {}).items()},
             f"{NAMESPACE}:topology": record["topology"],
             f"{NAMESPACE}:apiPort": str(record["api_port"]),
             f"{NAMESPACE}:hfEndpoint": record["hub_url"],
@@ -304,10 +311,13 @@ class Sandbox:
 
     # -- up --
 
-    def up(self, topology: str | None = None, echo: bool = True) -> int:
+    def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None) -> int:
+        """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir."""
         started = time.monotonic()
         self._ensure_idle()
         record = self.dir.record()
+        if config:
+            record["config"] = {**(record.get("config") or {}), **config}
         deployed = bool(self.dir.resources())
         chosen = topology or record.get("topology") or TOPOLOGIES[0]
         if deployed and record.get("topology") and chosen != record["topology"]:
@@ -316,7 +326,7 @@ class Sandbox:
                 f"(python -m scripts.sandbox destroy) or use another --workdir for {chosen}")
         if chosen not in TOPOLOGIES:
             raise SandboxUsageError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {chosen!r}")
-        settings = stack_settings(chosen)
+        settings = stack_settings(chosen, record.get("config"))
         record["topology"] = chosen
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
                  f"{settings.engine_name}) in {self.dir.root}")
@@ -405,7 +415,7 @@ class Sandbox:
             problems += self._stop_node_processes()
             return self._finish_destroy(problems, started)
         topology = record.get("topology") or TOPOLOGIES[0]
-        settings = stack_settings(topology)
+        settings = stack_settings(topology, record.get("config"))
         # Deleting needs the API (a fresh emulator if ours died: it holds nothing, so each delete finds nothing).
         record["emulator_url"], key = self._ensure_emulator(record)
         record.setdefault("hub_url", "http://127.0.0.1:9")

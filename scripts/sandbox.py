@@ -18,16 +18,25 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
                         help=f"where state, fake nodes, logs and service records live (default {DEFAULT_WORKDIR})")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="up: a kimi-cluster setting over Pulumi.sandbox.yaml (repeatable; kept for this "
+                             "workdir), e.g. --topology custom --config nodeCount=8 --config gpusPerNode=4 ...")
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
     parser.add_argument("--verbose", action="store_true", help="verify: echo the engine's progress too")
     args = parser.parse_args(argv)
-    if args.topology and args.command != "up":
-        parser.error("--topology applies to up only")
+    if (args.topology or args.config) and args.command != "up":
+        parser.error("--topology and --config apply to up only")
+    config: dict[str, str] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--config expects KEY=VALUE, got {item!r}")
+        config[key.removeprefix("kimi-cluster:")] = value
 
     sandbox = Sandbox(args.workdir)
     try:
         if args.command == "up":
-            return sandbox.up(args.topology, echo=not args.quiet)
+            return sandbox.up(args.topology, echo=not args.quiet, config=config)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
         return sandbox.destroy(echo=not args.quiet)

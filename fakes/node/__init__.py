@@ -117,12 +117,14 @@ def make_fake_node(
     run_exits: bool = False,
     run_hook: str | None = None,
     daemon_json: dict | None = None,
+    hang: str | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> FakeNode:
     """A fresh node: docker on the root disk, an NVIDIA runtime in daemon.json, a stale file in /dev/shm.
 
     Faults: `gpus` (0 = driver not answering), `disk_avail_bytes`, `pull_fails` (-1 = always), `cloud_init`
-    ("done", "error", ...), `cloud_init_running_polls`, `run_exits` (the engine dies at start-up), `run_hook`.
+    ("done", "error", ...), `cloud_init_running_polls`, `run_exits` (the engine dies at start-up), `run_hook`,
+    `hang` (a stub call that never returns, e.g. "nvidia-smi" or "docker info"; FAKE_HANG).
     """
     root = Path(tmp_path) / "node"
     for d in ("etc/docker", "ephemeral", "dev/shm", "home/ubuntu", "var/lib", "tmp"):
@@ -151,5 +153,7 @@ def make_fake_node(
         env["FAKE_RUN_EXITS"] = "1"
     if run_hook:
         env["FAKE_DOCKER_RUN_HOOK"] = run_hook
+    if hang:
+        env["FAKE_HANG"] = hang
     env.update(extra_env or {})
     return FakeNode(root=root, env=env)

@@ -179,3 +179,35 @@ def test_host_key_provider_makes_a_real_ed25519_key_pair():
     config = host_key_cloud_config(result.outs["private_key"], result.outs["public_key"])
     assert config.startswith("#cloud-config\n")
     assert _HostKeyProvider().diff("id", {}, {}).changes is False
+
+
+def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_from_it():
+    import re
+
+    from components.node import DIAL_ALLOWANCE_S, Timing
+
+    settings, (res, _) = build_cluster()
+    commands = [r for r in res.values() if r.typ == "command:remote:Command"]
+    assert len(commands) == settings.nodes * len(STEPS) + 1
+    for command in commands:
+        step = "readiness" if command.name == "kimi-ready-wait" else command.name.rsplit("-", 1)[1]
+        deadline = Timing().deadline_s(step, settings)
+        text = command.values()["create"]
+        assert re.search(rf"sudo -n timeout --kill-after=\d+ {deadline} bash ~/\.kimi-cluster/{step}\.sh", text), text
+        minutes = f"{-(-(deadline + DIAL_ALLOWANCE_S) // 60)}m"
+        assert command.timeouts == {"create": minutes, "update": minutes}, command.name
+    # The two long waits come from the stack's own settings.
+    assert Timing().deadline_s("weights", settings) > settings.download_timeout_minutes * 60
+    assert Timing().deadline_s("readiness", settings) > settings.readiness_timeout_minutes * 60
+    assert Timing().deadline_s("image", make_settings(stepDeadlineMinutes={"image": 90})) == 90 * 60
+
+
+def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():
+    import pytest
+
+    from components.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=r"kimi-cluster:stepDeadlineMinutes: 'imgae' is not a node step"):
+        make_settings(stepDeadlineMinutes='{"imgae": 10}')
+    with pytest.raises(SettingsError, match=r"stepDeadlineMinutes: image: 0 is not a positive number"):
+        make_settings(stepDeadlineMinutes={"image": 0})

@@ -138,6 +138,6 @@ def test_new_image_changes_only_pull_and_launch_new_revision_changes_weights_che
 
 
 def test_remote_command_text_carries_the_script_and_no_secret():
-    text = remote_command_text("launch", "#!/usr/bin/env bash\necho hi\n")
+    text = remote_command_text("launch", "#!/usr/bin/env bash\necho hi\n", deadline_s=900)
     assert text.startswith("# kimi-cluster step launch:")
-    assert "exec sudo -n bash ~/.kimi-cluster/launch.sh" in text
+    assert "sudo -n timeout --kill-after=30 900 bash ~/.kimi-cluster/launch.sh" in text

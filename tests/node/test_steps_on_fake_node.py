@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -79,6 +80,47 @@ def test_storage_moves_docker_once_and_a_rerun_changes_nothing(node):
     assert config["data-root"] == str(node.root / "ephemeral/docker")
     assert config["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"  # merged, not overwritten
     assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")
+
+
+def test_a_hung_step_is_stopped_on_the_node_at_its_own_deadline(node_factory):
+    # pulumi-command would wait for a hung command forever; the node-side deadline ends it and says so.
+    node = node_factory(hang="nvidia-smi")
+    settings = make_settings(nodeRoot=str(node.root), stepDeadlineMinutes={"ready": 0.05})  # 3 s
+    deadline = FAST.deadline_s("ready", settings)
+    assert deadline == 3
+    command = remote_command_text("ready", render_step(settings, "ready", 0, "10.0.0.5", "10.0.0.5", FAST),
+                                  deadline_s=deadline)
+    started = time.monotonic()
+    done = node.shell(command, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 124, done.stdout + done.stderr
+    assert "kimi-cluster step ready ran out of its 3 s deadline on the node and was stopped" in done.stderr
+    assert "kimi-cluster:stepDeadlineMinutes" in done.stderr
+    assert 3 <= took < 30
+    # The hung stub went with it: timeout signals the step's whole process group.
+    assert not [p for p in _processes_under(node.root) if "nvidia-smi" in p]
+
+
+def test_a_step_that_fails_on_its_own_is_not_called_out_of_time(node_factory):
+    node = node_factory(gpus=4)
+    command = remote_command_text("ready", scripts_for(node)["ready"], deadline_s=60)
+    done = node.shell(command)
+    assert done.returncode == 1 and "ran out of" not in done.stderr
+    assert "should show 8 GPUs but nvidia-smi lists 4" in done.stderr
+
+
+def _processes_under(root) -> list[str]:
+    """Command lines of live processes whose command line names a path under `root`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if str(root) in cmdline:
+                found.append(cmdline)
+    return found
     written = daemon.stat().st_mtime_ns
 
     second = ok(node.run(script))
@@ -279,7 +321,7 @@ def test_readiness_gives_up_at_its_deadline_and_prints_the_log(node):
 def test_the_remote_command_runs_the_script_with_stdin_through_sudo(node):
     _weights_on_disk(node)
     script = scripts_for(node)["launch"]
-    command = remote_command_text("launch", script)
+    command = remote_command_text("launch", script, deadline_s=60)
     assert API_KEY not in command
     ok(node.shell(command, stdin=API_KEY))
     assert (node.root / "home/ubuntu/.kimi-cluster/launch.sh").read_text() == script
@@ -289,6 +331,7 @@ def test_the_remote_command_runs_the_script_with_stdin_through_sudo(node):
 def test_a_relative_node_root_is_taken_from_the_ssh_login_directory(node):
     # The login directory is <root>/home/ubuntu, so "../.." is the node root; the command runs from there.
     settings = make_settings(nodeRoot="../..")
-    command = remote_command_text("storage", render_step(settings, "storage", 0, "10.0.0.5", "10.0.0.5", FAST))
+    command = remote_command_text("storage", render_step(settings, "storage", 0, "10.0.0.5", "10.0.0.5", FAST),
+                                  deadline_s=60)
     ok(node.shell(command))
     assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")

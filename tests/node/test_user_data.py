@@ -39,7 +39,7 @@ def _with_real_host_keys(typ: str, name: str, inputs: dict) -> dict:
 @pytest.mark.parametrize("topology,extra", [
     ("h100x4-sglang", {}),
     ("b300x1-vllm", {}),
-    ("custom", {"flavor": "n3-H100x8-NVLink", "nodeCount": "6", "gpusPerNode": "8", "gpuMemoryGb": "80",
+    ("custom", {"flavor": "n3-H100x4", "nodeCount": "8", "gpusPerNode": "4", "gpuMemoryGb": "80",
                 "engine": "sglang"}),
 ])
 def test_every_nodes_user_data_passes_cloud_inits_schema(topology: str, extra: dict, tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def kill_when_slow_command_runs(project: Path, workdir: Path, toy_dir: Path, how
     how="group": SIGKILL to the engine's process group, like a lost machine. how="sigterm": SIGTERM to the engine
     alone, which must stop the commands it started itself.
     """
-    settings = _settings(project, "dev", workdir, {"toyDir": str(toy_dir)}, None, (), None, None, 64, 600.0, 600.0)
+    settings = _settings(project_dir=project, stack="dev", workdir=workdir, config_overrides={"toyDir": str(toy_dir)},
+                         operation_timeout=600.0, deadline=600.0)
     proc = spawn("up", settings)
     started = workdir / "nodes" / "h1" / "started"
     deadline = time.monotonic() + 30

@@ -512,9 +512,21 @@ TOOLS = {"docker": docker, "systemctl": systemctl, "systemd-run": systemd_run, "
          "cloud-init": cloud_init, "journalctl": journalctl}
 
 
+def hangs(tool: str, argv: list[str]) -> bool:
+    """FAKE_HANG="nvidia-smi" or "docker info": that call never returns, as a wedged driver or daemon does."""
+    for spec in filter(None, (s.strip() for s in os.environ.get("FAKE_HANG", "").split(","))):
+        words = spec.split()
+        if words[0] == tool and argv[:len(words) - 1] == words[1:]:
+            return True
+    return False
+
+
 def main(tool: str) -> None:
     boot()
     record(tool, sys.argv[1:])
+    if hangs(tool, sys.argv[1:]):
+        while True:
+            time.sleep(3600)
     TOOLS[tool](sys.argv[1:])
 
 

@@ -1,0 +1,94 @@
+"""What a changed connection costs, and what a hung step does, in the sandbox as a user runs it.
+
+pulumi-command counts a changed `connection` (here: a rotated sshPrivateKey) as an update of every remote command,
+and an update re-runs `create`: the whole chain runs again on every node. On a healthy cluster that must cost
+nothing: the same engine container and process, not one byte from the hub, no image pull.
+
+pulumi-command never stops a running command at its custom_timeouts, and the sandbox engine does not either: a step
+whose tool never returns fails only through the deadline the step enforces on the node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fakes.hub import STATS_PATH
+
+from .conftest import leftover_processes, ok, report
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = ("ready", "storage", "image", "weights", "check", "launch")
+
+
+def _hub_stats(hub_url: str) -> dict:
+    with urllib.request.urlopen(hub_url + STATS_PATH, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def _node(workdir: Path) -> Path:
+    (node,) = (workdir / "nodes").iterdir()
+    return node
+
+
+def _engine(node: Path) -> tuple[str, int]:
+    """(container id, engine process id) of the node's kimi-engine."""
+    fake = node / "var/lib/fake-node"
+    container = json.loads((fake / "docker/containers/kimi-engine.json").read_text())
+    return container["id"], int((fake / "engines/kimi-engine.pid").read_text())
+
+
+def _docker_pulls(node: Path) -> int:
+    calls = (node / "var/lib/fake-node/calls.jsonl").read_text().splitlines()
+    return sum(1 for line in calls if (row := json.loads(line))["tool"] == "docker" and row["argv"][:1] == ["pull"])
+
+
+def test_a_rotated_ssh_key_reruns_every_step_at_no_cost(sandbox) -> None:
+    run = sandbox()
+    first = run("up", "--topology", "b300x1-vllm")
+    ok(first)
+    hub_url = run.record()["hub_url"]
+    node = _node(run.workdir)
+    before_hub, before_engine, before_pulls = _hub_stats(hub_url), _engine(node), _docker_pulls(node)
+    assert before_hub["body_bytes"] > 0 and before_pulls == 1  # the first up did download and pull
+
+    # The operator rotates the key: every command's `connection` input changes.
+    key_file = run.workdir / "secrets" / "ssh_private_key"
+    key_file.write_text("sandbox-dummy-ssh-key-rotated\n")
+    second = run("up")
+    out = ok(second)
+    for step in STEPS:
+        assert re.search(rf"~ command:remote:Command kimi-node0-{step} updating", out), step
+    assert "~ command:remote:Command kimi-ready-wait updating" in out
+    assert re.search(r"Resources: 0 created, 7 updated, 0 replaced", out), out
+
+    after_hub = _hub_stats(hub_url)
+    assert after_hub["body_bytes"] == before_hub["body_bytes"], "the re-run downloaded file bytes from the hub"
+    assert _engine(node) == before_engine, "the re-run restarted the engine"
+    assert Path(f"/proc/{before_engine[1]}").exists()
+    assert _docker_pulls(node) == before_pulls, "the re-run pulled the image again"
+    assert "leaving it running" in out and "is already present" in out
+
+    ok(run("destroy", "--quiet"))
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-vllm: up {first.seconds:.1f} s, up after a rotated sshPrivateKey {second.seconds:.1f} s "
+           f"(7 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, 0 file bytes)")
+
+
+def test_a_hung_step_fails_up_through_its_own_node_side_deadline(sandbox) -> None:
+    # The driver never answers: nvidia-smi hangs. Only the ready step's deadline (6 s here) can end it.
+    run = sandbox({"FAKE_HANG": "nvidia-smi"})
+    up = run("up", "--topology", "b300x1-vllm", "--config", 'stepDeadlineMinutes={"ready": 0.1}')
+    assert up.code == 1, up.output
+    assert "kimi-cluster step ready ran out of its 6 s deadline on the node and was stopped" in up.output
+    assert re.search(r"FAILED: command:remote:Command 'kimi-node0-ready': create failed: create command exited "
+                     r"with code 124", up.output), up.output
+    assert "kimi-node0-storage creating" not in up.output  # nothing after the hung step ran
+    ok(run("destroy", "--quiet"))
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-vllm with a hung nvidia-smi: up failed through the ready step's 6 s deadline in {up.seconds:.1f} s")
