@@ -73,15 +73,16 @@ KIMI_K31_PRO = ModelSpec(
     layer_mix="69 Kimi Delta Attention + 24 Gated DSA (one dense layer); 896 experts, 16 routed + 2 shared",
     default_revision="6d0a0202956796543364d666ab19c6ad1a494ee1",
     context_window=1_048_576,
-    source="seed 000 (Hyperstack guide): 1,561,293,160,568 bytes across 96 shards",
+    source="the repository's file list on the Hugging Face hub: 1,561,293,160,568 bytes across 96 shards",
 )
 
 MODELS: dict[str, ModelSpec] = {KIMI_K31_PRO.repo: KIMI_K31_PRO}
 
-# Usable memory: only the H100 figure is measured (PyTorch counts 79.19 GiB on n3-H100x8-NVLink, seed 000).
+# Usable memory: only the H100 figure is measured (PyTorch counts 79.19 GiB on n3-H100x8-NVLink, as Hyperstack's
+# Kimi K3.1 Pro deployment guide reports; nvidia-smi shows 81,559 MiB per card).
 # For the others no measured figure exists in our sources, so the as-sold capacity is used and the plan says so.
 GPUS: dict[str, GpuSpec] = {
-    "H100-80G": GpuSpec("H100-80G", 80, int(79.19 * GIB), "79.19 GiB usable as PyTorch counts it on Hyperstack (seed 000)"),
+    "H100-80G": GpuSpec("H100-80G", 80, int(79.19 * GIB), "79.19 GiB usable as PyTorch counts it on Hyperstack"),
     "H200-141G": GpuSpec("H200-141G", 141, 141 * GB, "as sold (141 GB); no measured usable figure, real usable is a little lower"),
     "B200-192G": GpuSpec("B200-192G", 192, 192 * GB, "as sold (192 GB); no measured usable figure, real usable is a little lower"),
     "B300-288G": GpuSpec("B300-288G", 288, 288 * GB, "as sold (288 GB); no measured usable figure, real usable is a little lower"),
@@ -91,8 +92,8 @@ GPUS: dict[str, GpuSpec] = {
 GPU_BY_MEMORY_GB: dict[int, str] = {g.memory_gb_as_sold: g.name for g in GPUS.values()}
 
 PRICES: dict[str, Price] = {
-    "H100-80G": Price(2.60, "on demand", "Hyperstack GPU pricing quoted in the deployment guide (seed 000)", "2026-11"),
-    "B300-288G": Price(7.40, "on demand", "Hyperstack pricing page as transcribed 2026-08-26 (reference/hyperstack-api.md)", "2026-08-26"),
+    "H100-80G": Price(2.60, "on demand", "Hyperstack GPU pricing quoted in its Kimi K3.1 Pro deployment guide", "2026-11"),
+    "B300-288G": Price(7.40, "on demand", "Hyperstack pricing page (https://www.hyperstack.cloud/gpu-pricing) as transcribed 2026-08-26", "2026-08-26"),
 }
 
 SGLANG_H100_IMAGE = "lmsysorg/sglang:dev-kimi-k31-pro"
@@ -131,7 +132,7 @@ DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
 ENGINES = ("sglang", "vllm")
 DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
 
-# Typical hub download per VM with snapshot_download over Xet (reference/landscape.md section 5).
+# Hub download per VM with snapshot_download over Xet: a planning range, not measured by this project.
 HUB_BANDWIDTH_GIB_S = (1.1, 1.8)
 
 LICENSE_NOTES = (

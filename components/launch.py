@@ -22,7 +22,8 @@ FINGERPRINT_LABEL = "kimi-cluster.fingerprint"
 # The engines find the weights where huggingface_hub puts them by default, under HF_HOME.
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # Everything else the engines cache (JIT kernels, compile graphs) lives under here, mounted from the storage path so
-# a restart reuses it; its host folder name never changes (seed 002: a changing name redoes the tuning every boot).
+# a restart reuses it; its host folder name never changes (a changing name makes the engine redo its kernel tuning
+# on every boot).
 CONTAINER_CACHE = "/root/.cache"
 # The API key reaches the container only through the root-only env file, never through the command text.
 API_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": "KIMI_API_KEY"}
@@ -50,7 +51,8 @@ def flatten(items: Sequence[Item]) -> list[Word]:
 
 
 def needs_marlin(settings: Settings) -> bool:
-    """Hopper has no FP4 tensor cores: SGLang serves the MXFP4 experts through the Marlin W4A16 kernel (seed 000)."""
+    """Hopper has no FP4 tensor cores: SGLang serves the MXFP4 experts through the Marlin W4A16 kernel
+    (`--moe-runner-backend marlin`; SGLang picks its native MXFP4 runner only on Blackwell)."""
     return settings.gpu.name.startswith(("H100", "H200"))
 
 
@@ -114,7 +116,8 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
         ("HF_HOME", CONTAINER_HF_HOME),
-        # Each GPU worker gets its share of the node's cores rather than all of them (seed 002: 43.6 -> 11.9 min).
+        # Each GPU worker gets its share of the node's cores rather than all of them: when every worker claims all
+        # cores, loading the weights is oversubscribed and many times slower.
         ("OMP_NUM_THREADS", threads),
         ("TRITON_CACHE_DIR", f"{CONTAINER_CACHE}/triton"),
         ("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/torchinductor"),

@@ -37,7 +37,7 @@ REGIONS = [
 _NETWORK_OPTIMISED = [{"id": 1, "label": "network_optimised"}]
 
 FLAVORS: list[dict[str, Any]] = [
-    # Values from the reseller catalog mirroring Hyperstack (see reference/hyperstack-api.md §4).
+    # Values as a reseller's listing of Hyperstack's catalog gives them (not confirmed on an official page).
     {"id": 101, "name": "n3-H100x8-NVLink", "display_name": "n3-H100x8-NVLink", "region_name": "CANADA-1",
      "gpu": "H100-80G-PCIe-NVLink", "gpu_count": 8, "cpu": 252, "ram": 1440.0, "disk": 100, "ephemeral": 6500,
      "labels": _NETWORK_OPTIMISED},

@@ -1,4 +1,6 @@
-"""The local sandbox engine: runs a Pulumi Python program's `up` and `destroy` on one machine without the Pulumi CLI.
+"""A local engine for Pulumi programs, which the name `sandbox` hides: it runs a Pulumi Python program's `up` and
+`destroy` on one machine, without the Pulumi CLI or a backend, keeping its state in a `state.json` of its own.
+`scripts/sandbox.py` uses it to deploy this project against the fakes.
 
 Public API: run_up, run_destroy, UpResult, DestroyResult, DeploymentFailed, SandboxError (see sandbox.engine).
 """

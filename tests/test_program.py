@@ -179,7 +179,7 @@ def test_b300_chain_is_one_node(b300):
 
 
 def test_new_cidr_image_or_flags_touch_only_rules_and_the_launch(dev):
-    """landscape.md section 4: such changes replace rules or the container, never a VM, never the weights."""
+    """Such changes replace rules or the container, never a VM, never the weights."""
     cfg, secret = config(operatorCidr="198.18.0.99/32", image="lmsysorg/sglang@sha256:" + "b" * 64,
                          extraEngineArgs='["--enable-metrics"]')
     changed = run_program(cfg, secret, outputs_for)

@@ -1,6 +1,7 @@
 """The dynamic providers against the emulator, called the way Pulumi's provider host calls them.
 
-Every fault case of landscape.md §4 ends as required, and the emulator then holds exactly what should exist.
+Every fault case (lost or 5xx create answers, 429 storms, VMs in ERROR or stuck in BUILD, bad catalog input, revoked
+or rotated keys, deletes while creating) ends as required, and the emulator then holds exactly what should exist.
 """
 
 from __future__ import annotations
