@@ -49,6 +49,8 @@ def test_up_creates_everything_and_returns_outputs(first_up) -> None:
     # The dynamic provider's configure() got the stack config, namespaced under the project.
     assert result.outputs["greeting"] == "hi"
     assert result.outputs["probe_project"] == "toy"
+    # ...and only through configure: the host's environment holds no program config, as under the real engine.
+    assert result.outputs["probe_sdk_greeting"] == "(unset)" and result.outputs["probe_env_config"] is False
     assert {"token", "api_key"} <= result.secret_outputs
     assert result.outputs["api_key"] == API_KEY
     assert result.outputs["token"].startswith("tok-")

@@ -87,9 +87,15 @@ class ConfigProbeProvider(dyn.ResourceProvider):
         self.greeting = req.config.get("greeting")
 
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
+        from pulumi.runtime.config import get_config
+
         _log(props["dir"], "create", "probe", "start")
+        # What the SDK's config lookup finds in the provider's process: nothing, as under the real engine (a
+        # plugin gets no program config in its environment; stack config comes through configure only).
         return dyn.CreateResult(id_="probe", outs={**_inputs(props), "greeting": self.greeting,
-                                                    "project": os.environ.get("PULUMI_PROJECT")})
+                                                    "project": os.environ.get("PULUMI_PROJECT"),
+                                                    "sdk_greeting": get_config("toy:greeting") or "(unset)",
+                                                    "env_config": "PULUMI_CONFIG" in os.environ})
 
 
 class ProgramGlobalProvider(dyn.ResourceProvider):
@@ -128,9 +134,12 @@ class Token(dyn.Resource, module="toy", name="Token"):
 class ConfigProbe(dyn.Resource, module="toy", name="ConfigProbe"):
     greeting: pulumi.Output[str]
     project: pulumi.Output[str]
+    sdk_greeting: pulumi.Output[str]
+    env_config: pulumi.Output[bool]
 
     def __init__(self, name: str, directory: str, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__(ConfigProbeProvider(), name, {"dir": directory, "greeting": None, "project": None}, opts)
+        super().__init__(ConfigProbeProvider(), name, {"dir": directory, "greeting": None, "project": None,
+                                                       "sdk_greeting": None, "env_config": None}, opts)
 
 
 class NeedsProgramGlobal(dyn.Resource, module="toy", name="NeedsProgramGlobal"):
