@@ -80,6 +80,16 @@ def test_storage_moves_docker_once_and_a_rerun_changes_nothing(node):
     assert config["data-root"] == str(node.root / "ephemeral/docker")
     assert config["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"  # merged, not overwritten
     assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")
+    written = daemon.stat().st_mtime_ns
+
+    second = ok(node.run(script))
+    assert "already keeps its data on" in second and "moving" in first
+    assert daemon.stat().st_mtime_ns == written
+    prunes = [c for c in node.calls("docker") if c[:2] == ["system", "prune"]]
+    stops = [c for c in node.calls("systemctl") if c[:1] == ["stop"]]
+    assert len(prunes) == 1 and len(stops) == 1
+    for d in ("ephemeral/hf/hub", "ephemeral/docker", "ephemeral/cache/sglang"):
+        assert (node.root / d).is_dir()
 
 
 def test_a_hung_step_is_stopped_on_the_node_at_its_own_deadline(node_factory):
@@ -121,16 +131,6 @@ def _processes_under(root) -> list[str]:
             if str(root) in cmdline:
                 found.append(cmdline)
     return found
-    written = daemon.stat().st_mtime_ns
-
-    second = ok(node.run(script))
-    assert "already keeps its data on" in second and "moving" in first
-    assert daemon.stat().st_mtime_ns == written
-    prunes = [c for c in node.calls("docker") if c[:2] == ["system", "prune"]]
-    stops = [c for c in node.calls("systemctl") if c[:1] == ["stop"]]
-    assert len(prunes) == 1 and len(stops) == 1
-    for d in ("ephemeral/hf/hub", "ephemeral/docker", "ephemeral/cache/sglang"):
-        assert (node.root / d).is_dir()
 
 
 def test_storage_refuses_a_disk_too_small_for_checkpoint_and_margin(node_factory):
