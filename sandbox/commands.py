@@ -41,6 +41,42 @@ class NodeExecution:
             raise ProviderError(f"connection.host {host!r} cannot name a sandbox node directory")
         return self.nodes_dir / host
 
+    def login(self, host: str, user: str | None = None) -> tuple[dict[str, str], Path]:
+        """A fresh login-like environment and working directory, as an SSH session has, not the engine's own."""
+        cwd = self.node_dir(host)
+        cwd.mkdir(parents=True, exist_ok=True)
+        user = str(user or os.environ.get("USER") or "root")
+        env = {
+            "HOME": str(cwd),
+            "USER": user,
+            "LOGNAME": user,
+            "SHELL": "/bin/bash",
+            "PATH": os.pathsep.join([*self.path_prefix, os.environ.get("PATH", os.defpath)]),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "SANDBOX_NODE_HOST": host,
+            "SANDBOX_NODE_DIR": str(cwd),
+        }
+        env.update(self.env)
+        return env, cwd
+
+    def run(self, connection: Any, command: str, stdin: str, timeout: float) -> tuple[int, str, str]:
+        """One command on a node, as the engine runs the node steps (bash in the node's directory): the same
+        interface as components.node_exec.SshRunner, so operator tools reach sandbox nodes through this setting."""
+        env, cwd = self.login(str(connection.host), getattr(connection, "user", None))
+        try:
+            done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, input=stdin, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return 124, "", f"the command on {connection.host} did not finish within {timeout:g} s"
+        return done.returncode, done.stdout, done.stderr
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes_dir": str(self.nodes_dir), "path_prefix": list(self.path_prefix), "env": dict(self.env)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeExecution:
+        return cls(Path(data["nodes_dir"]), tuple(data.get("path_prefix") or ()), dict(data.get("env") or {}))
+
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = defaultdict(list)
@@ -164,22 +200,7 @@ class CommandRunner:
         else:
             assert self._nodes is not None
             connection = plain.get("connection") or {}
-            host = str(connection["host"])
-            cwd = self._nodes.node_dir(host)
-            cwd.mkdir(parents=True, exist_ok=True)
-            user = str(connection.get("user") or os.environ.get("USER") or "root")
-            # A fresh login-like environment, as an SSH session has, not the engine's own.
-            env = {
-                "HOME": str(cwd),
-                "USER": user,
-                "LOGNAME": user,
-                "SHELL": "/bin/bash",
-                "PATH": os.pathsep.join([*self._nodes.path_prefix, os.environ.get("PATH", os.defpath)]),
-                "LANG": os.environ.get("LANG", "C.UTF-8"),
-                "SANDBOX_NODE_HOST": host,
-                "SANDBOX_NODE_DIR": str(cwd),
-            }
-            env.update(self._nodes.env)
+            env, cwd = self._nodes.login(str(connection["host"]), connection.get("user"))
         env.update({str(k): str(v) for k, v in (plain.get("environment") or {}).items()})
         if previous is not None and plain.get("addPreviousOutputInEnv", True):
             if previous[0]:

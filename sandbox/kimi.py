@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, TextIO
 from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import DEFAULT_API_KEY
+from sandbox.commands import NodeExecution
 from sandbox.engine import EngineSettings, run_child
 from sandbox.state import plain_outputs, read_outputs
 
@@ -233,16 +234,18 @@ class Sandbox:
         record["external_emulator"] = False
         return record["emulator_url"], key
 
-    def _ensure_hub(self, record: dict[str, Any], settings: Settings) -> str:
+    def _ensure_hub(self, record: dict[str, Any], settings: Settings, bytes_per_second: float | None = None) -> str:
         self.dir.secret("hf_token", _hf_token)
         previous = _service(record, "hub")
         if previous is None or not previous.running():
             port = _port_for(previous)
+            # A throttled hub keeps the weights step busy long enough to watch it (`status` mid-download).
+            throttle = ("--bytes-per-second", str(bytes_per_second)) if bytes_per_second else ()
             service = services.start(
                 "hub", services.python_module(
                     "fakes.hub", "--port", str(port), "--repo", settings.model, "--revision", settings.model_revision,
                     # The hub answers only with this token: the checkpoint downloads prove it reached each node.
-                    "--token-file", str(self.dir.secret_path("hf_token"))),
+                    "--token-file", str(self.dir.secret_path("hf_token")), *throttle),
                 host="127.0.0.1", port=port, marker="fakes.hub", log_dir=self.dir.logs,
             )
             record.setdefault("services", {})["hub"] = service.to_json()
@@ -311,7 +314,8 @@ class Sandbox:
 
     # -- up --
 
-    def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None) -> int:
+    def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
+           hub_bytes_per_second: float | None = None) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir."""
         started = time.monotonic()
         self._ensure_idle()
@@ -331,7 +335,7 @@ class Sandbox:
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
                  f"{settings.engine_name}) in {self.dir.root}")
         record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)
-        record["hub_url"] = self._ensure_hub(record, settings)
+        record["hub_url"] = self._ensure_hub(record, settings, hub_bytes_per_second)
         if not record.get("api_port"):
             record["api_port"] = services.free_port()
         # The key is in secrets/, not in the record; it is added back for the engine run only.
@@ -402,6 +406,28 @@ class Sandbox:
         self.say(f"sandbox verify: {'PASSED' if ok else 'FAILED'} in {elapsed:.1f} s; verified_endpoint_url = "
                  f"{verified.get('verified_endpoint_url')}")
         return EXIT_OK if ok else EXIT_FAILED
+
+    # -- status --
+
+    def node_execution(self, settings: Settings) -> NodeExecution:
+        """How this sandbox runs node commands: the setting its engine runs the node steps with."""
+        return NodeExecution(self.dir.nodes, node_path(), node_env(settings))
+
+    def status(self, as_json: bool = False, watch: float | None = None) -> int:
+        """`python -m scripts.status` against this sandbox: its state file, its node setting, its emulator."""
+        from components.stack_state import load_state_file
+        from scripts.status import run
+
+        record = self.dir.record()
+        if not self.dir.state_path.exists() or not record:
+            raise SandboxUsageError(f"nothing deployed in {self.dir.root}: run python -m scripts.sandbox up first")
+        overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000)}
+        settings = stack_settings(record.get("topology") or TOPOLOGIES[0], overrides)
+        key = (os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY) if record.get("external_emulator") \
+            else self.dir.secret("hyperstack_api_key", _emulator_key)
+        api = _api(record["emulator_url"], key) if record.get("emulator_url") else None
+        return run(lambda: load_state_file(self.dir.state_path, STACK), settings, self.node_execution(settings), api,
+                   as_json=as_json, watch=watch, out=self.out)
 
     # -- destroy --
 

@@ -1,5 +1,6 @@
-"""See kimi-cluster work with no account and no GPU: `python -m scripts.sandbox up | verify | destroy`
-(up deploys the sandbox stack onto fake nodes, verify runs the verification stack, destroy leaves nothing).
+"""See kimi-cluster work with no account and no GPU: `python -m scripts.sandbox up | verify | status | destroy`
+(up deploys the sandbox stack onto fake nodes, verify runs the verification stack, status is `scripts.status`
+against the sandbox, destroy leaves nothing).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, Sandb
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.sandbox", description=__doc__)
-    parser.add_argument("command", choices=["up", "verify", "destroy"])
+    parser.add_argument("command", choices=["up", "verify", "status", "destroy"])
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
@@ -21,8 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="up: a kimi-cluster setting over Pulumi.sandbox.yaml (repeatable; kept for this "
                              "workdir), e.g. --topology custom --config nodeCount=8 --config gpusPerNode=4 ...")
+    parser.add_argument("--hub-bytes-per-second", type=float, metavar="N",
+                        help="up: throttle the fake hub (to watch the download with status)")
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
     parser.add_argument("--verbose", action="store_true", help="verify: echo the engine's progress too")
+    parser.add_argument("--watch", nargs="?", type=float, const=10.0, default=None, metavar="SECONDS",
+                        help="status: refresh every SECONDS (default 10) until Ctrl-C")
+    parser.add_argument("--json", action="store_true", help="status: print it as JSON")
     args = parser.parse_args(argv)
     if (args.topology or args.config) and args.command != "up":
         parser.error("--topology and --config apply to up only")
@@ -36,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     sandbox = Sandbox(args.workdir)
     try:
         if args.command == "up":
-            return sandbox.up(args.topology, echo=not args.quiet, config=config)
+            return sandbox.up(args.topology, echo=not args.quiet, config=config,
+                              hub_bytes_per_second=args.hub_bytes_per_second)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
+        if args.command == "status":
+            return sandbox.status(as_json=args.json, watch=args.watch)
         return sandbox.destroy(echo=not args.quiet)
     except (SandboxUsageError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)

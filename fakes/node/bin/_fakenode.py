@@ -176,7 +176,11 @@ def docker(argv: list[str]) -> None:
         if not p.exists():
             fail(f"Error: No such object: {name}")
         c = json.loads(p.read_text())
-        print(json.dumps([{"Name": "/" + name, "State": {"Status": c["status"], "Running": c["status"] == "running"},
+        # As docker reports it; a test can set "restart_count" and status "restarting" to play a crash loop.
+        print(json.dumps([{"Name": "/" + name, "RestartCount": c.get("restart_count", 0),
+                           "State": {"Status": c["status"], "Running": c["status"] == "running",
+                                     "Restarting": c["status"] == "restarting", "StartedAt": c.get("started_at"),
+                                     "ExitCode": c.get("exit_code", 0)},
                            "Config": {"Labels": c["labels"], "Image": c["image"]}, "Args": c["args"]}]))
     elif cmd == "run":
         require_daemon()
@@ -270,7 +274,8 @@ def _docker_run(args: list[str]) -> None:
     crash = os.environ.get("FAKE_RUN_EXITS") == "1"
     c = {"id": cid, "name": name, "image": args[image_at], "args": args[image_at + 1:],
          "argv": ["docker", "run", *args], "env_file": env_file, "env": env, "labels": labels,
-         "status": "exited" if crash else "running", "hook_pid": None}
+         "status": "exited" if crash else "running", "hook_pid": None,
+         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with open(log, "w") as fh:
         if crash:
             fh.write(f"fake engine: error: unrecognized arguments (API key seen: {_env_file_secret(env_file)})\n")

@@ -1,0 +1,107 @@
+"""`status` against the sandbox, as a user runs it: in the middle of an `up` (the download in progress, with a
+percentage), after it (serving), and with a node whose download stalled or whose engine is crash-looping.
+
+The nodes are read through the sandbox's own setting for how node commands run, the same probe that would run over
+SSH on a real VM. The progress file is the weights step's contract (components/weights.py PROGRESS_FILE); this
+test writes one where the node's weights program keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from components.weights import PROGRESS_FILE
+
+from .conftest import ok, report, wait_for
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def _node_dir(workdir: Path) -> Path:
+    return next((workdir / "nodes").iterdir())
+
+
+def _progress(node: Path, done: int, total: int, updated_at: float) -> None:
+    path = node / "ephemeral" / PROGRESS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"bytes_done": done, "bytes_total": total, "files_done": 1, "files_total": 3,
+                               "updated_at": updated_at, "hub_bytes": done, "peer_bytes": 0}))
+    os.replace(tmp, path)
+
+
+def _status(run, *args: str) -> str:
+    return ok(run("status", *args, timeout=120))
+
+
+def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
+    run = sandbox()
+    started = time.monotonic()
+    # A slow hub keeps the weights step running for a while: the moment to look.
+    driver = run.start("up", "--topology", "b300x1-vllm", "--quiet", "--hub-bytes-per-second", "1500")
+    try:
+        node = wait_for("the weights step on the node", lambda: (run.workdir / "nodes").exists() and any(
+            (d / ".kimi-cluster" / "weights.sh").exists() for d in (run.workdir / "nodes").iterdir())
+            and _node_dir(run.workdir), 120)
+        wait_for("the download to start", lambda: (node / "ephemeral/hf/hub").exists(), 60)
+        _progress(node, 600_000, 1_000_000, time.time())
+        mid = json.loads(_status(run, "--json"))
+        (vm,) = mid["nodes"]
+        assert vm["vm"]["status"] == "ACTIVE" and "weights" in vm["step"]
+        assert vm["weights"]["percent"] is not None and 0 <= vm["weights"]["percent"] <= 100
+        assert mid["endpoint"]["ready_output"] is False and mid["hourly_cost_usd"] == 59.2
+        text = _status(run)
+        assert "%" in text and "readiness not passed yet" in text
+        out, _ = driver.communicate(timeout=300)
+        assert driver.returncode == 0, out
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+
+    secrets = [(run.workdir / "secrets" / name).read_text().strip() for name in ("hf_token", "hyperstack_api_key")]
+    outputs = json.loads((run.workdir / "state.json").read_text())
+    api_key = next(r for r in outputs["resources"] if r["type"] == "pulumi:pulumi:Stack")["outputs"]["api_key"]
+    secrets.append(api_key["value"] if isinstance(api_key, dict) else api_key)
+
+    _progress(node, 1_000_000, 1_000_000, time.time())
+    serving = _status(run)
+    report("status screen after a sandbox up (b300x1-vllm):\n" + serving)
+    assert "health ok, serves the model" in serving and " done " in serving and "100.0%" in serving
+    assert "advice:" not in serving and "in CANADA-1" in serving
+    data = json.loads(_status(run, "--json"))
+    assert data["nodes"][0]["engine"]["state"] == "running" and data["cost_so_far_usd"] is not None
+    assert data["uptime_s"] > 0 and data["endpoint"]["serves_model"] is True
+
+    _progress(node, 400_000, 1_000_000, time.time() - 900)  # nothing new for 15 minutes
+    stalled = _status(run)
+    assert "advice: kimi-sandbox-node0: no download progress for 15 min" in stalled
+
+    _progress(node, 1_000_000, 1_000_000, time.time())
+    container = node / "var/lib/fake-node/docker/containers/kimi-engine.json"
+    state = json.loads(container.read_text())
+    container.write_text(json.dumps({**state, "status": "restarting", "restart_count": 7}))
+    looping = _status(run)
+    assert "restarting (7 restarts)" in looping
+    assert "advice: kimi-sandbox-node0: the engine is restarting in a loop (7 restarts)" in looping
+
+    # --watch refreshes until interrupted.
+    watcher = subprocess.Popen(run.argv("status", "--watch", "0.5"), cwd=Path(__file__).resolve().parents[2],
+                               env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    time.sleep(4)
+    watcher.send_signal(signal.SIGINT)
+    watched, _ = watcher.communicate(timeout=30)
+    assert watched.count("kimi-cluster status: stack sandbox") >= 2, watched
+
+    for text in (mid and json.dumps(mid), serving, stalled, looping, watched):
+        for secret in secrets:
+            assert secret not in text
+    ok(run("destroy", "--quiet"))
+    report(f"status test (b300x1-vllm, throttled hub): {time.monotonic() - started:.1f} s")

@@ -1,0 +1,125 @@
+"""The pieces of `status`: reading a Pulumi export, SSH with the pinned host key only, rates and ETAs, the metrics
+an engine exposes, the advice line, and the node probe against a fake node directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from components import cluster_status
+from components.node_exec import SshRunner, probe_command
+from components.stack_state import SECRET_SIG, SIG_KEY, Connection, parse_state
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyPinnedByTheStack0000000000000000"
+PRIVATE = "-----BEGIN OPENSSH PRIVATE KEY-----\ncanary-private-key-3f1\n-----END OPENSSH PRIVATE KEY-----"
+
+
+def _secret(value):
+    return {SIG_KEY: SECRET_SIG, "value": value}
+
+
+def _export() -> dict:
+    conn = {"host": "198.51.100.10", "user": "ubuntu", "privateKey": _secret(PRIVATE), "hostKey": HOST_KEY}
+    return {"version": 3, "deployment": {"resources": [
+        {"urn": "urn:pulumi:dev::kimi-cluster::pulumi:pulumi:Stack::kimi-cluster-dev", "type": "pulumi:pulumi:Stack",
+         "outputs": {"api_key": _secret("endpoint-key"), "hourly_cost_usd": 83.2, "region": "NORWAY-1"}},
+        {"urn": "urn:...::pulumi-python:dynamic/hyperstack:VirtualMachine::kimi-node1", "id": "1002",
+         "type": "pulumi-python:dynamic/hyperstack:VirtualMachine",
+         "outputs": {"name": "kimi-dev-node1", "public_ip": "198.51.100.11", "labels": ["rank-1"]}},
+        {"urn": "urn:...::pulumi-python:dynamic/hyperstack:VirtualMachine::kimi-node0", "id": "1001",
+         "type": "pulumi-python:dynamic/hyperstack:VirtualMachine",
+         "outputs": {"name": "kimi-dev-node0", "public_ip": "198.51.100.10", "labels": ["kimi-cluster", "rank-0"]}},
+        {"urn": "urn:...::command:remote:Command::kimi-node0-ready", "type": "command:remote:Command",
+         "inputs": {"connection": _secret(conn)}},
+    ]}}
+
+
+def test_a_pulumi_export_gives_the_nodes_in_rank_order_with_their_pinned_connection():
+    state = parse_state(_export(), "dev")
+    assert [(n.rank, n.name, n.vm_id) for n in state.nodes] == [(0, "kimi-dev-node0", "1001"),
+                                                                (1, "kimi-dev-node1", "1002")]
+    conn = state.nodes[0].connection
+    assert conn is not None and conn.host_key == HOST_KEY and conn.private_key == PRIVATE
+    assert state.nodes[1].connection is None  # no node command reaches it yet
+    assert state.outputs["api_key"] == "endpoint-key" and state.outputs["region"] == "NORWAY-1"
+    assert PRIVATE not in repr(conn)
+
+
+def _fake_ssh(tmp_path: Path) -> str:
+    """An `ssh` that records its argv and the known_hosts file it was given, then runs nothing."""
+    path = tmp_path / "ssh"
+    path.write_text("#!/usr/bin/env python3\nimport json, os, sys\nargv = sys.argv[1:]\n"
+                    "known = next(a.split('=', 1)[1] for a in argv if a.startswith('UserKnownHostsFile='))\n"
+                    "key = argv[argv.index('-i') + 1]\n"
+                    "print(json.dumps({'argv': argv, 'known_hosts': open(known).read(),\n"
+                    "    'key_mode': oct(os.stat(key).st_mode & 0o777), 'stdin': sys.stdin.read()}))\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ssh_accepts_only_the_pinned_host_key_and_keeps_the_private_key_off_the_command_line(tmp_path):
+    runner = SshRunner(ssh=_fake_ssh(tmp_path))
+    conn = Connection(host="198.51.100.10", user="ubuntu", private_key=PRIVATE, host_key=HOST_KEY)
+    code, out, _ = runner.run(conn, "echo hi", "probe text", 10)
+    seen = json.loads(out)
+    assert code == 0 and seen["known_hosts"] == f"198.51.100.10 {HOST_KEY}\n"
+    assert "StrictHostKeyChecking=yes" in seen["argv"] and "GlobalKnownHostsFile=/dev/null" in seen["argv"]
+    assert seen["argv"][-2:] == ["ubuntu@198.51.100.10", "echo hi"] and seen["stdin"] == "probe text"
+    assert seen["key_mode"] == "0o600" and not any(PRIVATE in a for a in seen["argv"])
+    assert not list(tmp_path.glob("kimi-status-*"))
+    code, _, err = runner.run(Connection(host="198.51.100.10", user="ubuntu", private_key=PRIVATE), "x", "", 10)
+    assert code == 255 and "no pinned host key" in err
+
+
+def test_rate_eta_and_percent_from_the_progress_file_and_from_two_samples():
+    now = time.time()
+    probe = {"steps": [{"step": "weights", "started_at": now - 100, "running": True}],
+             "weights": {"bytes_done": 500, "bytes_total": 1000, "updated_at": now, "source": "progress file"}}
+    view = cluster_status.weights_view(probe, None, now)
+    assert view["percent"] == 50.0 and view["rate_bytes_s"] == 5.0 and view["eta_s"] == 100.0
+    view = cluster_status.weights_view(probe, cluster_status.Sample(at=now - 10, bytes_done=300), now)
+    assert view["rate_bytes_s"] == 20.0 and view["eta_s"] == 25.0
+
+
+def test_requests_and_tokens_from_either_engines_metrics():
+    sglang = "# HELP x\nsglang:num_requests_total{model=\"m\"} 12\nsglang:prompt_tokens_total{a=\"1\"} 3400.0\n" \
+             "sglang:generation_tokens_total 900\n"
+    assert cluster_status.parse_metrics(sglang) == {"requests": 12, "prompt_tokens": 3400, "generation_tokens": 900}
+    vllm = "vllm:request_success_total{finished_reason=\"stop\"} 4\nvllm:request_success_total{finished_reason=" \
+           "\"length\"} 1\nvllm:generation_tokens_total 77\n"
+    assert cluster_status.parse_metrics(vllm) == {"requests": 5, "generation_tokens": 77}
+
+
+def test_the_advice_names_the_node_and_what_to_do():
+    looping = [{"name": "n0", "probe": {"engine": {"restart_count": 4}}, "weights": None, "vm": {}}]
+    assert "n0: the engine is restarting in a loop (4 restarts)" in cluster_status.advice(looping, {})
+    stalled = [{"name": "n1", "probe": {}, "vm": {},
+                "weights": {"bytes_done": 1, "bytes_total": 2, "seconds_since_progress": 660}}]
+    assert "n1: no download progress for 11 min" in cluster_status.advice(stalled, {})
+    fresh = [{"name": "n1", "probe": {}, "vm": {},
+              "weights": {"bytes_done": 1, "bytes_total": 2, "seconds_since_progress": 30}}]
+    assert cluster_status.advice(fresh, {}) is None
+
+
+def test_the_probe_reads_a_node_before_any_progress_file_exists(tmp_path):
+    home = tmp_path / "node"
+    (home / ".kimi-cluster").mkdir(parents=True)
+    (home / ".kimi-cluster" / "weights.sh").write_text("# step\n")
+    blobs = home / "ephemeral/hf/hub/models--org--m/blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "a").write_bytes(b"x" * 250)
+    bin_dir = tmp_path / "bin"  # no docker, no systemctl: the probe still answers
+    bin_dir.mkdir()
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:{ROOT / 'fakes/node/bin'}:{os.environ['PATH']}",
+           "FAKE_NODE_ROOT": str(home)}
+    argv = ["bash", "-c", probe_command(".", "/ephemeral", "models--org--m", 1000).replace("python3", sys.executable)]
+    done = subprocess.run(argv, cwd=home, env=env, input=(ROOT / "scripts/node_status.py").read_text(),
+                          capture_output=True, text=True, timeout=60)
+    report = json.loads(done.stdout)
+    assert report["weights"]["bytes_done"] == 250 and report["weights"]["source"] == "size of the hub cache"
+    assert [s["step"] for s in report["steps"]] == ["weights"] and report["engine"]["state"] in ("absent", "unknown")
