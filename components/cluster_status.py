@@ -8,7 +8,9 @@ key in the Authorization header only). Nothing secret is put into the result.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -125,13 +127,26 @@ def step_in_progress(probe: Mapping[str, Any]) -> str:
     return f"idle after {last} (failed or interrupted: pulumi up runs it again)"
 
 
-def endpoint_view(base_url: str | None, api_key: str | None, model: str) -> dict[str, Any]:
+def endpoint_view(base_url: str | None, api_key: str | None, model: str, ca_pem: str | None = None) -> dict[str, Any]:
     if not base_url:
         return {"url": None, "health": "no address yet"}
+    if ca_pem and base_url.startswith("https://"):
+        # The stack's own CA (output ca_certificate) is the only one trusted for its endpoint.
+        with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as fh:
+            fh.write(ca_pem)
+        try:
+            return _endpoint_view(base_url, api_key, model, fh.name)
+        finally:
+            os.unlink(fh.name)
+    return _endpoint_view(base_url, api_key, model, True)
+
+
+def _endpoint_view(base_url: str, api_key: str | None, model: str, verify: str | bool) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     view: dict[str, Any] = {"url": base_url}
     session = requests.Session()
     session.trust_env = False  # the endpoint is reached directly, as the readiness wait reaches it
+    session.verify = verify
     try:
         health = session.get(f"{base_url}/health", headers=headers, timeout=HTTP_TIMEOUT_S)
         view["health"] = "ok" if health.ok else f"HTTP {health.status_code}"
@@ -220,7 +235,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
         })
     head = state.nodes[0].public_ip if state.nodes else None
     base = state.endpoint_url or (f"http://{head}:{settings.api_port}" if head else None)
-    endpoint = endpoint_view(base, state.outputs.get("api_key"), settings.served_name)
+    endpoint = endpoint_view(base, state.outputs.get("api_key"), settings.served_name,
+                             state.outputs.get("ca_certificate"))
     endpoint["ready_output"] = bool(state.endpoint_url)
     report = {
         "stack": state.stack, "at": now, "topology": state.outputs.get("topology") or settings.topology,

@@ -95,10 +95,16 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     watcher = subprocess.Popen(run.argv("status", "--watch", "0.5"), cwd=Path(__file__).resolve().parents[2],
                                env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    time.sleep(4)
+    lines: list[str] = []
+    assert watcher.stdout is not None
+    for line in watcher.stdout:  # until the second screen has begun
+        lines.append(line)
+        if sum("kimi-cluster status: stack sandbox" in seen for seen in lines) >= 2:
+            break
     watcher.send_signal(signal.SIGINT)
-    watched, _ = watcher.communicate(timeout=30)
-    assert watched.count("kimi-cluster status: stack sandbox") >= 2, watched
+    rest, _ = watcher.communicate(timeout=60)
+    watched = "".join(lines) + rest
+    assert watched.count("kimi-cluster status: stack sandbox") >= 2 and watcher.returncode == 0, watched
 
     for text in (mid and json.dumps(mid), serving, stalled, looping, watched):
         for secret in secrets:

@@ -123,3 +123,44 @@ def test_the_probe_reads_a_node_before_any_progress_file_exists(tmp_path):
     report = json.loads(done.stdout)
     assert report["weights"]["bytes_done"] == 250 and report["weights"]["source"] == "size of the hub cache"
     assert [s["step"] for s in report["steps"]] == ["weights"] and report["engine"]["state"] in ("absent", "unknown")
+
+
+def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
+    import http.server
+    import ssl
+    import threading
+
+    def sh(*argv: str) -> None:
+        subprocess.run(argv, cwd=tmp_path, check=True, capture_output=True)
+
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+       "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=kimi test CA")
+    sh("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "srv.key",
+       "-out", "srv.csr", "-subj", "/CN=127.0.0.1")
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    sh("openssl", "x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+       "-out", "srv.pem", "-days", "1", "-extfile", "san.ext")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"data": [{"id": "m"}]}).encode() if self.path == "/v1/models" else b"{}"
+            self.send_response(200 if self.path != "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "srv.pem", tmp_path / "srv.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}"
+        trusted = cluster_status.endpoint_view(url, "k", "m", (tmp_path / "ca.pem").read_text())
+        assert trusted["health"] == "ok" and trusted["serves_model"] is True
+        assert cluster_status.endpoint_view(url, "k", "m")["health"].startswith("unreachable")
+    finally:
+        server.shutdown()
