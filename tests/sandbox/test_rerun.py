@@ -31,9 +31,8 @@ def _hub_stats(hub_url: str) -> dict:
         return json.loads(answer.read())
 
 
-def _node(workdir: Path) -> Path:
-    (node,) = (workdir / "nodes").iterdir()
-    return node
+def _nodes(workdir: Path) -> list[Path]:
+    return sorted((workdir / "nodes").iterdir())
 
 
 def _engine(node: Path) -> tuple[str, int]:
@@ -48,36 +47,40 @@ def _docker_pulls(node: Path) -> int:
     return sum(1 for line in calls if (row := json.loads(line))["tool"] == "docker" and row["argv"][:1] == ["pull"])
 
 
-def test_a_rotated_ssh_key_reruns_every_step_at_no_cost(sandbox) -> None:
+def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -> None:
     run = sandbox()
-    first = run("up", "--topology", "b300x1-vllm")
+    first = run("up", "--topology", "h100x4-sglang")
     ok(first)
     hub_url = run.record()["hub_url"]
-    node = _node(run.workdir)
-    before_hub, before_engine, before_pulls = _hub_stats(hub_url), _engine(node), _docker_pulls(node)
-    assert before_hub["body_bytes"] > 0 and before_pulls == 1  # the first up did download and pull
+    nodes = _nodes(run.workdir)
+    assert len(nodes) == 4
+    before_hub = _hub_stats(hub_url)
+    before_engines = [_engine(n) for n in nodes]
+    assert before_hub["body_bytes"] > 0 and [_docker_pulls(n) for n in nodes] == [1] * 4  # the first up did both
 
     # The operator rotates the key: every command's `connection` input changes.
     key_file = run.workdir / "secrets" / "ssh_private_key"
     key_file.write_text("sandbox-dummy-ssh-key-rotated\n")
     second = run("up")
     out = ok(second)
-    for step in STEPS:
-        assert re.search(rf"~ command:remote:Command kimi-node0-{step} updating", out), step
+    for rank in range(4):
+        for step in STEPS:
+            assert re.search(rf"~ command:remote:Command kimi-node{rank}-{step} updating", out), (rank, step)
     assert "~ command:remote:Command kimi-ready-wait updating" in out
-    assert re.search(r"Resources: 0 created, 7 updated, 0 replaced", out), out
+    assert re.search(r"Resources: 0 created, 25 updated, 0 replaced", out), out
 
     after_hub = _hub_stats(hub_url)
     assert after_hub["body_bytes"] == before_hub["body_bytes"], "the re-run downloaded file bytes from the hub"
-    assert _engine(node) == before_engine, "the re-run restarted the engine"
-    assert Path(f"/proc/{before_engine[1]}").exists()
-    assert _docker_pulls(node) == before_pulls, "the re-run pulled the image again"
-    assert "leaving it running" in out and "is already present" in out
+    assert [_engine(n) for n in nodes] == before_engines, "the re-run restarted an engine"
+    assert all(Path(f"/proc/{pid}").exists() for _, pid in before_engines)
+    assert [_docker_pulls(n) for n in nodes] == [1] * 4, "the re-run pulled the image again"
+    assert out.count("leaving it running") == 4 and out.count("is already present") == 4
 
     ok(run("destroy", "--quiet"))
     assert leftover_processes(run.workdir) == []
-    report(f"b300x1-vllm: up {first.seconds:.1f} s, up after a rotated sshPrivateKey {second.seconds:.1f} s "
-           f"(7 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, 0 file bytes)")
+    report(f"h100x4-sglang: up {first.seconds:.1f} s, up after a rotated sshPrivateKey {second.seconds:.1f} s "
+           f"(25 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, "
+           "0 file bytes, same 4 engine processes)")
 
 
 def test_a_hung_step_fails_up_through_its_own_node_side_deadline(sandbox) -> None:
