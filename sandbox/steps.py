@@ -168,7 +168,8 @@ class Deployment:
         for dep in reg.dependencies:
             with self._lock:
                 event = self._done.get(dep)
-            if event is not None and not event.wait(timeout=self._timeout(reg.timeouts, "create") * 2):
+            # The engine's own patience, not the resource's customTimeouts: the real engine enforces neither.
+            if event is not None and not event.wait(timeout=self._default_timeout * 2):
                 raise StepFailed(f"{reg.type} {reg.name!r}: gave up waiting for dependency {dep}")
 
     def read(self, urn: str, type_: str, name: str, id_: str, state: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -376,8 +377,9 @@ class Deployment:
                     if j != i:
                         blockers[j].add(i)
                         needs[i].add(j)
-        # Each delete has its own deadline (command timeout, gRPC deadline); this one only catches a stuck step.
-        patience = max(self._timeout(r.timeouts, "delete") for r in doomed) + 120
+        # Neither a command nor a provider call is cut off (the real engine enforces no customTimeouts): the
+        # providers' and scripts' own deadlines end them. This engine-side patience only catches a stuck step.
+        patience = max(self._default_timeout, *(self._timeout(r.timeouts, "delete") for r in doomed)) + 120
         ready = [i for i, b in blockers.items() if not b]
         running: dict[Future[None], int] = {}
         ok = True
