@@ -17,6 +17,7 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
+from components.node import ALL_STEPS, Timing
 from components.pricing import Quote, catalog_quote, quote
 from components.settings import SECRET_KEYS, Settings, SettingsError, load_settings, placeholders, read_stack_file
 
@@ -94,6 +95,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source, "as_of": price.as_of,
         },
         "download_minutes_per_node": [dl_low, dl_high],
+        # Each node step's deadline, enforced on the node (components.node.remote_command_text).
+        "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1) for step in ALL_STEPS},
         "secrets": secret_state,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
@@ -134,6 +137,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("             billed per minute until `pulumi destroy`")
     lo, hi = plan["download_minutes_per_node"]
     lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
+    deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())
+    lines.append(f"Deadlines    per node step, in minutes, enforced on the node: {deadlines} "
+                 "(kimi-cluster:stepDeadlineMinutes)")
     lines.append("")
     lines.append("Secrets")
     for k, v in plan["secrets"].items():

@@ -133,3 +133,10 @@ def test_an_encrypted_key_in_the_stack_file_falls_back_to_the_catalog_and_says_w
     assert plan.main(["--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "from the catalog" in out and "export HYPERSTACK_API_KEY for live prices" in out
+
+
+def test_the_plan_shows_each_steps_node_side_deadline(capsys):
+    assert plan.main(["--stack", "dev", "--json"]) == 0
+    deadlines = json.loads(capsys.readouterr().out)["step_deadline_minutes"]
+    assert set(deadlines) == {"ready", "storage", "image", "weights", "check", "launch", "readiness"}
+    assert deadlines["weights"] == 240 + 30 and deadlines["readiness"] == 60 + 5  # the stack's own timeouts + slack
