@@ -218,8 +218,10 @@ def remote_command_text(step: str, script: str, *, deadline_s: int, vm_id: str |
         f"set -e; mkdir -p {SCRIPT_DIR}; printf %s '{blob}' | base64 -d > {path}; set +e; t0=$(date +%s)\n"
         f"sudo -n timeout --kill-after={KILL_AFTER_S} {deadline} bash {path}; rc=$?\n"
         # POSIX sh: the login shell pulumi-command runs this in need not be bash.
-        f"if [ $rc -eq {TIMEOUT_EXIT} ] || {{ [ $rc -eq {KILLED_EXIT} ] && [ $(( $(date +%s) - t0 )) -ge {deadline} ]; }}; "
-        f"then echo '{expired}' >&2; fi\n"
+        f"if [ $rc -eq {TIMEOUT_EXIT} ] || "
+        f"{{ [ $rc -eq {KILLED_EXIT} ] && [ $(( $(date +%s) - t0 )) -ge {deadline} ]; }}; then\n"
+        f"  echo '{expired}' >&2\n"
+        f"fi\n"
         f"exit $rc"
     )
 
