@@ -597,7 +597,11 @@ class Emulator:
     def handle(self, method: str, raw_path: str, headers: dict[str, str], raw_body: bytes) -> tuple[int, Any]:
         parts = urlsplit(raw_path)
         if self.admin and parts.path.startswith(ADMIN_PREFIX):
-            return self._admin(method, parts.path[len(ADMIN_PREFIX):])
+            try:
+                admin_body = json.loads(raw_body) if raw_body else None
+            except ValueError:
+                admin_body = None
+            return self._admin(method, parts.path[len(ADMIN_PREFIX):], admin_body)
         path = parts.path[3:] if parts.path.startswith("/v1/") else parts.path
         query = parse_qs(parts.query)
         try:
@@ -641,8 +645,12 @@ class Emulator:
                 record.status = 500
                 return 500, {"status": False, "message": f"emulator error: {exc!r}", "error_reason": "server_error"}
 
-    def _admin(self, method: str, what: str) -> tuple[int, Any]:
-        """Not part of the API and not recorded among its requests: what exists, and what was asked."""
+    def _admin(self, method: str, what: str, body: Any = None) -> tuple[int, Any]:
+        """Not part of the API and not recorded among its requests: what exists, what was asked, and (for a test
+        in another process) POST capacity {"region", "flavor_name", "vms"} to change a region's stock."""
+        if method == "POST" and what == "capacity" and isinstance(body, dict):
+            self.set_capacity(str(body["flavor_name"]), int(body["vms"]), region=str(body["region"]))
+            return 200, {"status": True}
         if method == "GET" and what == "inventory":
             return 200, self.inventory()
         if method == "GET" and what == "requests":

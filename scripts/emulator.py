@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
     parser.add_argument("--fault", action="append", default=[], type=parse_fault, metavar="KIND[:VM_NAME]",
                         help="TEST ONLY: arm a fault at start (repeatable): " + ", ".join(FAULTS))
+    parser.add_argument("--capacity", action="append", default=[], metavar="REGION:FLAVOR=VMS",
+                        help="VMs of FLAVOR that REGION holds in all (repeatable; default 16 per GPU flavor)")
     parser.add_argument("--admin", action="store_true",
                         help="TEST ONLY: serve GET /_emulator/inventory and /_emulator/requests (outside /v1)")
     args = parser.parse_args(argv)
@@ -52,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         admin=args.admin,
     )
     emulator.inject(*args.fault)
+    for spec in args.capacity:
+        where, _, vms = spec.partition("=")
+        region, _, flavor = where.partition(":")
+        if not (region and flavor and vms.isdigit()):
+            parser.error(f"--capacity expects REGION:FLAVOR=VMS, got {spec!r}")
+        emulator.set_capacity(flavor, int(vms), region=region)
     emulator.start()
     # Never print the key itself: say where it came from.
     source = "--api-key" if args.api_keys else ("$HYPERSTACK_API_KEY" if os.environ.get("HYPERSTACK_API_KEY")

@@ -59,6 +59,13 @@ class ExternalEmulator:
     def requests(self) -> list[dict]:
         return self._get("requests")
 
+    def set_capacity(self, region: str, flavor_name: str, vms: int) -> None:
+        base = self.url.removesuffix("/v1")
+        body = json.dumps({"region": region, "flavor_name": flavor_name, "vms": vms}).encode()
+        request = urllib.request.Request(f"{base}/_emulator/capacity", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            answer.read()
+
     def vm_posts(self) -> int:
         return sum(1 for r in self.requests() if r["method"] == "POST" and r["path"] == "/core/virtual-machines")
 
@@ -71,10 +78,10 @@ def start_emulator(tmp_path: Path) -> Iterator:
     """start_emulator(*faults) -> ExternalEmulator; stopped (by pid) at teardown."""
     started: list[subprocess.Popen] = []
 
-    def start(*faults: str) -> ExternalEmulator:
+    def start(*faults: str, extra: tuple[str, ...] = ()) -> ExternalEmulator:
         port = services.free_port()
         key = "test-emulator-key-" + os.urandom(6).hex()
-        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *FAST_LIFECYCLE]
+        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *FAST_LIFECYCLE, *extra]
         for fault in faults:
             argv += ["--fault", fault]
         log = open(tmp_path / f"emulator-{port}.log", "wb")
