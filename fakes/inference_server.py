@@ -497,7 +497,29 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     settings: FakeSettings
     stop_event: threading.Event
+    served: dict[str, int]
+    served_lock: threading.Lock
     verbose: bool = False
+
+    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """One request served, for /metrics."""
+        with self.served_lock:
+            self.served["requests"] += 1
+            self.served["prompt_tokens"] += prompt_tokens
+            self.served["generation_tokens"] += completion_tokens
+
+    def metrics(self) -> str:
+        """Prometheus text with the counters each engine exports under its own names (SGLang with
+        --enable-metrics: sglang:num_requests_total...; vLLM: vllm:request_success_total...)."""
+        names = {"sglang": ("sglang:num_requests_total", "sglang:prompt_tokens_total",
+                            "sglang:generation_tokens_total"),
+                 "vllm": ("vllm:request_success_total", "vllm:prompt_tokens_total",
+                          "vllm:generation_tokens_total")}[self.settings.engine]
+        with self.served_lock:
+            values = (self.served["requests"], self.served["prompt_tokens"], self.served["generation_tokens"])
+        model = self.settings.model_ids[0]
+        return "".join(f"# TYPE {name} counter\n{name}{{model_name=\"{model}\"}} {float(value)}\n"
+                       for name, value in zip(names, values))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that gave up (the verifier's timeout) is expected, not worth a traceback
@@ -589,6 +611,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             return
+        if path == "/metrics":  # as vLLM serves it: its --api-key guards only the /v1 paths (same here for both)
+            data = self.server.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if not self._authorized():
             return self._send_error(401, "Unauthorized")
         if path == "/v1/models":
@@ -637,6 +667,7 @@ class _Handler(BaseHTTPRequestHandler):
         tool_names = [t.get("function", {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
         reply = compose_reply(messages, tool_names, body.get("reasoning_effort", "max"), self.settings)
         usage = _usage(messages, reply)
+        self.server.count(usage["prompt_tokens"], usage["completion_tokens"])
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = _stream_chunks(reply, self.settings, model, include_usage, usage)
@@ -660,6 +691,7 @@ class _Handler(BaseHTTPRequestHandler):
         effort = body.get("reasoning_effort") or (body.get("output_config") or {}).get("effort") or "high"
         reply = compose_reply(messages, [], effort, self.settings)
         usage = _usage(messages, reply)
+        self.server.count(usage["prompt_tokens"], usage["completion_tokens"])
         blocks: list[dict[str, Any]] = []
         text = reply.content or ""
         if "no_reasoning" in self.settings.faults:
@@ -714,6 +746,8 @@ class FakeInferenceServer:
         self.httpd = _Server((host, port), _Handler)
         self.httpd.settings = settings
         self.httpd.stop_event = threading.Event()
+        self.httpd.served = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self.httpd.served_lock = threading.Lock()
         self.httpd.verbose = verbose
         self._thread: Optional[threading.Thread] = None
 

@@ -164,3 +164,20 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
         assert cluster_status.endpoint_view(url, "k", "m")["health"].startswith("unreachable")
     finally:
         server.shutdown()
+
+
+def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
+    import requests
+
+    from fakes.inference_server import FakeInferenceServer, FakeSettings
+
+    settings = FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))
+    with FakeInferenceServer(settings) as fake:
+        for _ in range(2):
+            answer = requests.post(f"{fake.url}/v1/chat/completions", headers={"Authorization": "Bearer k"},
+                                   json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+            assert answer.ok
+        usage = answer.json()["usage"]
+        view = cluster_status.endpoint_view(fake.url, "k", "m")
+    assert view["health"] == "ok" and view["serves_model"] is True and view["requests"] == 2
+    assert view["generation_tokens"] == 2 * usage["completion_tokens"] and view["prompt_tokens"] > 0
