@@ -151,10 +151,19 @@ class DeadlineAdapter(HTTPAdapter):
 
 
 def use_deadlines(session: Session) -> None:
-    """Mount DeadlineAdapter on `session` for http:// and https:// unless it is there already."""
+    """Make `session`'s http:// and https:// connections hand their sockets to the active Deadline.
+
+    requests' own default adapter is replaced by a DeadlineAdapter. An adapter of the caller's own (one that sets up
+    TLS, say) is kept as it is configured, and only its connection classes are swapped; a subclass of
+    DeadlineAdapter is left alone.
+    """
     for prefix in ("http://", "https://"):
         current = session.adapters.get(prefix)
-        if not isinstance(current, DeadlineAdapter):
+        if isinstance(current, DeadlineAdapter):
+            continue
+        if type(current) is HTTPAdapter or current is None:
             if current is not None:
                 current.close()
             session.mount(prefix, DeadlineAdapter())
+        elif isinstance(current, HTTPAdapter):
+            _use_watched_pools(current.poolmanager)

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import quote
 
 import pytest
+from requests.adapters import HTTPAdapter
 
 from components import verification as v
 from components.verification.client import MAX_ANSWER_BYTES
@@ -166,3 +167,15 @@ def test_redact_hides_json_and_repr_escaped_shapes():
     key = 'sk-"quoted"\\back\ttab-0123456789'
     text = json.dumps({"k": key}) + repr(key) + " ".join(key.split())
     assert v.redact(text, key).count("***") == 3 and "0123456789" not in v.redact(text, key)
+
+
+def test_an_adapter_of_the_callers_own_is_kept_and_still_bounded(session):
+    class Pinned(HTTPAdapter):
+        """Stands for an adapter a caller mounts for its own TLS setup."""
+
+    adapter = Pinned()
+    session.mount("http://", adapter)
+    with hostile("trickle_body") as (url, _):
+        result = v.run_check("models", v.Target(url, MODEL, KEY, 1.0), session)
+    assert session.get_adapter(url) is adapter
+    assert "within the 1s timeout of the check" in result.detail
