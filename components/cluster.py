@@ -40,7 +40,8 @@ class InferenceCluster(pulumi.ComponentResource):
 
         # Chosen once from live stock, then kept: everything billable hangs off this region.
         placement = Placement(f"{name}-placement", regions=settings.region_choices,
-                              flavor_name=settings.flavor_name, count=settings.nodes, opts=child)
+                              flavor_name=settings.flavor_name, count=settings.nodes,
+                              environment_name=settings.env_name, opts=child)
         env = Environment(f"{name}-env", name=settings.env_name, region=placement.region, opts=child)
         if settings.keypair_name:
             key_name: pulumi.Input[str] = settings.keypair_name

@@ -1,15 +1,19 @@
 """Placement: which region the cluster lives in, chosen once from live stock and then kept.
 
-    Placement(resource_name, *, regions, flavor_name, count, opts=None)
-        -> region, chosen_at, stock_at_choice, regions, flavor_name, count
+    Placement(resource_name, *, regions, flavor_name, count, environment_name=None, opts=None)
+        -> region, chosen_at, stock_at_choice, regions, flavor_name, count, environment_name
 
 On create it reads the stocks endpoint and the flavors of every listed region and picks the first region, in the
 order given, that can create `count` VMs of `flavor_name` now. When none can, it fails with a table of what each
 region has, before anything billable exists (the environment and the VMs depend on its `region` output).
 
+An environment of `environment_name` that already exists (a cluster deployed before placements existed, or an up
+interrupted after creating it) fixes the region to its own: its VMs, if any, already hold their stock there.
+
 The choice is sticky: later changes to the list, the flavor or the count update the inputs but never the chosen
-region, and no `up` re-reads stock for it, so a running cluster never moves. Moving on purpose means replacing
-this resource (`pulumi up --replace <its URN>`), which replaces the environment and every VM with it.
+region, and no `up` re-reads stock for it, so a running cluster never moves. Moving on purpose means
+`pulumi destroy`, then `pulumi up`: with the environment gone, the next placement is a fresh choice. (Replacing
+only this resource would not move anything: the environment still exists and fixes the region.)
 
 There is no cloud object behind a placement: read echoes the state and delete has nothing to remove.
 """
@@ -26,7 +30,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from .market import format_stock_table, region_stock
 from .providers import ProvisioningError, _known, _Provider, client
 
-_INPUTS = ("regions", "flavor_name", "count")
+_INPUTS = ("regions", "flavor_name", "count", "environment_name")
 
 
 class PlacementError(ProvisioningError):
@@ -68,18 +72,31 @@ class PlacementProvider(_Provider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         regions, flavor, count = list(props["regions"]), str(props["flavor_name"]), int(props["count"])
-        region, seen = choose_region(regions, flavor, count)
-        pulumi.log.info(f"placement: {region} chosen for {count} x {flavor} (first of {', '.join(regions)} with "
-                        "stock); later ups keep it")
-        outs = {"regions": regions, "flavor_name": flavor, "count": count, "region": region,
-                "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "stock_at_choice": seen}
+        env_name = props.get("environment_name")
+        existing = self._existing_region(env_name) if env_name else None
+        if existing is not None:
+            region, seen = existing, []
+            pulumi.log.info(f"placement: environment {env_name!r} already exists in {region}; the cluster stays there")
+        else:
+            region, seen = choose_region(regions, flavor, count)
+            pulumi.log.info(f"placement: {region} chosen for {count} x {flavor} (first of {', '.join(regions)} "
+                            "with stock); later ups keep it")
+        outs = {"regions": regions, "flavor_name": flavor, "count": count, "environment_name": env_name,
+                "region": region, "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "stock_at_choice": seen}
         return CreateResult(f"placement-{region}", outs)
+
+    @staticmethod
+    def _existing_region(env_name: str) -> str | None:
+        with client() as api:
+            envs = [e for e in api.list_environments(search=env_name) if e.get("name") == env_name]
+        return str(envs[0]["region"]) if envs and envs[0].get("region") else None
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         region = olds["region"]
         if region not in (news.get("regions") or []):
             pulumi.log.warn(f"placement: the cluster stays in {region}, which kimi-cluster:regions no longer lists; "
-                            "a running cluster is never moved (to move it: pulumi up --replace <placement URN>)")
+                            "a running cluster is never moved (to move it: pulumi destroy, then pulumi up)")
         return UpdateResult({**olds, **{k: news[k] for k in _INPUTS if k in news}, "region": region})
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -103,8 +120,10 @@ class Placement(pulumi.dynamic.Resource, module="hyperstack", name="Placement"):
         regions: Sequence[str],
         flavor_name: pulumi.Input[str],
         count: pulumi.Input[int],
+        environment_name: Optional[pulumi.Input[str]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
-        props = {"regions": list(regions), "flavor_name": flavor_name, "count": count, "region": None,
+        props = {"regions": list(regions), "flavor_name": flavor_name, "count": count,
+                 "environment_name": environment_name, "region": None,
                  "chosen_at": None, "stock_at_choice": None}
         super().__init__(PlacementProvider(), resource_name, props, opts)

@@ -110,3 +110,13 @@ def test_live_vms_take_from_the_stock_the_endpoint_reports(hs: Emulator):
 def test_check_refuses_bad_inputs():
     failures = PlacementProvider().check({}, {"regions": [], "flavor_name": "", "count": 0}).failures
     assert {f.property for f in failures} == {"regions", "flavor_name", "count"}
+
+
+def test_an_existing_environment_fixes_the_region_whatever_the_stock(hs: Emulator):
+    """A cluster deployed before placements existed keeps its region even if its region is now short of stock."""
+    providers.EnvironmentProvider().create(env_props(name="kimi-old", region="NORWAY-1"))
+    hs.set_capacity(FLAVOR, 0, region="NORWAY-1")
+    created = PlacementProvider().create({**_props(regions=["CANADA-1"]), "environment_name": "kimi-old"})
+    assert created.outs["region"] == "NORWAY-1" and created.outs["stock_at_choice"] == []
+    fresh = PlacementProvider().create({**_props(regions=["NORWAY-1", "CANADA-1"]), "environment_name": "kimi-new"})
+    assert fresh.outs["region"] == "CANADA-1"
