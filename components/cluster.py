@@ -15,7 +15,7 @@ from components.client_configs import build_client_configs
 from components.generated_secret import GeneratedSecret
 from components.hyperstack.placement import Placement
 from components.hyperstack.resources import Environment, Keypair, SecurityRule, VirtualMachine
-from components.node import GpuNode, Readiness, host_key_user_data
+from components.node import GpuNode, KernelCacheSave, Readiness, host_key_user_data
 from components.pricing import Quote, catalog_quote
 from components.settings import Settings
 
@@ -31,6 +31,7 @@ class InferenceCluster(pulumi.ComponentResource):
         settings: Settings,
         ssh_private_key: pulumi.Output[str],
         hf_token: pulumi.Output[str] | None,
+        kernel_cache_credentials: pulumi.Output[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
         quote: Quote | None = None,
     ) -> None:
@@ -97,6 +98,7 @@ class InferenceCluster(pulumi.ComponentResource):
                     head_private_ip=head_private_ip,
                     ssh_private_key=ssh_private_key,
                     hf_token=hf_token,
+                    kernel_cache_credentials=kernel_cache_credentials,
                     api_key=api_key_value,
                     host_key=host_keys[rank],
                     # A replaced VM re-runs its whole chain even if it comes back on the same address.
@@ -118,6 +120,19 @@ class InferenceCluster(pulumi.ComponentResource):
             host_key=host_keys[0],
             opts=pulumi.ResourceOptions(parent=self, depends_on=[n.launched for n in nodes]),
         )
+
+        if settings.kernel_cache is not None and kernel_cache_credentials is not None:
+            # After the readiness wait, on the head only: the ranks of one TP/EP group compile the same kernels.
+            # Nothing below depends on it, so the endpoint never waits for the save and a failed save fails nothing.
+            KernelCacheSave(
+                f"{name}-kernel-cache",
+                settings=settings,
+                public_ip=vms[0].public_ip,
+                ssh_private_key=ssh_private_key,
+                credentials=kernel_cache_credentials,
+                host_key=host_keys[0],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[ready.command]),
+            )
 
         # Derived from the readiness result, so a failed wait never exports an endpoint as if it served.
         endpoint_url = pulumi.Output.all(ready.stdout, vms[0].public_ip).apply(

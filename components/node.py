@@ -1,7 +1,8 @@
 """One GPU node's bring-up as a chain of remote commands, from an empty VM to a running engine container.
 
-ready -> storage -> (image pull || weights) -> check -> launch, each a pulumi-command `remote.Command` running a script
-rendered from templates/; the head's readiness wait is its own component. Secrets reach the node only on stdin.
+ready -> storage -> (image pull || weights || kernel-cache restore) -> check -> launch, each a pulumi-command
+`remote.Command` running a script rendered from templates/; the head's readiness wait and the kernel-cache save after
+it are their own components. Secrets reach the node only on stdin.
 """
 
 from __future__ import annotations
@@ -16,17 +17,23 @@ import pulumi
 import pulumi.dynamic as dyn
 from pulumi_command import remote
 
-from components import launch
+from components import kernel_cache, launch
 from components.scripts import ShellExpr, render
 from components.settings import Settings
 
 GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
-ALL_STEPS = (*STEPS, "readiness")  # every step that runs on a node; each has a deadline (Timing.deadline_s)
+ALL_STEPS = (*STEPS, "readiness", "cache-restore", "cache-save")  # every step that runs on a node; each has a
+# deadline (Timing.deadline_s)
+# What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
+PIP_BUDGET_S = 600
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
 WEIGHTS_UNIT = "kimi-weights"
 CHECK_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "check_download.py"
+KERNEL_CACHE_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "kernel_cache.py"
+BOTO3_VERSION = "1.44.5"  # the S3 client the kernel-cache program runs with; the project pins the same
+KERNEL_CACHE_SAVE_TYPE = "kimi:cluster:KernelCacheSave"
 SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
 
 # A fresh VM refuses SSH for minutes after it reports ACTIVE; pulumi-command's defaults (10 dials, 15 s each) give up
@@ -49,6 +56,8 @@ SUMMARIES = {
     "check": "compare the local snapshot with the hub's manifest for the pinned revision",
     "launch": "start the engine container for this rank",
     "readiness": "wait until the head serves the model on /v1/models, or print the engine log and fail",
+    "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
+    "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
 }
 
 
@@ -100,10 +109,25 @@ class Timing:
             "check": self.check_timeout_s,
             "launch": self.launch_timeout_s + round(self.settle_seconds),
             "readiness": self.readiness_s(settings) + slack,
+            # The transfer's own deadline (kernelCache.*TimeoutMinutes) ends it first, with a warning: these steps
+            # never fail, so theirs must stay inside this one (kernel_cache_transfer_s).
+            "cache-restore": self._cache_minutes(settings, "restore") * 60 + PIP_BUDGET_S + slack,
+            "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
         }
         if step not in defaults:
             raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")
         return defaults[step]
+
+    @staticmethod
+    def _cache_minutes(settings: Settings, which: str) -> int:
+        cfg = settings.kernel_cache
+        if cfg is None:
+            return 20
+        return cfg.restore_timeout_minutes if which == "restore" else cfg.save_timeout_minutes
+
+    def kernel_cache_transfer_s(self, step: str, settings: Settings) -> int:
+        """The kernel-cache program's own deadline: what is left of the step's after pip and the slack."""
+        return max(30, self.deadline_s(step, settings) - PIP_BUDGET_S - self.deadline_slack_s)
 
     def custom_timeout(self, step: str, settings: Settings) -> str:
         """The step's custom_timeouts (create and update), as a Go duration: its deadline plus the dial allowance."""
@@ -120,6 +144,40 @@ def _storage_path(settings: Settings) -> str:
 
 def _repo_folder(settings: Settings) -> str:
     return "models--" + settings.model.replace("/", "--")
+
+
+def _source(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[str, Any]:
+    cfg = settings.kernel_cache
+    if cfg is None:
+        raise ValueError(f"step {step} needs {settings_key('kernelCache')} to be set")
+    key = kernel_cache.cache_key(settings)
+    restoring = step == "cache-restore"
+    return {
+        "engine": settings.engine_name, "key": key.id, "key_fields": key.fields_json, "location": cfg.location,
+        "bucket": cfg.bucket, "prefix": cfg.prefix, "endpoint_url": cfg.endpoint_url or "", "region": cfg.region,
+        "addressing_style": cfg.addressing_style, "boto3_version": BOTO3_VERSION,
+        "program_source": _source(KERNEL_CACHE_SOURCE),
+        "give_up": "starting cold" if restoring else "WARNING: not saved",
+        "timeout_s": timing.kernel_cache_transfer_s(step, settings), "pip_timeout_s": PIP_BUDGET_S // 2,
+        "timeout_key": "restoreTimeoutMinutes" if restoring else "saveTimeoutMinutes",
+    }
+
+
+def settings_key(key: str) -> str:
+    return f"kimi-cluster:{key}"
+
+
+def steps_for(settings: Settings) -> tuple[str, ...]:
+    """The chain's steps on every node; the kernel-cache restore only when kernelCache is set."""
+    if settings.kernel_cache is None:
+        return STEPS
+    at = STEPS.index("weights") + 1
+    return (*STEPS[:at], "cache-restore", *STEPS[at:])
 
 
 def readiness_identity(settings: Settings) -> str:
@@ -176,6 +234,8 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  gpus_per_node=settings.gpus_per_node_count,
                  fingerprint=launch.launch_fingerprint(settings, rank, private_ip, head_private_ip),
                  fingerprint_label=launch.FINGERPRINT_LABEL, docker_argv=argv, settle_seconds=timing.settle_seconds)
+    elif step in ("cache-restore", "cache-save"):
+        v.update(_kernel_cache_values(settings, step, timing))
     elif step == "readiness":
         v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
@@ -188,9 +248,12 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
                         timing: Timing = Timing()) -> dict[str, str]:
     """Every script node `rank` runs, by step, in order (the head also gets readiness). Safe to write to disk."""
-    scripts = {step: render_step(settings, step, rank, private_ip, head_private_ip, timing) for step in STEPS}
+    scripts = {step: render_step(settings, step, rank, private_ip, head_private_ip, timing)
+               for step in steps_for(settings)}
     if rank == 0:
         scripts["readiness"] = render_step(settings, "readiness", 0, private_ip, head_private_ip, timing)
+        if settings.kernel_cache is not None:
+            scripts["cache-save"] = render_step(settings, "cache-save", 0, private_ip, head_private_ip, timing)
     return scripts
 
 
@@ -270,6 +333,7 @@ class GpuNode(pulumi.ComponentResource):
         ssh_private_key: pulumi.Input[str],
         api_key: pulumi.Input[str],
         hf_token: pulumi.Input[str] | None = None,
+        kernel_cache_credentials: pulumi.Input[str] | None = None,
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
         vm_id: pulumi.Input[str | int] | None = None,
@@ -297,9 +361,15 @@ class GpuNode(pulumi.ComponentResource):
         image = self._step("image", scripts, [storage])
         weights = self._step("weights", scripts, [storage], stdin=token)
         check = self._step("check", scripts, [weights], stdin=token)
-        self.launched = self._step("launch", scripts, [check, image, *launch_after], stdin=key)
-        self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check,
-                         "launch": self.launched}
+        before_launch: list[pulumi.Resource] = [check, image]
+        self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check}
+        if settings.kernel_cache is not None:
+            # Alongside the pull and the download; it never fails, so the launch only ever waits for it.
+            restore = self._step("cache-restore", scripts, [storage], stdin=_stdin_secret(kernel_cache_credentials))
+            before_launch.append(restore)
+            self.commands["cache-restore"] = restore
+        self.launched = self._step("launch", scripts, [*before_launch, *launch_after], stdin=key)
+        self.commands["launch"] = self.launched
         self.register_outputs({"launched": self.launched.id, "launch_stdout": self.launched.stdout})
 
     def _step(self, step: str, scripts: pulumi.Output[dict[str, str]], depends_on: Any,
@@ -373,6 +443,44 @@ class Readiness(pulumi.ComponentResource):
         )
         self.stdout = self.command.stdout
         self.register_outputs({"stdout": self.stdout})
+
+
+class KernelCacheSave(pulumi.ComponentResource):
+    """After the readiness wait, packs the head's compiled kernels into the configured store (kernelCache).
+
+    Nothing reads its output: the endpoint is exported from the readiness wait alone, and the script exits 0 whatever
+    happens (a failure is one WARNING line), so a slow or broken store never fails `pulumi up` or the endpoint.
+    Its text carries the cache key and the launch identity, so it runs again after a relaunch with a new key.
+    """
+
+    command: remote.Command
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: Settings,
+        public_ip: pulumi.Input[str],
+        ssh_private_key: pulumi.Input[str],
+        credentials: pulumi.Input[str],
+        host_key: pulumi.Input[str] | None = None,
+        ssh_port: pulumi.Input[int] = 22,
+        timing: Timing = Timing(),
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__(KERNEL_CACHE_SAVE_TYPE, name, None, opts)
+        if settings.kernel_cache is None:
+            raise ValueError("KernelCacheSave needs kimi-cluster:kernelCache")
+        script = render_step(settings, "cache-save", 0, "<unused>", "<unused>", timing)
+        script += f"# after launch configuration {readiness_identity(settings)}\n"
+        self.command = _command(
+            self, f"{name}-save",
+            remote_command_text("cache-save", script, deadline_s=timing.deadline_s("cache-save", settings)),
+            node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),
+            opts.depends_on if opts is not None else None, _stdin_secret(credentials),
+            timing.custom_timeout("cache-save", settings),
+        )
+        self.register_outputs({})
 
 
 # ---- the node's SSH host key ----------------------------------------------------------------------------------------

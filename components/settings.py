@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from components import catalog, sizing
 
 NAMESPACE = "kimi-cluster"
-SECRET_KEYS = ("hfToken", "sshPrivateKey")
+SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials")
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
@@ -45,6 +45,8 @@ EXAMPLES: dict[str, str] = {
     "environmentName": "kimi-dev",
     "image": "lmsysorg/sglang:dev-kimi-k31-pro@sha256:...",
     "extraEngineArgs": '\'["--enable-metrics"]\'',
+    "kernelCache": '\'{"backend": "s3", "bucket": "my-team-kimi-kernels", "region": "eu-central-1"}\'',
+    "kernelCacheCredentials": "--secret ACCESS_KEY_ID:SECRET_ACCESS_KEY",
 }
 
 
@@ -53,8 +55,61 @@ class SettingsError(ValueError):
 
 
 def _how_to_set(key: str) -> str:
+    if "." in key:  # a field of an object setting
+        return f"set it with: pulumi config set --path {NAMESPACE}:{key} {EXAMPLES.get(key, 'VALUE')}"
     secret = "--secret " if key in SECRET_KEYS else ""
     return f"set it with: pulumi config set {secret}{NAMESPACE}:{key} {EXAMPLES.get(key, 'VALUE')}"
+
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
+_S3_REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+
+
+class KernelCacheSettings(BaseModel):
+    """Where the engine's compiled kernels are kept between bring-ups: an S3-compatible bucket the team owns.
+
+    AWS S3, Cloudflare R2, Backblaze B2, MinIO and other S3 APIs all take the same client with another endpointUrl.
+    The credentials are a secret of their own (kernelCacheCredentials) and reach the nodes on stdin only.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    backend: Literal["s3"] = "s3"
+    bucket: str
+    prefix: str = "kimi-cluster/kernel-cache/"
+    endpoint_url: str | None = Field(None, alias="endpointUrl", pattern=r"^https?://[^\s'\"\\`$]+$")
+    region: str = "us-east-1"
+    addressing_style: Literal["auto", "path", "virtual"] = Field("auto", alias="addressingStyle")
+    restore_timeout_minutes: int = Field(20, alias="restoreTimeoutMinutes", ge=1)
+    save_timeout_minutes: int = Field(30, alias="saveTimeoutMinutes", ge=1)
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        if not _BUCKET.match(v) or ".." in v:
+            raise ValueError(f"{v!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.' or '-')")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not _PREFIX.match(v) or ".." in v.split("/"):
+            raise ValueError(f"{v!r} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
+        v = v.strip("/")
+        return v + "/" if v else ""
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not _S3_REGION.match(v):
+            raise ValueError(f"{v!r} is not a region name such as eu-central-1 or auto")
+        return v
+
+    @property
+    def location(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"s3://{self.bucket}/{self.prefix}{where}"
 
 
 class Settings(BaseModel):
@@ -102,10 +157,12 @@ class Settings(BaseModel):
     step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
     verify_sha256: bool = Field(False, alias="verifySha256")
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint", pattern=r"^https?://[^\s'\"]+$")
+    kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
 
     # secrets: presence only, the values stay in Pulumi's secret config
     hf_token_set: bool = False
     ssh_private_key_set: bool = False
+    kernel_cache_credentials_set: bool = False
 
     @field_validator("operator_cidr")
     @classmethod
@@ -206,6 +263,19 @@ class Settings(BaseModel):
                 raise ValueError(f"{step}: {minutes!r} is not a positive number of minutes")
         return v
 
+    @field_validator("kernel_cache", mode="before")
+    @classmethod
+    def _json_object(cls, v: Any) -> Any:
+        # `pulumi config set kimi-cluster:kernelCache '{...}'` stores a JSON string; `--path` stores an object
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'') from None
+            if not isinstance(v, dict):
+                raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
+        return v
+
     @field_validator("node_root", "storage_path")
     @classmethod
     def _paths(cls, v: str) -> str:
@@ -237,6 +307,11 @@ class Settings(BaseModel):
             raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
         if self.ssh_public_key is not None and self.keypair_name is not None:
             raise ValueError("set only one of sshPublicKey and keypairName")
+        if self.kernel_cache is not None and not self.kernel_cache_credentials_set:
+            raise ValueError(
+                f"{NAMESPACE}:kernelCacheCredentials is required with {NAMESPACE}:kernelCache (the bucket's access "
+                f"key); set it with: pulumi config set --secret {NAMESPACE}:kernelCacheCredentials "
+                "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
         if self.model not in catalog.MODELS:
             raise ValueError(f"model {self.model!r} has no sizing data; known: {', '.join(catalog.MODELS)}")
         fit = self.fit
@@ -358,16 +433,25 @@ def _alias_of(field_name: str) -> str:
     return (f.alias if f and f.alias else field_name) if f else field_name
 
 
+def _alias_in(model: type[BaseModel], field_name: str) -> str:
+    f = model.model_fields.get(field_name)
+    return f.alias if f is not None and f.alias else field_name
+
+
 def _format_errors(err: ValidationError | None, extra: list[str] | None = None) -> str:
     lines = list(extra or [])
     for e in err.errors() if err is not None else []:
         loc = [str(p) for p in e["loc"]]
         key = _alias_of(loc[0]) if loc else ""
+        if key == "kernelCache" and len(loc) > 1 and not loc[1].startswith(("function-", "dict[")):
+            key = f"kernelCache.{_alias_in(KernelCacheSettings, loc[1])}"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
             lines.append(f"{NAMESPACE}:{key} is required; {_how_to_set(key)}")
         elif e["type"] == "extra_forbidden":
-            known = ", ".join(sorted(config_keys()))
+            known = ", ".join(sorted(
+                f"kernelCache.{f.alias or n}" for n, f in KernelCacheSettings.model_fields.items()
+            ) if key.startswith("kernelCache.") else sorted(config_keys()))
             lines.append(f"{NAMESPACE}:{key} is not a known setting; known settings: {known}")
         elif key:
             lines.append(f"{NAMESPACE}:{key}: {msg}; {_how_to_set(key)}")
@@ -378,7 +462,8 @@ def _format_errors(err: ValidationError | None, extra: list[str] | None = None) 
 
 def config_keys() -> list[str]:
     """Every key a user may set under kimi-cluster:, secrets included."""
-    keys = [f.alias or name for name, f in Settings.model_fields.items() if name not in ("stack", "hf_token_set", "ssh_private_key_set")]
+    keys = [f.alias or name for name, f in Settings.model_fields.items() if name not in ("stack", "hf_token_set", "ssh_private_key_set",
+                                                                "kernel_cache_credentials_set")]
     return keys + list(SECRET_KEYS)
 
 
@@ -446,6 +531,7 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
     values["stack"] = stack
     values["hf_token_set"] = bool(raw.get("hfToken"))
     values["ssh_private_key_set"] = bool(raw.get("sshPrivateKey"))
+    values["kernel_cache_credentials_set"] = bool(raw.get("kernelCacheCredentials"))
     try:
         settings = Settings.model_validate(values)
     except ValidationError as err:

@@ -5,6 +5,7 @@ Scripted answers that depend on the request (tool results, real pixels, prior re
 from __future__ import annotations
 
 import argparse
+import hashlib
 import hmac
 import json
 import os
@@ -850,6 +851,70 @@ def settings_from_args(argv: Optional[Sequence[str]] = None) -> tuple[FakeSettin
     return settings, args, ignored
 
 
+# --------------------------------------------------------------------------- kernel warm-up
+
+# Flags that decide which kernels a real engine compiles (the same idea as components/kernel_cache.py).
+_SHAPE_FLAGS = ("--ep-size", "--moe-runner-backend", "--quantization", "--kv-cache-dtype", "--attention-backend",
+                "--dtype", "--enable-expert-parallel")
+
+
+def kernel_files(engine: str, args: argparse.Namespace, ignored: Sequence[str], env: dict[str, str]) -> list[str]:
+    """The files a warm-up leaves, in the folders the engine's environment names; none without those variables.
+
+    SGLang sets DG_JIT_CACHE_DIR from SGLANG_DG_CACHE_DIR (default ~/.cache/sglang/deep_gemm) whatever the
+    environment says; vLLM keeps its torch.compile artifacts under VLLM_CACHE_ROOT.
+    """
+    shape = [engine, f"tp={args.tp}", f"len={args.context_length or args.max_model_len}"]
+    words = list(ignored)
+    for i, word in enumerate(words):
+        name = word.partition("=")[0]
+        if name in _SHAPE_FLAGS:
+            value = word.partition("=")[2] or (words[i + 1] if i + 1 < len(words) else "")
+            shape.append(f"{name}={value}")
+    h = hashlib.sha256(" ".join(shape).encode()).hexdigest()[:16]
+    out = []
+    if env.get("TRITON_CACHE_DIR"):
+        out += [f"{env['TRITON_CACHE_DIR']}/{h}moe/fused_moe_kernel.cubin",
+                f"{env['TRITON_CACHE_DIR']}/{h}moe/fused_moe_kernel.json",
+                f"{env['TRITON_CACHE_DIR']}/{h}att/decode_attention_fwd.cubin"]
+    if env.get("TORCHINDUCTOR_CACHE_DIR"):
+        out.append(f"{env['TORCHINDUCTOR_CACHE_DIR']}/fxgraph/{h[:2]}/f{h}/graph")
+    if engine == "sglang":
+        dg = env.get("SGLANG_DG_CACHE_DIR") or (f"{env['XDG_CACHE_HOME']}/sglang/deep_gemm"
+                                                 if env.get("XDG_CACHE_HOME") else "")
+    else:
+        dg = env.get("DG_JIT_CACHE_DIR", "")
+    if dg:
+        out.append(f"{dg}/cache/kernel.fp8_gemm.{h}/kernel.cubin")
+    if engine == "vllm" and env.get("VLLM_CACHE_ROOT"):
+        out.append(f"{env['VLLM_CACHE_ROOT']}/torch_compile_cache/{h}/rank_0_0/backbone/artifact")
+    return out
+
+
+def warm_up(engine: str, args: argparse.Namespace, ignored: Sequence[str], env: dict[str, str],
+            compile_seconds: float, stop: threading.Event) -> None:
+    """As a real engine's start: kernels missing from the cache are compiled (slowly), present ones are loaded."""
+    files = kernel_files(engine, args, ignored, env)
+    if not files:
+        return
+    missing = [f for f in files if not os.path.exists(f)]
+    if not missing:
+        print(f"fake-inference: all {len(files)} kernels found in the cache; no compile", file=sys.stderr,
+              flush=True)
+        return
+    seconds = compile_seconds * len(missing) / len(files)
+    print(f"fake-inference: compiling {len(missing)} of {len(files)} kernels ({seconds:.1f} s; the cache had "
+          f"{len(files) - len(missing)})", file=sys.stderr, flush=True)
+    stop.wait(seconds)
+    for path in missing:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        seed = hashlib.sha256(os.path.basename(path).encode()).digest()
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(b"\x7fELF fake kernel " + seed * 256)
+        os.replace(path + ".tmp", path)
+    print(f"fake-inference: compiled {len(missing)} kernels", file=sys.stderr, flush=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         settings, args, ignored = settings_from_args(argv)
@@ -858,6 +923,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    warm_up(settings.engine, args, ignored, dict(os.environ),
+            float(os.environ.get("FAKE_ENGINE_COMPILE_SECONDS") or 0), stop)
     if args.node_rank > 0:
         print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang); idling", file=sys.stderr)
         while not stop.wait(1.0):

@@ -35,6 +35,9 @@ DEFAULT_WORKDIR = ".sandbox"
 # The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
 EMULATOR_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
                       "--deleting-seconds", "0.2")
+# The kernel-cache bucket (an S3 API, moto) and how long the fake engine "compiles" when its cache is empty.
+KERNEL_BUCKET = "kimi-sandbox-kernels"
+FAKE_COMPILE_SECONDS = 30
 # Free space the fake disks report: the checkpoint (1.56 TB) plus the margin must fit, as on the real flavors.
 FAKE_DISK_BYTES = 4 * 10**12
 # Deadlines of the engine runs: every node step has its own, shorter ones from the stack config.
@@ -83,6 +86,11 @@ class Workdir:
     @property
     def verification(self) -> Path:
         return self.root / "verification"
+
+    @property
+    def kernel_store(self) -> Path:
+        """The kernel-cache bucket's objects while its server is stopped; kept by destroy, like a team's bucket."""
+        return self.root / "kernel-store"
 
     def record(self) -> dict[str, Any]:
         return json.loads(self.record_path.read_text()) if self.record_path.exists() else {}
@@ -159,6 +167,8 @@ def node_env(settings: Settings, faults: Mapping[str, str] | None = None) -> dic
         # both its fixed and floating IP); the stub expands the variable per node.
         "FAKE_IP_ADDRS": "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/8,docker0=172.17.0.1/16",
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
+        # The fake engine compiles this long when the kernels it needs are not in its cache folder.
+        "FAKE_ENGINE_COMPILE_SECONDS": str(FAKE_COMPILE_SECONDS),
         # The hub and the engine are on loopback: a proxy from the caller's environment must not get in the way.
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
@@ -253,6 +263,34 @@ class Sandbox:
                      f"{settings.model_revision[:12]} (pid {service.pid}, token required)")
         return _service(record, "hub").url  # type: ignore[union-attr]
 
+    def _ensure_kernel_store(self, record: dict[str, Any]) -> str:
+        """The kernel-cache bucket: moto's S3 server, loaded from kernel-store/ (what the last destroy kept)."""
+        creds = self.dir.secret_path("kernel_cache_credentials")
+        previous = _service(record, "kernel-store")
+        if previous is None or not previous.running() or not creds.exists():
+            if previous is not None:
+                services.stop(previous)
+            self.dir.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            creds.unlink(missing_ok=True)  # the new server makes a new key
+            port = _port_for(previous)
+            service = services.start(
+                "kernel-store", services.python_module(
+                    "fakes.s3_store", "--port", str(port), "--bucket", KERNEL_BUCKET,
+                    "--credentials-file", str(creds), "--data-dir", str(self.dir.kernel_store)),
+                host="127.0.0.1", port=port, marker="fakes.s3_store", log_dir=self.dir.logs, timeout=60,
+            )
+            deadline = time.monotonic() + 60
+            while not creds.exists():  # written once the bucket exists and the kept objects are back in it
+                if time.monotonic() > deadline or not service.running():
+                    services.stop(service)
+                    raise services.ServiceError(f"the kernel-cache bucket did not come up; see {service.log}")
+                time.sleep(0.1)
+            record.setdefault("services", {})["kernel-store"] = service.to_json()
+            kept = sum(1 for p in self.dir.kernel_store.rglob("*") if p.is_file())
+            self.say(f"started the kernel-cache bucket s3://{KERNEL_BUCKET} (moto's S3 server) on {service.url} "
+                     f"with {kept} objects kept from earlier runs (pid {service.pid}, signed requests only)")
+        return _service(record, "kernel-store").url  # type: ignore[union-attr]
+
     def _stop_services(self, record: dict[str, Any]) -> list[str]:
         problems = []
         for name, data in list((record.get("services") or {}).items()):
@@ -279,6 +317,12 @@ class Sandbox:
             f"{NAMESPACE}:hfToken": self.dir.secret("hf_token", _hf_token),
             "hyperstack:apiKey": record["emulator_key"],
         }
+        if record.get("kernel_store_url") and self.dir.secret_path("kernel_cache_credentials").exists():
+            config[f"{NAMESPACE}:kernelCache"] = json.dumps({
+                "bucket": KERNEL_BUCKET, "endpointUrl": record["kernel_store_url"], "addressingStyle": "path",
+                "restoreTimeoutMinutes": 3, "saveTimeoutMinutes": 3})
+            secret_config[f"{NAMESPACE}:kernelCacheCredentials"] = \
+                self.dir.secret_path("kernel_cache_credentials").read_text().strip()
         return EngineSettings(
             project_dir=REPO_ROOT, stack=STACK, workdir=self.dir.root, config_overrides=config,
             secret_overrides=secret_config, node_path_prefix=node_path(), node_env=node_env(settings),
@@ -336,6 +380,7 @@ class Sandbox:
                  f"{settings.engine_name}) in {self.dir.root}")
         record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)
         record["hub_url"] = self._ensure_hub(record, settings, hub_bytes_per_second)
+        record["kernel_store_url"] = self._ensure_kernel_store(record)
         if not record.get("api_port"):
             record["api_port"] = services.free_port()
         # The key is in secrets/, not in the record; it is added back for the engine run only.
@@ -474,6 +519,12 @@ class Sandbox:
             problems += self._stop_services(record)
             if not problems:
                 self._forget(record)
+                kept = sum(1 for p in self.dir.kernel_store.rglob("*") if p.is_file()) \
+                    if self.dir.kernel_store.exists() else 0
+                if kept:
+                    self.say(f"kept the kernel-cache bucket's {kept} objects in {self.dir.kernel_store}: it stands "
+                             "for your own bucket, which outlives the cluster; the next up restores from it "
+                             "(delete that folder to start cold)")
         return self._finish_destroy(problems, started)
 
     def _finish_destroy(self, problems: list[str], started: float) -> int:

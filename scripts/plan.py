@@ -105,7 +105,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
 
 
 def _secret_flag(key: str) -> str:
-    return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set"}[key]
+    return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
+            "kernelCacheCredentials": "kernel_cache_credentials_set"}[key]
 
 
 def format_plan(plan: dict[str, Any]) -> str:

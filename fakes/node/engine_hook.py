@@ -21,6 +21,10 @@ VALUE_OPTS = {"--name", "--restart", "--label", "-l", "--gpus", "-p", "--publish
 # Where each engine listens unless told otherwise (SGLang's and vLLM's own defaults).
 DEFAULT_LISTEN = {"sglang": ("127.0.0.1", 30000), "vllm": ("0.0.0.0", 8000)}
 KEY_ENV_NAMES = ("KIMI_API_KEY", "VLLM_API_KEY")
+# Paths the engines write their compiled kernels to (components/launch.py sets them; SGLang's own variable too).
+CACHE_ENV_NAMES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR",
+                   "VLLM_CACHE_ROOT", "XDG_CACHE_HOME")
+CONTAINER_HOME_CACHE = "/root/.cache"  # the image's user is root: its ~/.cache
 
 
 class HookError(Exception):
@@ -29,7 +33,8 @@ class HookError(Exception):
 
 def parse_run(args: list[str]) -> dict:
     """docker-run options, the image and the container's command."""
-    run: dict = {"name": None, "env_files": [], "env": [], "publish": [], "network": "bridge", "entrypoint": None}
+    run: dict = {"name": None, "env_files": [], "env": [], "publish": [], "network": "bridge", "entrypoint": None,
+                 "volumes": []}
     i = 0
     while i < len(args) and args[i].startswith("-"):
         key, has_eq, inline = args[i].partition("=")
@@ -50,6 +55,9 @@ def parse_run(args: list[str]) -> dict:
                 run["network"] = value
             elif key == "--entrypoint":
                 run["entrypoint"] = value
+            elif key in ("-v", "--volume"):
+                host, _, rest = value.partition(":")
+                run["volumes"].append((host, rest.partition(":")[0]))
         else:
             i += 1
     if i >= len(args):
@@ -172,6 +180,28 @@ def listen_addresses(run: dict, engine: str, flags: list[str]) -> list[str]:
     return out
 
 
+def host_path(run: dict, container_path: str, scratch: Path) -> str:
+    """Where a path inside the container lands on the node: under the longest mount that holds it, else in the
+    container's own writable layer (here a scratch folder that `docker rm` would take away)."""
+    best = None
+    for host, target in run["volumes"]:
+        target = target.rstrip("/") or "/"
+        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
+            if best is None or len(target) > len(best[1]):
+                best = (host, target)
+    if best is None:
+        return str(scratch / container_path.lstrip("/"))
+    return best[0].rstrip("/") + container_path[len(best[1].rstrip("/")):]
+
+
+def cache_env(run: dict, env: dict[str, str], name: str) -> dict[str, str]:
+    """The engine's kernel-cache paths as the node sees them, so the fake compiles into the same folders."""
+    scratch = node_root() / "var/lib/fake-node/docker/layers" / name
+    paths = {k: env[k] for k in CACHE_ENV_NAMES if env.get(k)}
+    paths.setdefault("XDG_CACHE_HOME", CONTAINER_HOME_CACHE)
+    return {k: host_path(run, v, scratch) for k, v in paths.items()}
+
+
 def node_root() -> Path:
     return Path(os.environ.get("FAKE_NODE_ROOT") or os.environ.get("SANDBOX_NODE_DIR") or os.getcwd())
 
@@ -198,6 +228,7 @@ def plan(args: list[str]) -> tuple[list[str], dict[str, str], str]:
     server_env.update({k: v for k, v in env.items() if k not in KEY_ENV_NAMES})
     server_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), server_env.get("PYTHONPATH", "")) if p)
     server_env["PYTHONUNBUFFERED"] = "1"
+    server_env.update(cache_env(run, env, run["name"] or "container"))
     if key:
         server_env["KIMI_API_KEY"] = key  # what the fake reads when given no --api-key flag
     return argv, server_env, run["name"] or "container"

@@ -75,7 +75,7 @@ def test_b300_flow_with_its_own_services_and_reruns(sandbox) -> None:
     assert "started the Hyperstack emulator" in out and "started the fake Hugging Face hub" in out
     record = run.record()
     service_pids = {name: data["pid"] for name, data in record["services"].items()}
-    assert set(service_pids) == {"emulator", "hub"}
+    assert set(service_pids) == {"emulator", "hub", "kernel-store"}
     # The hub answers only with the stack's hfToken: a finished download proves the token reached the node on stdin.
     token_file = run.workdir / "secrets" / "hf_token"
     assert str(token_file) in " ".join(services._cmdline(service_pids["hub"]))

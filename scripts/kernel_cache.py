@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""Runs on a node: restores the engine's compiled-kernel cache from an S3-compatible bucket, or saves it there.
+
+`restore` runs before the launch and never fails it: a missing archive, one saved for another key, a corrupt or
+unsafe one, an unreachable store or refused credentials all end in one line saying why, and the engine starts cold.
+`save` runs after the readiness wait and only warns. Archives are tar.gz under <prefix><key>/ with a manifest that
+records the archive's sha256 and the key's fields; the manifest is written last, so it only ever names a whole
+archive. Only kernel artifacts travel: an allow-list of cache folders, no token, env or key file, and no file that
+holds any secret this node knows. Needs boto3 (https://boto3.amazonaws.com/v1/documentation/api/latest/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+ARCHIVE_NAME = "cache.tar.gz"
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+CHUNK = 8 * 1024 * 1024
+
+# The kernel caches under the container's /root/.cache (components/launch.py sets the first three; SGLang puts
+# DeepGEMM's under sglang/deep_gemm whatever DG_JIT_CACHE_DIR says, vLLM its torch.compile artifacts under
+# VLLM_CACHE_ROOT). Nothing else in that folder travels: not the Hugging Face folder, not pip's cache.
+ALLOWED_ROOTS = ("triton", "torchinductor", "deep_gemm", "sglang/deep_gemm", "vllm/torch_compile_cache",
+                 "vllm/torch_aot_compile", "flashinfer", "torch_extensions")
+# Names that are never a kernel, wherever they are: tokens, env files, keys, credentials.
+DENIED_NAMES = ("token", "stored_tokens", "*.env", ".env", ".env.*", "*.netrc", ".netrc", "netrc", "credentials",
+                "credentials.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.header", "*secret*",
+                "*token*", ".git-credentials", "*.p12")
+MIN_SECRET_LEN = 8
+
+
+class CacheError(Exception):
+    """Why a restore starts cold or a save is skipped; one line."""
+
+
+# ---- what may travel -----------------------------------------------------------------------------------------------
+
+
+def allowed_path(rel: str) -> bool:
+    """A path inside the cache folder that is under one of the kernel caches and has no denied name."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return False
+    if not any(rel == root or rel.startswith(root + "/") for root in ALLOWED_ROOTS):
+        return False
+    return not any(fnmatch.fnmatch(p.lower(), pat) for p in parts for pat in DENIED_NAMES)
+
+
+def secret_values(paths: list[str]) -> list[bytes]:
+    """The secrets in the node's root-only files (an env file's values, a header's token, an ID:SECRET pair)."""
+    found: set[str] = set()
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                lines = fh.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            line = line.strip()
+            candidates = {line, line.partition("=")[2], line.rpartition("Bearer ")[2], *line.split(":")}
+            found.update(c.strip() for c in candidates if len(c.strip()) >= MIN_SECRET_LEN)
+    return sorted((s.encode() for s in found), key=len, reverse=True)
+
+
+def _holds_secret(path: str, secrets: list[bytes]) -> bool:
+    if not secrets:
+        return False
+    overlap = max(len(s) for s in secrets)
+    tail = b""
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            window = tail + block
+            if any(s in window for s in secrets):
+                return True
+            tail = window[-overlap:]
+    return False
+
+
+@dataclass
+class Selection:
+    """The files a save packs, and what it left behind and why."""
+
+    files: list[tuple[str, os.stat_result]] = field(default_factory=list)
+    stripped: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(st.st_size for _, st in self.files)
+
+    def tree_digest(self) -> str:
+        """Names, sizes and whole-second mtimes (what tar keeps): equal after a restore that nothing changed."""
+        h = hashlib.sha256()
+        for rel, st in self.files:
+            h.update(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
+        return h.hexdigest()
+
+
+def select(cache_dir: str, secrets: list[bytes]) -> Selection:
+    """Walk the cache folder without following links; keep regular files that may travel."""
+    sel = Selection()
+    for dirpath, dirnames, filenames in os.walk(cache_dir):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, cache_dir).replace(os.sep, "/")
+            st = os.lstat(full)
+            if not os.path.isfile(full) or os.path.islink(full):
+                if allowed_path(rel):
+                    sel.stripped.append(f"{rel} (not a regular file)")
+                continue
+            if not allowed_path(rel):
+                if any(rel.startswith(root + "/") for root in ALLOWED_ROOTS):
+                    sel.stripped.append(f"{rel} (a name kernels never have)")
+                continue
+            if _holds_secret(full, secrets):
+                sel.stripped.append(f"{rel} (holds a secret of this node)")
+                continue
+            sel.files.append((rel, st))
+    return sel
+
+
+def kernel_file_count(cache_dir: str) -> int:
+    if not os.path.isdir(cache_dir):
+        return 0
+    count = 0
+    for dirpath, _, filenames in os.walk(cache_dir):
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), cache_dir).replace(os.sep, "/")
+            count += allowed_path(rel)
+    return count
+
+
+# ---- the store -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Store:
+    """One bucket and prefix through boto3; errors become one-line CacheErrors that name the setting to check."""
+
+    bucket: str
+    prefix: str
+    endpoint_url: str | None
+    region: str
+    addressing_style: str
+    credentials_file: str
+    client: Any = None
+
+    @property
+    def where(self) -> str:
+        return self.place("")
+
+    def place(self, key: str) -> str:
+        at = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"s3://{self.bucket}/{self.prefix}{key + '/' if key else ''}{at}"
+
+    def connect(self) -> None:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise CacheError(f"boto3 is not installed on this node ({exc})") from None
+        try:
+            with open(self.credentials_file, encoding="utf-8") as fh:
+                value = fh.read().strip()
+        except OSError:
+            value = ""
+        key_id, sep, secret = value.partition(":")
+        if not sep or not key_id or not secret:
+            raise CacheError("no usable credentials: kimi-cluster:kernelCacheCredentials must be "
+                             "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
+        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 4, "mode": "standard"},
+                        s3={"addressing_style": self.addressing_style})
+        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                                   aws_access_key_id=key_id, aws_secret_access_key=secret, config=config)
+
+    def object_key(self, key: str, name: str) -> str:
+        return f"{self.prefix}{key}/{name}"
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+
+        try:
+            return fn()
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise _Missing(what) from None
+            if code == "NoSuchBucket":
+                raise CacheError(f"bucket {self.bucket} does not exist at {self.where} "
+                                 "(kimi-cluster:kernelCache.bucket)") from None
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidClientTokenId",
+                        "403", "Forbidden") or status == 403:
+                raise CacheError(f"the store refused the credentials ({code or status}) for {what} at {self.where}; "
+                                 "check kimi-cluster:kernelCacheCredentials and the key's permissions") from None
+            raise CacheError(f"the store answered {code or status} to {what} at {self.where}: "
+                             f"{err.get('Message', '')}".rstrip(": ")) from None
+        except EndpointConnectionError as exc:
+            raise CacheError(f"the store at {self.where} is unreachable: {exc}") from None
+        except BotoCoreError as exc:
+            raise CacheError(f"{what} at {self.where} failed: {type(exc).__name__}: {exc}") from None
+
+    def get_manifest(self, key: str) -> dict[str, Any] | None:
+        name = self.object_key(key, MANIFEST_NAME)
+        try:
+            body = self._call(f"reading {name}", lambda: self.client.get_object(Bucket=self.bucket, Key=name))
+        except _Missing:
+            return None
+        try:
+            manifest = json.loads(body["Body"].read())
+        except ValueError:
+            raise CacheError(f"the manifest {name} is not JSON") from None
+        if not isinstance(manifest, dict):
+            raise CacheError(f"the manifest {name} is not a JSON object")
+        return manifest
+
+    def download(self, key: str, dest: str, progress: Callable[[int], None]) -> None:
+        name = self.object_key(key, ARCHIVE_NAME)
+        try:
+            self._call(f"downloading {name}",
+                       lambda: self.client.download_file(self.bucket, name, dest, Callback=progress))
+        except _Missing:
+            raise CacheError(f"the manifest names {name}, but the archive is missing") from None
+
+    def upload(self, key: str, path: str, manifest: dict[str, Any], progress: Callable[[int], None]) -> None:
+        name = self.object_key(key, ARCHIVE_NAME)
+        self._call(f"uploading {name}", lambda: self.client.upload_file(
+            path, self.bucket, name, Callback=progress, ExtraArgs={"ContentType": "application/gzip"}))
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        mname = self.object_key(key, MANIFEST_NAME)
+        self._call(f"writing {mname}", lambda: self.client.put_object(
+            Bucket=self.bucket, Key=mname, Body=body, ContentType="application/json"))
+
+
+class _Missing(Exception):
+    pass
+
+
+# ---- progress --------------------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Counts bytes from boto3's callbacks (several threads) and prints a line every `every` seconds."""
+
+    def __init__(self, verb: str, total: int, every: float) -> None:
+        self.verb, self.total, self.every = verb, total, every
+        self.done = 0
+        self.last = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            of = f" of {_mb(self.total)}" if self.total else ""
+            say(f"{self.verb}: {_mb(self.done)}{of}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] kernel cache: {text}", flush=True)
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- node state (what this VM already did, for zero-cost re-runs) -----------------------------------------------
+
+
+def read_state(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(path: str, **updates: Any) -> None:
+    data = {**read_state(path), **updates}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+# ---- restore -------------------------------------------------------------------------------------------------------
+
+
+def key_difference(expected: dict[str, Any], found: Any) -> list[str]:
+    if not isinstance(found, dict):
+        return ["the manifest records no key fields"]
+    return [f"{k} {found.get(k)!r} (archive) != {expected.get(k)!r} (this stack)"
+            for k in sorted(set(expected) | set(found)) if expected.get(k) != found.get(k)]
+
+
+def safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """Every member, refused whole if any is outside the kernel caches or not a plain file or folder."""
+    members = tar.getmembers()
+    for m in members:
+        name = m.name.removeprefix("./")
+        if not (m.isfile() or m.isdir()):
+            raise CacheError(f"the archive holds {m.name!r}, which is not a plain file or folder; refusing it")
+        if m.isdir():
+            parts = name.rstrip("/").split("/")
+            if name.startswith("/") or ".." in parts or not any(
+                    r == name.rstrip("/") or r.startswith(name.rstrip("/") + "/") or name.startswith(r + "/")
+                    for r in ALLOWED_ROOTS):
+                raise CacheError(f"the archive holds the folder {m.name!r} outside the kernel caches; refusing it")
+        elif not allowed_path(name):
+            raise CacheError(f"the archive holds {m.name!r}, which is not a kernel artifact; refusing it")
+        m.name = name
+        m.mode &= 0o755
+        m.uid = m.gid = 0
+        m.uname = m.gname = ""
+    return iter(members)
+
+
+def restore(args: argparse.Namespace) -> str:
+    expected = json.loads(args.key_fields)
+    state_file = os.path.join(args.state_dir, "kernel-cache.json")
+    have = kernel_file_count(args.cache_dir)
+    if read_state(state_file).get("restored") == args.key and have:
+        return f"already restored for key {args.key} on this VM ({have} kernel files); nothing fetched"
+    if have:
+        return f"{args.cache_dir} already holds {have} kernel files; keeping them, nothing fetched"
+    store = make_store(args)
+    store.connect()
+    manifest = store.get_manifest(args.key)
+    if manifest is None:
+        raise CacheError(f"no archive for key {args.key} in {store.where} yet (the first bring-up with this "
+                         "configuration saves one after the readiness wait)")
+    diff = key_difference(expected, manifest.get("fields"))
+    if manifest.get("key") != args.key or diff:
+        raise CacheError(f"the archive under key {args.key} was saved for another configuration: "
+                         + ("; ".join(diff) or f"key {manifest.get('key')!r}"))
+    recorded = str(manifest.get("sha256") or "")
+    if len(recorded) != 64:
+        raise CacheError("the manifest records no sha256 for the archive")
+    size = int(manifest.get("size") or 0)
+    work = tempfile.mkdtemp(prefix=".kernel-cache-restore-", dir=args.work_dir)
+    try:
+        archive = os.path.join(work, ARCHIVE_NAME)
+        started = time.monotonic()
+        say(f"downloading {_mb(size)} from {store.place(args.key)}")
+        store.download(args.key, archive, Progress("downloaded", size, args.progress_seconds))
+        actual = sha256_file(archive)
+        if actual != recorded:
+            raise CacheError(f"the archive is corrupt: its sha256 is {actual[:16]}..., the manifest recorded "
+                             f"{recorded[:16]}...")
+        staging = os.path.join(work, "unpacked")
+        os.makedirs(staging)
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                members = list(safe_members(tar))
+                kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tar.extractall(staging, members=members, **kwargs)
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            raise CacheError(f"the archive cannot be unpacked: {type(exc).__name__}: {exc}") from None
+        os.makedirs(args.cache_dir, exist_ok=True)
+        count = _merge(staging, args.cache_dir)
+        write_state(state_file, restored=args.key)
+        return (f"restored {count} kernel files ({_mb(size)}) for key {args.key} from {store.where} in "
+                f"{time.monotonic() - started:.1f} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _merge(src: str, dest: str) -> int:
+    """Move unpacked files into the cache folder, never over a file already there."""
+    count = 0
+    for dirpath, _, filenames in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        target_dir = os.path.normpath(os.path.join(dest, rel_dir))
+        os.makedirs(target_dir, exist_ok=True)
+        for name in filenames:
+            target = os.path.join(target_dir, name)
+            if not os.path.exists(target):
+                os.replace(os.path.join(dirpath, name), target)
+                count += 1
+    return count
+
+
+# ---- save ----------------------------------------------------------------------------------------------------------
+
+
+def pack(cache_dir: str, sel: Selection, dest: str) -> None:
+    """A gzip'd tar of the selected files only; level 1, since kernels compress little and time matters more."""
+    with open(dest, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+        for rel, st in sel.files:
+            info = tarfile.TarInfo(rel)
+            info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
+            with open(os.path.join(cache_dir, rel), "rb") as fh:
+                tar.addfile(info, _Exact(fh, st.st_size))
+
+
+class _Exact(io.RawIOBase):
+    """Reads exactly `size` bytes of a file, so a file still growing cannot break the tar."""
+
+    def __init__(self, fh: Any, size: int) -> None:
+        self.fh, self.left = fh, size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        data = self.fh.read(n)
+        data += b"\0" * (n - len(data))
+        self.left -= n
+        return data
+
+
+def save(args: argparse.Namespace) -> str:
+    fields = json.loads(args.key_fields)
+    state_file = os.path.join(args.state_dir, "kernel-cache.json")
+    sel = select(args.cache_dir, secret_values(args.secret_file))
+    for line in sel.stripped[:20]:
+        say(f"left out {line}")
+    if len(sel.stripped) > 20:
+        say(f"left out {len(sel.stripped) - 20} more files")
+    if not sel.files:
+        raise CacheError(f"{args.cache_dir} holds no kernel files yet; nothing to save")
+    digest = sel.tree_digest()
+    if read_state(state_file).get("saved") == {"key": args.key, "tree": digest}:
+        return f"unchanged since this VM saved key {args.key}; nothing uploaded"
+    store = make_store(args)
+    store.connect()
+    current = store.get_manifest(args.key)
+    if current is not None and current.get("tree_digest") == digest and current.get("fields") == fields:
+        write_state(state_file, saved={"key": args.key, "tree": digest})
+        return f"{store.place(args.key)} already holds these {len(sel.files)} kernel files; nothing uploaded"
+    work = tempfile.mkdtemp(prefix=".kernel-cache-save-", dir=args.work_dir)
+    try:
+        archive = os.path.join(work, ARCHIVE_NAME)
+        started = time.monotonic()
+        say(f"packing {len(sel.files)} kernel files ({_mb(sel.total_bytes)})")
+        pack(args.cache_dir, sel, archive)
+        size = os.path.getsize(archive)
+        manifest = {
+            "format": FORMAT_VERSION, "key": args.key, "fields": fields, "sha256": sha256_file(archive),
+            "size": size, "files": len(sel.files), "bytes": sel.total_bytes, "tree_digest": digest,
+            "left_out": len(sel.stripped), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        say(f"uploading {_mb(size)} to {store.place(args.key)}")
+        store.upload(args.key, archive, manifest, Progress("uploaded", size, args.progress_seconds))
+        write_state(state_file, saved={"key": args.key, "tree": digest})
+        return (f"saved {len(sel.files)} kernel files ({_mb(size)} packed, sha256 {manifest['sha256'][:16]}...) "
+                f"as key {args.key} in {store.where} in {time.monotonic() - started:.1f} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- command line --------------------------------------------------------------------------------------------------
+
+
+def make_store(args: argparse.Namespace) -> Store:
+    return Store(args.bucket, args.prefix, args.endpoint_url or None, args.region, args.addressing_style,
+                 args.credentials_file)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=("restore", "save"))
+    ap.add_argument("--cache-dir", required=True, help="the engine's cache folder (the container's /root/.cache)")
+    ap.add_argument("--key", required=True, help="the archive's key (components/kernel_cache.py)")
+    ap.add_argument("--key-fields", required=True, help="the key's fields as JSON, recorded in the manifest")
+    ap.add_argument("--bucket", required=True)
+    ap.add_argument("--prefix", default="")
+    ap.add_argument("--endpoint-url", default="", help="an S3-compatible endpoint; empty for AWS")
+    ap.add_argument("--region", default="us-east-1")
+    ap.add_argument("--addressing-style", choices=("auto", "path", "virtual"), default="auto")
+    ap.add_argument("--credentials-file", required=True, help="a root-only file holding ACCESS_KEY_ID:SECRET")
+    ap.add_argument("--state-dir", required=True, help="where this VM records what it restored and saved")
+    ap.add_argument("--work-dir", required=True, help="scratch space on the storage disk for the archive")
+    ap.add_argument("--secret-file", action="append", default=[],
+                    help="a file of secrets no packed file may contain (repeatable)")
+    ap.add_argument("--progress-seconds", type=float, default=30.0)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.work_dir, exist_ok=True)
+    try:
+        say(restore(args) if args.action == "restore" else save(args))
+        return 0
+    except CacheError as exc:
+        if args.action == "restore":
+            say(f"starting cold: {exc}")
+        else:
+            say(f"WARNING: not saved: {exc}")
+        return 3
+    except Exception as exc:  # noqa: BLE001 - the cache must never take the launch down; say what happened
+        reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+        say(f"starting cold: unexpected error: {reason}" if args.action == "restore"
+            else f"WARNING: not saved: unexpected error: {reason}")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The kernel cache across `sandbox destroy` and `sandbox up`: the first bring-up compiles and saves, the next one
+restores before the launch and the engine compiles nothing; a corrupt archive starts cold and the endpoint still
+comes up. No secret of the node is in the bucket.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+
+from .conftest import leftover_processes, ok, report
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def step_output(workdir, name: str) -> str:
+    doc = json.loads((workdir / "state.json").read_text())
+    for r in doc["resources"]:
+        if r["name"] == name:
+            out = r.get("outputs") or {}
+            return f"{out.get('stdout', '')}{out.get('stderr', '')}"
+    raise AssertionError(f"no resource {name} in the state")
+
+
+def engine_log(workdir) -> str:
+    return "".join(p.read_text() for p in workdir.glob("nodes/*/var/lib/fake-node/docker/containers/kimi-engine.log"))
+
+
+def bucket_bytes(workdir) -> bytes:
+    """Everything the kept bucket holds, archives unpacked (gzip'd tar: its members' bytes are in the stream)."""
+    data = b""
+    for p in (workdir / "kernel-store").rglob("*"):
+        if p.is_file():
+            raw = p.read_bytes()
+            data += gzip.decompress(raw) if p.name.endswith(".gz") else raw
+    return data
+
+
+def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(sandbox) -> None:
+    run = sandbox()
+    first = run("up", "--topology", "b300x1-vllm")
+    ok(first)
+    assert "starting cold: no archive for key" in step_output(run.workdir, "kimi-node0-cache-restore")
+    assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
+    assert re.search(r"saved 6 kernel files .* as key [0-9a-f]{32}", step_output(run.workdir, "kimi-kernel-cache-save"))
+    hf_token = (run.workdir / "secrets/hf_token").read_text().strip()
+    api_key = (next(run.workdir.glob("nodes/*/etc/kimi-cluster/engine.env")).read_text().strip().split("=", 1)[1])
+
+    out = ok(run("destroy"))
+    assert "kept the kernel-cache bucket's 2 objects" in out
+    assert leftover_processes(run.workdir) == []
+    kept = bucket_bytes(run.workdir)
+    assert b"fake kernel" in kept and hf_token.encode() not in kept and api_key.encode() not in kept
+
+    second = run("up", "--topology", "b300x1-vllm")
+    ok(second)
+    restore = step_output(run.workdir, "kimi-node0-cache-restore")
+    assert re.search(r"restored 6 kernel files .* for key [0-9a-f]{32}", restore), restore
+    log = engine_log(run.workdir)
+    assert "all 6 kernels found in the cache; no compile" in log and "compiling" not in log
+    assert "nothing uploaded" in step_output(run.workdir, "kimi-kernel-cache-save")
+    ok(run("destroy"))
+
+    archive = next((run.workdir / "kernel-store").rglob("cache.tar.gz"))
+    raw = bytearray(archive.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    archive.write_bytes(bytes(raw))
+    third = run("up", "--topology", "b300x1-vllm")
+    out = ok(third)
+    assert re.search(r"^  endpoint_url +http://127\.0\.0\.\d+:\d+$", out, re.M), out
+    assert "starting cold: the archive is corrupt" in step_output(run.workdir, "kimi-node0-cache-restore")
+    assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
+    assert "saved 6 kernel files" in step_output(run.workdir, "kimi-kernel-cache-save")  # a good one again
+    ok(run("destroy"))
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-vllm kernel cache: up cold {first.seconds:.1f} s, up restored {second.seconds:.1f} s, "
+           f"up after a corrupt archive {third.seconds:.1f} s")
