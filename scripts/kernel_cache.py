@@ -342,10 +342,15 @@ def restore(args: argparse.Namespace) -> str:
     expected = json.loads(args.key_fields)
     state_file = os.path.join(args.state_dir, "kernel-cache.json")
     have = kernel_file_count(args.cache_dir)
-    if read_state(state_file).get("restored") == args.key and have:
+    state = read_state(state_file)
+    if have and state.get("restored") == args.key:
         return f"already restored for key {args.key} on this VM ({have} kernel files); nothing fetched"
+    if have and (state.get("saved") or {}).get("key") == args.key:
+        return f"this VM compiled and saved the kernels of key {args.key} itself ({have} files); nothing fetched"
     if have:
-        return f"{args.cache_dir} already holds {have} kernel files; keeping them, nothing fetched"
+        # Kernels of another configuration (an earlier image, say): the engines key their own caches, so those
+        # stay, and the archive's files are added beside them, never over one.
+        say(f"{have} kernel files of an earlier configuration are here; adding the archive's beside them")
     store = make_store(args)
     store.connect()
     manifest = store.get_manifest(args.key)

@@ -249,11 +249,21 @@ def test_missing_or_malformed_credentials_start_cold(node_factory, store, stdin)
     assert "kernel cache: starting cold:" in out and "kimi-cluster:kernelCacheCredentials" in out, out
 
 
-def test_a_node_that_already_has_kernels_keeps_them(node_factory, store):
-    node = node_factory()
-    compiled(node)
-    out = run_step(node, settings_for(node, store, "keep"), "cache-restore", store.credentials)
-    assert "already holds 4 kernel files; keeping them, nothing fetched" in out, out
+def test_kernels_already_on_a_node_stay_and_the_archive_is_added_beside_them(node_factory, store):
+    saver, node = node_factory(), node_factory()
+    compiled(saver)
+    (cache_dir(saver) / "triton/beef/extra.cubin").parent.mkdir(parents=True)
+    (cache_dir(saver) / "triton/beef/extra.cubin").write_bytes(b"from the archive")
+    run_step(saver, settings_for(saver, store, "beside"), "cache-save", store.credentials)
+    assert "compiled and saved the kernels of key" in run_step(saver, settings_for(saver, store, "beside"),
+                                                               "cache-restore", store.credentials)
+
+    compiled(node)  # an earlier configuration's kernels, under the same names
+    (cache_dir(node) / "triton/5f3a/fused_moe_kernel.json").write_bytes(b"this node's own")
+    out = run_step(node, settings_for(node, store, "beside"), "cache-restore", store.credentials)
+    assert "4 kernel files of an earlier configuration are here" in out and "restored 1 kernel files" in out, out
+    assert (cache_dir(node) / "triton/5f3a/fused_moe_kernel.json").read_bytes() == b"this node's own"
+    assert (cache_dir(node) / "triton/beef/extra.cubin").read_bytes() == b"from the archive"
 
 
 def test_saving_an_empty_cache_only_warns(node_factory, store):

@@ -67,7 +67,10 @@ def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -
         for step in STEPS:
             assert re.search(rf"~ command:remote:Command kimi-node{rank}-{step} updating", out), (rank, step)
     assert "~ command:remote:Command kimi-ready-wait updating" in out
-    assert re.search(r"Resources: 0 created, 25 updated, 0 replaced", out), out
+    # 4 x 6 steps, the readiness wait, and the kernel cache's 4 restores and 1 save.
+    assert re.search(r"Resources: 0 created, 30 updated, 0 replaced", out), out
+    # The kernel cache costs nothing either: no archive is fetched or uploaded again.
+    assert out.count("nothing fetched") == 4 and "nothing uploaded" in out
 
     after_hub = _hub_stats(hub_url)
     assert after_hub["body_bytes"] == before_hub["body_bytes"], "the re-run downloaded file bytes from the hub"
@@ -79,7 +82,7 @@ def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -
     ok(run("destroy", "--quiet"))
     assert leftover_processes(run.workdir) == []
     report(f"h100x4-sglang: up {first.seconds:.1f} s, up after a rotated sshPrivateKey {second.seconds:.1f} s "
-           f"(25 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, "
+           f"(30 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, "
            "0 file bytes, same 4 engine processes)")
 
 
