@@ -339,14 +339,24 @@ def safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
 
 
 def restore(args: argparse.Namespace) -> str:
+    """Fetch and unpack; on any CacheError the engine compiles for this key, which the VM remembers."""
+    try:
+        return _restore(args)
+    except CacheError:
+        if not kernel_file_count(args.cache_dir):
+            write_state(os.path.join(args.state_dir, "kernel-cache.json"), compiled=args.key)
+        raise
+
+
+def _restore(args: argparse.Namespace) -> str:
     expected = json.loads(args.key_fields)
     state_file = os.path.join(args.state_dir, "kernel-cache.json")
     have = kernel_file_count(args.cache_dir)
     state = read_state(state_file)
     if have and state.get("restored") == args.key:
         return f"already restored for key {args.key} on this VM ({have} kernel files); nothing fetched"
-    if have and (state.get("saved") or {}).get("key") == args.key:
-        return f"this VM compiled and saved the kernels of key {args.key} itself ({have} files); nothing fetched"
+    if have and state.get("compiled") == args.key:
+        return f"this VM compiled the kernels of key {args.key} itself ({have} files); nothing fetched"
     if have:
         # Kernels of another configuration (an earlier image, say): the engines key their own caches, so those
         # stay, and the archive's files are added beside them, never over one.
@@ -449,6 +459,8 @@ def save(args: argparse.Namespace) -> str:
     if not sel.files:
         raise CacheError(f"{args.cache_dir} holds no kernel files yet; nothing to save")
     digest = sel.tree_digest()
+    if read_state(state_file).get("restored") != args.key:
+        write_state(state_file, compiled=args.key)  # what this VM holds it compiled itself, for this key
     if read_state(state_file).get("saved") == {"key": args.key, "tree": digest}:
         return f"unchanged since this VM saved key {args.key}; nothing uploaded"
     store = make_store(args)
