@@ -180,6 +180,11 @@ def steps_for(settings: Settings) -> tuple[str, ...]:
     return (*STEPS[:at], "cache-restore", *STEPS[at:])
 
 
+def running_steps(settings: Settings) -> tuple[str, ...]:
+    """Every step that runs on some node of this stack, in chain order (the kernel-cache ones only when set)."""
+    return (*steps_for(settings), "readiness", *(("cache-save",) if settings.kernel_cache is not None else ()))
+
+
 def readiness_identity(settings: Settings) -> str:
     """Changes whenever any rank's launch configuration does, so the readiness wait runs again after a relaunch."""
     prints = [launch.launch_fingerprint(settings, r, f"<node{r}>", "<node0>") for r in range(settings.nodes)]

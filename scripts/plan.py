@@ -17,7 +17,7 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
-from components.node import ALL_STEPS, Timing
+from components.node import Timing, running_steps
 from components.pricing import Quote, catalog_quote, quote
 from components.settings import SECRET_KEYS, Settings, SettingsError, load_settings, placeholders, read_stack_file
 
@@ -96,7 +96,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         },
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
-        "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1) for step in ALL_STEPS},
+        "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
+                                  for step in running_steps(settings)},
         "secrets": secret_state,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
