@@ -217,7 +217,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
         hourly = fallback.usd_per_hour
         price_source = f"{fallback.summary()} (the stack has no hourly_cost_usd output yet)"
     per_node = hourly / max(len(state.nodes), 1) if isinstance(hourly, (int, float)) else None
-    nodes, cost, oldest = [], 0.0, None
+    nodes: list[dict[str, Any]] = []
+    cost, oldest = 0.0, None
     for node, probe in zip(state.nodes, probes):
         vm = vms.get(node.name, {})
         created = _parse_time(vm.get("created_at"))
@@ -245,8 +246,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
         "uptime_s": oldest, "cost_so_far_usd": round(cost, 2) if per_node is not None and oldest else None,
     }
     report["advice"] = advice(nodes, endpoint)
-    for node in nodes:
-        node.pop("probe")
+    for view in nodes:
+        view.pop("probe")
     return report
 
 

@@ -91,7 +91,7 @@ def parse_state(doc: Mapping[str, Any], stack: str) -> StackState:
             connections[host] = Connection(host=str(host), user=str(conn.get("user") or "root"),
                                            private_key=conn.get("privateKey"), host_key=conn.get("hostKey"),
                                            port=int(conn.get("port") or 22))
-    nodes = []
+    nodes: list[NodeRecord] = []
     for res in resources:
         if not str(res.get("type", "")).endswith("hyperstack:VirtualMachine"):
             continue

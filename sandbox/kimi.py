@@ -376,6 +376,9 @@ class Sandbox:
             raise SandboxUsageError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {chosen!r}")
         settings = stack_settings(chosen, record.get("config"))
         record["topology"] = chosen
+        # How this sandbox runs node commands, for tools that reach the nodes (scripts.status --node-exec).
+        self.dir.root.mkdir(parents=True, exist_ok=True)
+        (self.dir.root / "node-exec.json").write_text(json.dumps(self.node_execution(settings).to_json()) + "\n")
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
                  f"{settings.engine_name}) in {self.dir.root}")
         record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)

@@ -12,7 +12,7 @@ against the same models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .api import FlavorRecord, HyperstackClient
 
@@ -50,7 +50,7 @@ def list_all_flavors(api: HyperstackClient) -> list[FlavorRecord]:
     return [f for g in groups for f in (g.get("flavors") or [])]
 
 
-def _vms_in_stock(stocks: list[Mapping[str, Any]], region: str, gpu_model: str, gpu_count: int) -> int:
+def _vms_in_stock(stocks: Sequence[Mapping[str, Any]], region: str, gpu_model: str, gpu_count: int) -> int:
     size = f"{gpu_count}x"
     total = 0
     for entry in stocks:
@@ -111,7 +111,7 @@ def get_pricebook(api: HyperstackClient) -> list[dict[str, Any]]:
     return [entry for entry in body if isinstance(entry, dict)]
 
 
-def price_for_flavor(pricebook: list[Mapping[str, Any]], flavor_name: str, gpu_model: str,
+def price_for_flavor(pricebook: Sequence[Mapping[str, Any]], flavor_name: str, gpu_model: str,
                      gpu_count: int) -> LivePrice | None:
     """The entry named after the flavor (a whole VM), else the one named after its GPU model (per GPU-hour).
 

@@ -75,7 +75,7 @@ class PlacementProvider(_Provider):
         env_name = props.get("environment_name")
         existing = self._existing_region(env_name) if env_name else None
         if existing is not None:
-            region, seen = existing, []
+            region, seen = existing, list[dict[str, Any]]()
             pulumi.log.info(f"placement: environment {env_name!r} already exists in {region}; the cluster stays there")
         else:
             region, seen = choose_region(regions, flavor, count)

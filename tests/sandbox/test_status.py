@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,6 +92,21 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert "restarting (7 restarts)" in looping
     assert "advice: kimi-sandbox-node0: the engine is restarting in a loop (7 restarts)" in looping
 
+    # The same, through scripts.status itself: the state file and the sandbox's node-command setting as options.
+    key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
+    repo = Path(__file__).resolve().parents[2]
+    stack_file = run.workdir / "Pulumi.sandbox.yaml"  # the stack config as the sandbox ran it: its emulator's URL
+    stack_file.write_text((repo / "Pulumi.sandbox.yaml").read_text().replace(
+        "hyperstack:apiUrl: http://127.0.0.1:8700/v1", f"hyperstack:apiUrl: {run.record()['emulator_url']}"))
+    direct = subprocess.run(
+        [sys.executable, "-m", "scripts.status", "--stack", "sandbox", "--json", "--config", str(stack_file),
+         "--state", str(run.workdir / "state.json"), "--node-exec", str(run.workdir / "node-exec.json")],
+        cwd=repo, capture_output=True, text=True, timeout=120, env={**run.environment(), "HYPERSTACK_API_KEY": key})
+    assert direct.returncode == 0, direct.stderr
+    direct_report = json.loads(direct.stdout)
+    assert direct_report["nodes"][0]["vm"]["status"] == "ACTIVE"
+    assert direct_report["nodes"][0]["engine"]["restart_count"] == 7 and direct_report["advice"]
+
     # --watch refreshes until interrupted.
     watcher = subprocess.Popen(run.argv("status", "--watch", "0.5"), cwd=Path(__file__).resolve().parents[2],
                                env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -106,7 +122,7 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     watched = "".join(lines) + rest
     assert watched.count("kimi-cluster status: stack sandbox") >= 2 and watcher.returncode == 0, watched
 
-    for text in (mid and json.dumps(mid), serving, stalled, looping, watched):
+    for text in (json.dumps(mid), serving, stalled, looping, watched, direct.stdout):
         for secret in secrets:
             assert secret not in text
     ok(run("destroy", "--quiet"))
