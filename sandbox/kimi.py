@@ -146,7 +146,8 @@ def _dummy_ssh_key() -> str:
 def stack_settings(topology: str, overrides: Mapping[str, str] | None = None) -> Settings:
     """The validated settings of the sandbox stack for this topology (as the program will see them)."""
     raw, _ = read_stack_file(str(REPO_ROOT / f"Pulumi.{STACK}.yaml"))
-    raw = {**raw, "topology": topology, **(overrides or {})}
+    # The sandbox always passes its bucket's key pair as kimi-cluster:kernelCacheCredentials (secrets count as set).
+    raw = {**raw, "topology": topology, **(overrides or {}), "kernelCacheCredentials": True}
     return load_settings(raw, STACK)
 
 
@@ -317,10 +318,11 @@ class Sandbox:
             f"{NAMESPACE}:hfToken": self.dir.secret("hf_token", _hf_token),
             "hyperstack:apiKey": record["emulator_key"],
         }
+        # The sandbox's own bucket, unless `up --config kernelCache=...` named another store.
         if record.get("kernel_store_url") and self.dir.secret_path("kernel_cache_credentials").exists():
-            config[f"{NAMESPACE}:kernelCache"] = json.dumps({
+            config.setdefault(f"{NAMESPACE}:kernelCache", json.dumps({
                 "bucket": KERNEL_BUCKET, "endpointUrl": record["kernel_store_url"], "addressingStyle": "path",
-                "restoreTimeoutMinutes": 3, "saveTimeoutMinutes": 3})
+                "restoreTimeoutMinutes": 3, "saveTimeoutMinutes": 3}))
             secret_config[f"{NAMESPACE}:kernelCacheCredentials"] = \
                 self.dir.secret_path("kernel_cache_credentials").read_text().strip()
         return EngineSettings(

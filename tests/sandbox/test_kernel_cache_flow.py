@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import socket
 
 import pytest
 
@@ -78,3 +79,23 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm kernel cache: up cold {first.seconds:.1f} s, up restored {second.seconds:.1f} s, "
            f"up after a corrupt archive {third.seconds:.1f} s")
+
+
+def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbox) -> None:
+    run = sandbox()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    store = json.dumps({"bucket": "kimi-sandbox-kernels", "endpointUrl": f"http://127.0.0.1:{closed}",
+                        "restoreTimeoutMinutes": 1, "saveTimeoutMinutes": 1})
+    up = run("up", "--topology", "b300x1-vllm", "--config", f"kernelCache={store}")
+    out = ok(up)
+    assert re.search(r"^  endpoint_url +http://127\.0\.0\.\d+:\d+$", out, re.M), out
+    restore = step_output(run.workdir, "kimi-node0-cache-restore")
+    assert f"starting cold: the store at s3://kimi-sandbox-kernels/kimi-cluster/kernel-cache/ at " \
+           f"http://127.0.0.1:{closed} is unreachable" in restore, restore
+    assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
+    assert "WARNING: not saved: the store at" in step_output(run.workdir, "kimi-kernel-cache-save")
+    ok(run("destroy"))
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-vllm with an unreachable kernel-cache store: up {up.seconds:.1f} s (cold, endpoint up)")
