@@ -98,11 +98,22 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
         "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
                                   for step in running_steps(settings)},
+        "kernel_cache": _kernel_cache(settings),
         "secrets": secret_state,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
         "placeholders": placeholders(settings),
     }
+
+
+def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
+    """Where the compiled kernels are kept and under which key (components/kernel_cache.py), if anywhere."""
+    if settings.kernel_cache is None:
+        return None
+    from components.kernel_cache import cache_key
+
+    key = cache_key(settings)
+    return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}
 
 
 def _secret_flag(key: str) -> str:
@@ -142,6 +153,14 @@ def format_plan(plan: dict[str, Any]) -> str:
     deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())
     lines.append(f"Deadlines    per node step, in minutes, enforced on the node: {deadlines} "
                  "(kimi-cluster:stepDeadlineMinutes)")
+    kc = plan["kernel_cache"]
+    if kc is None:
+        lines.append("Kernels      compiled on every bring-up (set kimi-cluster:kernelCache to keep them across "
+                     "destroy and up)")
+    else:
+        flags = " ".join(f"{k} {v}".strip() for k, v in kc["fields"]["kernel_flags"])
+        lines.append(f"Kernels      kept in {kc['location']} as key {kc['key']} (image {kc['fields']['image']}, "
+                     f"GPU {kc['fields']['gpu']}, {flags})")
     lines.append("")
     lines.append("Secrets")
     for k, v in plan["secrets"].items():

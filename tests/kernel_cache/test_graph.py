@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,20 @@ def test_kernel_cache_scripts_pass_shellcheck_and_carry_no_secret(tmp_path):
     assert len(paths) == 2 + 1 + 2  # h100: restore on both ranks, save on the head; b300: restore and save
     r = subprocess.run([shellcheck, "--severity=style", "--shell=bash", *paths], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_readmes_stack_file_example_is_what_the_plan_reads(tmp_path, capsys):
+    from scripts import plan
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = readme.split("## Kernel cache across destroy and up", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    stack = tmp_path / "Pulumi.kc.yaml"
+    stack.write_text(example + "  kimi-cluster:operatorCidr: 198.18.0.7/32\n"
+                     "  kimi-cluster:sshPublicKey: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample operator@laptop\n"
+                     "  kimi-cluster:kernelCacheCredentials:\n    secure: v1:opaque\n")
+    assert plan.main(["--config", str(stack), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kernel_cache"]["location"] == "s3://my-team-kimi-kernels/kimi-cluster/kernel-cache/"
+    assert out["kernel_cache"]["fields"]["gpu"] == "H100-80G"
+    assert {"cache-restore", "cache-save"} <= set(out["step_deadline_minutes"])
+    assert out["secrets"]["kimi-cluster:kernelCacheCredentials"] == "set"
