@@ -451,7 +451,11 @@ class _Exact(io.RawIOBase):
 def save(args: argparse.Namespace) -> str:
     fields = json.loads(args.key_fields)
     state_file = os.path.join(args.state_dir, "kernel-cache.json")
-    sel = select(args.cache_dir, secret_values(args.secret_file))
+    files = list(args.secret_file)
+    for folder in args.secret_dir:
+        for dirpath, _, names in os.walk(folder):
+            files += [os.path.join(dirpath, n) for n in names]
+    sel = select(args.cache_dir, secret_values(files))
     for line in sel.stripped[:20]:
         say(f"left out {line}")
     if len(sel.stripped) > 20:
@@ -514,6 +518,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work-dir", required=True, help="scratch space on the storage disk for the archive")
     ap.add_argument("--secret-file", action="append", default=[],
                     help="a file of secrets no packed file may contain (repeatable)")
+    ap.add_argument("--secret-dir", action="append", default=[],
+                    help="a folder whose every file holds secrets no packed file may contain (repeatable)")
     ap.add_argument("--progress-seconds", type=float, default=30.0)
     return ap.parse_args(argv)
 
