@@ -122,7 +122,7 @@ def step_in_progress(probe: Mapping[str, Any]) -> str:
     if not steps:
         return "none yet"
     last = max(steps, key=lambda s: s.get("started_at") or 0)["step"]
-    if last in ("launch", "readiness") and (probe.get("engine") or {}).get("state") in ("running", "restarting"):
+    if last in ("launch", "readiness", "cache-save") and (probe.get("engine") or {}).get("state") in ("running", "restarting"):
         return "done"
     return f"idle after {last} (failed or interrupted: pulumi up runs it again)"
 

@@ -187,3 +187,10 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
         view = cluster_status.endpoint_view(fake.url, "k", "m")
     assert view["health"] == "ok" and view["serves_model"] is True and view["requests"] == 2
     assert view["generation_tokens"] == 2 * usage["completion_tokens"] and view["prompt_tokens"] > 0
+
+
+def test_the_probe_knows_every_step_the_nodes_run():
+    from components.node import SUMMARIES
+    from scripts import node_status
+
+    assert set(node_status.STEPS) == set(SUMMARIES)
