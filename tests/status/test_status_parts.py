@@ -193,4 +193,7 @@ def test_the_probe_knows_every_step_the_nodes_run():
     from components.node import SUMMARIES
     from scripts import node_status
 
+    from components.weights import PROGRESS_FILE
+
     assert set(node_status.STEPS) == set(SUMMARIES)
+    assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package
