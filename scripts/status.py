@@ -76,8 +76,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     hourly = report.get("hourly_cost_usd")
     head = (f"kimi-cluster status: stack {report['stack']}, {report.get('topology')} in "
             f"{report.get('region') or '?'}, up {_duration(report.get('uptime_s'))}")
-    if hourly is not None:
-        head += f", ${cost if cost is not None else 0:,.2f} so far at ${hourly:,.2f}/h"
+    if hourly is not None and cost is not None:
+        head += f", ${cost:,.2f} so far at ${hourly:,.2f}/h"
+    elif hourly is not None:
+        head += f", ${hourly:,.2f}/h (cost so far needs the VMs' creation times: set HYPERSTACK_API_KEY)"
     lines = [head]
     if report.get("hourly_cost_source"):
         lines.append(f"  price: {report['hourly_cost_source']}")

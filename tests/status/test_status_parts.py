@@ -197,3 +197,16 @@ def test_the_probe_knows_every_step_the_nodes_run():
 
     assert set(node_status.STEPS) == set(SUMMARIES)
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package
+
+
+def test_without_an_api_key_the_screen_says_what_it_cannot_know():
+    from scripts.status import format_report
+
+    report = {"stack": "dev", "topology": "h100x4-sglang", "region": "CANADA-1", "uptime_s": None,
+              "hourly_cost_usd": 83.2, "cost_so_far_usd": None, "hourly_cost_source": None, "advice": None,
+              "nodes": [{"name": "kimi-dev-node0", "vm": {"status": "unknown (no API key)"}, "uptime_s": None,
+                         "step": "weights", "weights": None, "engine": {"state": "absent"}}],
+              "endpoint": {"url": None, "health": "no address yet", "ready_output": False}}
+    text = format_report(report)
+    assert "$83.20/h (cost so far needs the VMs' creation times: set HYPERSTACK_API_KEY)" in text
+    assert "unknown (no API key)" in text and "$0.00" not in text
