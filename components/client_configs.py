@@ -1,5 +1,8 @@
 """Ready-to-paste client settings (OpenAI SDK, Claude Code, Kimi Code, OpenClaw) for a deployed endpoint.
-Pure; the key is only ever an env-var reference, since this becomes the plain `client_configs` output.
+Pure; the key is only ever an env-var reference, since this becomes the plain `client_configs` output. The endpoint
+serves TLS with a certificate from the stack's own CA, so each client is also told to trust that CA: Python clients
+(the OpenAI SDK, Kimi Code) through SSL_CERT_FILE or an explicit SSL context, Node clients (Claude Code, OpenClaw)
+through NODE_EXTRA_CA_CERTS, curl through --cacert.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ import re
 from typing import Any
 
 GET_KEY_COMMAND = "pulumi stack output api_key --show-secrets"
+GET_CA_COMMAND = "pulumi stack output ca_certificate"
+# Where the snippets expect the CA certificate; shell snippets expand $HOME, config files need the absolute path.
+CA_PATH = "$HOME/.kimi-cluster/ca.pem"
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
@@ -48,6 +54,7 @@ def build_client_configs(
     api_key_ref: str = "$KIMI_API_KEY",
     engine: str = "sglang",
     max_output_tokens: int = 8192,
+    ca_certificate: str | None = None,
 ) -> dict[str, Any]:
     """Client settings for the endpoint at `endpoint_url` (root, e.g. http://1.2.3.4:8000).
 
@@ -66,6 +73,8 @@ def build_client_configs(
     model = served_model_name.strip()
     ref = "${" + env + "}"
     export_key = f'export {env}="$({GET_KEY_COMMAND})"'
+    tls = ca_certificate is not None
+    save_ca = f'mkdir -p "$HOME/.kimi-cluster" && {GET_CA_COMMAND} > "{CA_PATH}"'
 
     claude_env = {
         "ANTHROPIC_BASE_URL": root,
@@ -77,6 +86,9 @@ def build_client_configs(
         "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
     }
+    if tls:
+        # Claude Code is a Node program: Node adds this file to its trusted CAs.
+        claude_env["NODE_EXTRA_CA_CERTS"] = CA_PATH
     claude_shell = "\n".join(f'export {k}="{v}"' for k, v in claude_env.items()) + "\nclaude"
 
     provider = "hyperstack"
@@ -104,6 +116,10 @@ def build_client_configs(
         f"{export_key}\nmkdir -p ~/.kimi-code\n"
         f"cat >> ~/.kimi-code/config.toml <<EOF\n{kimi_toml}\nEOF"
     )
+    if tls:
+        # Kimi Code is a Python program; its HTTP client takes the trusted CAs from SSL_CERT_FILE.
+        kimi_shell += f'\nexport SSL_CERT_FILE="{CA_PATH}"   # before starting kimi'
+
 
     openclaw_block = {
         "models": {
@@ -128,26 +144,48 @@ def build_client_configs(
         }
     }
 
-    return {
+    python = (
+        "import os\nfrom openai import OpenAI\n"
+        f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"])\n'
+        f'client.chat.completions.create(model="{model}", '
+        'messages=[{"role": "user", "content": "Hello"}], '
+        'extra_body={"reasoning_effort": "low"})'
+    )
+    curl = f'curl -s {base_v1}/models -H "Authorization: Bearer ${env}"'
+    if tls:
+        python = (
+            "import os, ssl\nfrom openai import DefaultHttpxClient, OpenAI\n"
+            "# or: export SSL_CERT_FILE=~/.kimi-cluster/ca.pem and leave http_client out\n"
+            'ca = ssl.create_default_context(cafile=os.path.expanduser("~/.kimi-cluster/ca.pem"))\n'
+            f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"], '
+            "http_client=DefaultHttpxClient(verify=ca))\n"
+            f'client.chat.completions.create(model="{model}", '
+            'messages=[{"role": "user", "content": "Hello"}], '
+            'extra_body={"reasoning_effort": "low"})'
+        )
+        curl = f'curl -s --cacert "{CA_PATH}" {base_v1}/models -H "Authorization: Bearer ${env}"'
+    openai_block: dict[str, Any] = {
+        "base_url": base_v1,
+        "model": model,
+        "api_key_env": env,
+        "python": python,
+        "curl": curl,
+    }
+    openclaw: dict[str, Any] = {
+        "path": "~/.openclaw/openclaw.json",
+        "provider_block": openclaw_block,
+        "json": json.dumps(openclaw_block, indent=2),
+        "env": env,
+        "set_model": f"openclaw models set {engine}/{model}",
+    }
+    configs: dict[str, Any] = {
         "api_key": {
             "env": env,
             "reference": ref,
             "how_to_get": GET_KEY_COMMAND,
             "export": export_key,
         },
-        "openai": {
-            "base_url": base_v1,
-            "model": model,
-            "api_key_env": env,
-            "python": (
-                "import os\nfrom openai import OpenAI\n"
-                f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"])\n'
-                f'client.chat.completions.create(model="{model}", '
-                'messages=[{"role": "user", "content": "Hello"}], '
-                'extra_body={"reasoning_effort": "low"})'
-            ),
-            "curl": f'curl -s {base_v1}/models -H "Authorization: Bearer ${env}"',
-        },
+        "openai": openai_block,
         "claude_code": {
             "env": claude_env,
             "shell": claude_shell,
@@ -162,11 +200,16 @@ def build_client_configs(
             "config_toml": kimi_toml,
             "shell": kimi_shell,
         },
-        "openclaw": {
-            "path": "~/.openclaw/openclaw.json",
-            "provider_block": openclaw_block,
-            "json": json.dumps(openclaw_block, indent=2),
-            "env": env,
-            "set_model": f"openclaw models set {engine}/{model}",
-        },
+        "openclaw": openclaw,
     }
+    if tls:
+        configs["ca_certificate"] = {
+            "pem": ca_certificate,
+            "path": CA_PATH,
+            "save": save_ca,
+            "how_to_get": GET_CA_COMMAND,
+        }
+        openai_block["env"] = {"SSL_CERT_FILE": CA_PATH}
+        # OpenClaw runs on Node: the same variable as Claude Code, set where the gateway starts.
+        openclaw["ca_env"] = {"NODE_EXTRA_CA_CERTS": CA_PATH}
+    return configs

@@ -1,7 +1,7 @@
 """InferenceCluster: the whole deployment as one component, from environment to a ready endpoint.
 
-Environment and keypair, one VM per rank, least-privilege rules, the per-node bring-up chain, the head's readiness
-wait, and the outputs other teams consume. The graph only: behaviour lives in the providers and templates.
+Environment and keypair, one VM per rank, least-privilege rules, the per-node bring-up chain, the head's TLS
+certificate and proxy, the readiness wait through it, and the outputs other teams consume. The graph only: behaviour lives in the providers and templates.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from typing import Any
 
 import pulumi
 
-from components import firewall
+from components import firewall, tls
 from components.client_configs import build_client_configs
 from components.generated_secret import GeneratedSecret
 from components.hyperstack.placement import Placement
 from components.hyperstack.resources import Environment, Keypair, SecurityRule, VirtualMachine
 from components.node import GpuNode, KernelCacheSave, Readiness, host_key_user_data
 from components.pricing import Quote, catalog_quote
-from components.settings import Settings
+from components.settings import NAMESPACE, Settings
 
 
 class InferenceCluster(pulumi.ComponentResource):
@@ -32,6 +32,7 @@ class InferenceCluster(pulumi.ComponentResource):
         ssh_private_key: pulumi.Output[str],
         hf_token: pulumi.Output[str] | None,
         kernel_cache_credentials: pulumi.Output[str] | None = None,
+        tls_private_key: pulumi.Output[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
         quote: Quote | None = None,
     ) -> None:
@@ -56,8 +57,9 @@ class InferenceCluster(pulumi.ComponentResource):
             )
             key_name = keypair.name
 
-        # The endpoint never runs unauthenticated: the key is generated once and exported only as a secret.
-        api_key = GeneratedSecret(f"{name}-api-key", opts=child)
+        # The endpoint never runs unauthenticated: the key is generated once and exported only as a secret; a new
+        # apiKeyVersion makes a new one.
+        api_key = GeneratedSecret(f"{name}-api-key", version=settings.api_key_version, opts=child)
         # Wrapped explicitly so the key stays secret however the engine treats additional_secret_outputs.
         api_key_value = pulumi.Output.secret(api_key.value)
 
@@ -85,6 +87,7 @@ class InferenceCluster(pulumi.ComponentResource):
 
         rules_by_rank = [self._rules(name, settings, rank, vms) for rank in range(settings.nodes)]
         head_private_ip = vms[0].private_ip
+        chain, ca_pem, tls_key = self._tls(name, settings, vms[0], tls_private_key)
 
         nodes: list[GpuNode] = []
         for rank, vm in enumerate(vms):
@@ -99,7 +102,11 @@ class InferenceCluster(pulumi.ComponentResource):
                     ssh_private_key=ssh_private_key,
                     hf_token=hf_token,
                     kernel_cache_credentials=kernel_cache_credentials,
-                    api_key=api_key_value,
+                    # Only the head's proxy gets the key; the engines, workers included, run without one.
+                    api_key=api_key_value if rank == 0 else None,
+                    tls_cert_chain=chain if rank == 0 else None,
+                    tls_ca=ca_pem if rank == 0 else None,
+                    tls_private_key=tls_key if rank == 0 else None,
                     host_key=host_keys[rank],
                     # A replaced VM re-runs its whole chain even if it comes back on the same address.
                     vm_id=vm.vm_id,
@@ -110,15 +117,17 @@ class InferenceCluster(pulumi.ComponentResource):
                 )
             )
 
-        # The head answers only once every rank has joined the rendezvous, so wait on all launches.
+        # The head answers only once every rank has joined the rendezvous, so wait on all launches and the proxy.
         ready = Readiness(
             f"{name}-ready",
             settings=settings,
             public_ip=vms[0].public_ip,
             ssh_private_key=ssh_private_key,
             api_key=api_key_value,
+            tls_cert_chain=chain,
+            tls_ca=ca_pem,
             host_key=host_keys[0],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[n.launched for n in nodes]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*(n.launched for n in nodes), nodes[0].proxy]),
         )
 
         if settings.kernel_cache is not None and kernel_cache_credentials is not None:
@@ -136,7 +145,7 @@ class InferenceCluster(pulumi.ComponentResource):
 
         # Derived from the readiness result, so a failed wait never exports an endpoint as if it served.
         endpoint_url = pulumi.Output.all(ready.stdout, vms[0].public_ip).apply(
-            lambda args: f"http://{args[1]}:{settings.api_port}"
+            lambda args: f"https://{args[1]}:{settings.api_port}"
         )
         self.outputs = {
             "endpoint_url": endpoint_url,
@@ -146,6 +155,10 @@ class InferenceCluster(pulumi.ComponentResource):
             "model": settings.model,
             "model_revision": settings.model_revision,
             "api_key": api_key_value,
+            "api_key_version": settings.api_key_version,
+            "ca_certificate": ca_pem,
+            "ca_certificate_sha256": pulumi.Output.from_input(ca_pem).apply(tls.fingerprint),
+            "api_allowed_cidrs": settings.api_cidrs,
             "head_public_ip": vms[0].public_ip,
             "node_public_ips": pulumi.Output.all(*[vm.public_ip for vm in vms]),
             "node_private_ips": pulumi.Output.all(*[vm.private_ip for vm in vms]),
@@ -160,16 +173,43 @@ class InferenceCluster(pulumi.ComponentResource):
             # Where that figure comes from (pricebook and when, or the catalog and its date), and the catalog's.
             "hourly_cost_source": quote.summary(),
             "hourly_cost_catalog_usd": quote.catalog_usd_per_hour,
-            "client_configs": endpoint_url.apply(
-                lambda u: build_client_configs(
-                    u, settings.served_name, settings.context_window, engine=settings.engine_name
+            "client_configs": pulumi.Output.all(endpoint_url, ca_pem).apply(
+                lambda a: build_client_configs(
+                    a[0], settings.served_name, settings.context_window, engine=settings.engine_name,
+                    ca_certificate=a[1],
                 )
             ),
         }
         self.register_outputs(self.outputs)
 
+    def _tls(self, name: str, settings: Settings, head: VirtualMachine, own_key: pulumi.Output[str] | None
+             ) -> tuple[pulumi.Input[str], pulumi.Input[str], pulumi.Output[str]]:
+        """(server certificate chain, CA certificate clients trust, server private key as a secret).
+
+        Your own certificate (tlsCertificate + tlsPrivateKey) is used as given, its last certificate being the CA;
+        otherwise the stack's own CA signs a certificate for the head's public address.
+        """
+        child = pulumi.ResourceOptions(parent=self)
+        if settings.tls_certificate is not None:
+            if own_key is None:
+                raise ValueError(f"{NAMESPACE}:tlsPrivateKey is required with {NAMESPACE}:tlsCertificate; set it with: "
+                                 f"pulumi config set --secret {NAMESPACE}:tlsPrivateKey < server.key")
+            blocks = tls.split_chain(settings.tls_certificate)
+
+            def checked(key: str) -> str:
+                try:
+                    tls.check_key_matches(blocks[0], key)
+                except ValueError as exc:
+                    raise ValueError(f"{NAMESPACE}:tlsPrivateKey: {exc} ({NAMESPACE}:tlsCertificate)") from None
+                return key
+
+            return "".join(blocks), blocks[-1], pulumi.Output.secret(own_key.apply(checked))
+        ca = tls.CertificateAuthority(f"{name}-ca", common_name=f"kimi-cluster {settings.stack} CA", opts=child)
+        cert = tls.ServerCertificate(f"{name}-tls", ca, head.public_ip.apply(lambda ip: [ip]), opts=child)
+        return cert.cert_pem, ca.cert_pem, pulumi.Output.secret(cert.key_pem)
+
     def _rules(self, name: str, settings: Settings, rank: int, vms: list[VirtualMachine]) -> list[SecurityRule]:
-        """One resource per rule: a new operatorCidr replaces these rules and never the VM."""
+        """One resource per rule: a new operatorCidr or apiAllowedCidrs replaces these rules and never the VM."""
         return [
             SecurityRule(
                 f"{name}-node{rank}-{spec.key}",

@@ -1,5 +1,6 @@
-"""Least-privilege ingress rules per node: the operator's CIDR reaches SSH (and the API on the head), peers reach
-each other only from their private /32 addresses (NCCL negotiates ports dynamically, so ports stay open, sources don't).
+"""Least-privilege ingress rules per node: the operator's CIDR reaches SSH, each of apiAllowedCidrs (default: the
+operator's CIDR) reaches the API port on the head only, and peers reach each other only from their private /32
+addresses (NCCL negotiates ports dynamically, so ports stay open, sources don't).
 """
 
 from __future__ import annotations
@@ -35,13 +36,28 @@ class RuleSpec:
         return f"ingress {self.protocol} {ports} from {self.remote_ip_prefix} ({self.purpose})"
 
 
+def _ethertype(cidr: str) -> str:
+    return "IPv6" if ipaddress.ip_network(cidr).version == 6 else "IPv4"
+
+
+def api_rule_key(settings: Settings, cidr: str) -> str:
+    """A name per CIDR, not per position: removing one entry leaves the others' rules alone. The operator's own
+    CIDR keeps the name "api" it always had, so an existing stack sees no change."""
+    if cidr == settings.operator_cidr:
+        return "api"
+    return "api-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
+
+
 def operator_rules(settings: Settings, rank: int) -> list[RuleSpec]:
-    """Only the head answers HTTP, so only the head opens the API port."""
-    ethertype = "IPv6" if ipaddress.ip_network(settings.operator_cidr).version == 6 else "IPv4"
-    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr, ethertype, 22, 22)]
+    """SSH from the operator only. Only the head answers HTTP (its TLS proxy), so only the head opens the API port,
+    once per allowed CIDR."""
+    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr,
+                      _ethertype(settings.operator_cidr), 22, 22)]
     if rank == 0:
-        rules.append(RuleSpec("api", "inference API from the operator", "tcp", settings.operator_cidr, ethertype,
-                              settings.api_port, settings.api_port))
+        for cidr in settings.api_cidrs:
+            who = "the operator" if cidr == settings.operator_cidr else cidr
+            rules.append(RuleSpec(api_rule_key(settings, cidr), f"inference API (TLS proxy) from {who}", "tcp", cidr,
+                                  _ethertype(cidr), settings.api_port, settings.api_port))
     return rules
 
 

@@ -25,8 +25,9 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # a restart reuses it; its host folder name never changes (a changing name makes the engine redo its kernel tuning
 # on every boot).
 CONTAINER_CACHE = "/root/.cache"
-# The API key reaches the container only through the root-only env file, never through the command text.
-API_KEY_ENV = {"vllm": "VLLM_API_KEY", "sglang": "KIMI_API_KEY"}
+# The engine gets no API key at all (not on its command line, in its environment or in its log): it listens on the
+# head's loopback only, and the TLS proxy in front of it (components/proxy.py) checks the key.
+ENGINE_HOST = "127.0.0.1"
 PLACEHOLDER_NIC = ShellExpr("${NIC}")
 PLACEHOLDER_THREADS = ShellExpr("${OMP_THREADS}")
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
@@ -34,12 +35,7 @@ PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 # Runs inside the container before the engine, also on every automatic restart: a /dev/shm left full by the previous
 # run crash-loops NCCL (llm-d #352). With --ipc=host this is the host's /dev/shm, which only the engine uses.
 _CLEAR_SHM = "find /dev/shm -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null"
-# vLLM reads VLLM_API_KEY itself. SGLang only takes --api-key on its command line, so the key is appended inside the
-# container from the env file; it never appears in the docker command, the rendered script or Pulumi's state.
-_WRAPPER = {
-    "vllm": f'{_CLEAR_SHM}; exec "$@"',
-    "sglang": f'{_CLEAR_SHM}; exec "$@" --api-key "${API_KEY_ENV["sglang"]}"',
-}
+_WRAPPER = f'{_CLEAR_SHM}; exec "$@"'
 
 
 def flatten(items: Sequence[Item]) -> list[Word]:
@@ -58,7 +54,7 @@ def needs_marlin(settings: Settings) -> bool:
 
 def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
     """The engine's own command line inside the container; extra_engine_args come last so they can override."""
-    port = str(settings.api_port)
+    port = str(settings.engine_port)
     if settings.engine_name == "vllm":
         items: list[Item] = [
             ("vllm", "serve", settings.model),
@@ -70,7 +66,7 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Ite
             "--enable-auto-tool-choice",
             ("--tool-call-parser", PARSER),
             ("--reasoning-parser", PARSER),
-            ("--host", "0.0.0.0"),
+            ("--host", ENGINE_HOST),
             ("--port", port),
         ]
         if settings.max_model_len:
@@ -101,7 +97,7 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Ite
             ("--max-running-requests", "64"),
             ("--reasoning-parser", PARSER),
             ("--tool-call-parser", PARSER),
-            ("--host", "0.0.0.0"),
+            ("--host", ENGINE_HOST),
             ("--port", port),
         ]
         if settings.max_model_len:
@@ -111,7 +107,7 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Ite
 
 
 def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
-    """Environment of the engine container (the API key is not here: it comes from the env file)."""
+    """Environment of the engine container; it holds no secret."""
     env: list[tuple[str, Word]] = [
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
@@ -157,7 +153,6 @@ def docker_run_argv(
     head_private_ip: str,
     hf_dir: Word,
     cache_dir: Word,
-    env_file: Word,
     nic: Word = PLACEHOLDER_NIC,
     threads: Word = PLACEHOLDER_THREADS,
     fingerprint: Word | None = PLACEHOLDER_FINGERPRINT,
@@ -167,25 +162,21 @@ def docker_run_argv(
     items: list[Item] = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
     if fingerprint is not None:
         items.append(("--label", _env_word(FINGERPRINT_LABEL, fingerprint)))
-    items.append(("--gpus", "all"))
+    # Host network for both engines: the engine binds the head's loopback, which a published port could not reach.
+    items += [("--gpus", "all"), ("--network", "host")]
     if engine == "vllm":
-        port = str(settings.api_port)
-        items += ["--privileged", "--ipc=host", ("-p", f"{port}:{port}")]
+        items += ["--privileged", "--ipc=host"]
     else:
-        items += [
-            ("--network", "host"), "--ipc=host", ("--shm-size", "32g"),
-            ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864"),
-        ]
+        items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [
         ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
         ("-v", _mount(hf_dir, CONTAINER_HF_HOME)),
         ("-v", _mount(cache_dir, CONTAINER_CACHE)),
-        ("--env-file", env_file),
     ]
     env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
     items += [("-e", _env_word(k, v)) for k, v in env]
     # sh runs the wrapper with $0 = the container name and "$@" = the engine's command line.
-    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER[engine], CONTAINER_NAME)]
+    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER, CONTAINER_NAME)]
     items += engine_argv(settings, rank, head_private_ip)
     return items
 
@@ -197,8 +188,7 @@ def _mount(host: Word, container: str) -> Word:
 def launch_fingerprint(settings: Settings, rank: int, private_ip: str, head_private_ip: str) -> str:
     """Identifies one launch configuration; a running container with the same label is left alone on a re-run."""
     argv = docker_run_argv(settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
-                           hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"),
-                           env_file=ShellExpr("${ENV_FILE}"), fingerprint=None)
+                           hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"), fingerprint=None)
     return hashlib.sha256(shell_words(flatten(argv)).encode()).hexdigest()[:16]
 
 
@@ -211,7 +201,6 @@ def launch_command_text(settings: Settings, rank: int, head_private_ip: str, pri
         head_private_ip=head_private_ip,
         hf_dir=f"{storage}/hf",
         cache_dir=f"{storage}/cache/{settings.engine_name}",
-        env_file="/etc/kimi-cluster/engine.env",
         fingerprint=None,
     )
     return shell_words(argv, continuation=" \\\n  ")

@@ -1,8 +1,10 @@
 """One GPU node's bring-up as a chain of remote commands, from an empty VM to a running engine container.
 
 ready -> storage -> (image pull || weights || kernel-cache restore) -> check -> launch, each a pulumi-command
-`remote.Command` running a script rendered from templates/; the head's readiness wait and the kernel-cache save after
-it are their own components. Secrets reach the node only on stdin.
+`remote.Command` running a script rendered from templates/; the head also runs the authenticating TLS proxy (after
+its image pull, beside the download), and the head's readiness wait and the kernel-cache save after it are their own
+components. Secrets reach the node only on stdin, and only the head gets the API key: the engines run without one,
+behind the proxy.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ import pulumi
 import pulumi.dynamic as dyn
 from pulumi_command import remote
 
-from components import kernel_cache, launch
+from components import kernel_cache, launch, proxy
 from components.scripts import ShellExpr, render
 from components.settings import Settings
 
 GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
-ALL_STEPS = (*STEPS, "readiness", "cache-restore", "cache-save")  # every step that runs on a node; each has a
-# deadline (Timing.deadline_s)
+HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
+ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save")  # every step that runs on a node;
+# each has a deadline (Timing.deadline_s)
 # What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
 PIP_BUDGET_S = 600
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -55,7 +58,9 @@ SUMMARIES = {
     "weights": "download the pinned checkpoint in a systemd unit that survives a dropped SSH session, and follow it",
     "check": "compare the local snapshot with the hub's manifest for the pinned revision",
     "launch": "start the engine container for this rank",
-    "readiness": "wait until the head serves the model on /v1/models, or print the engine log and fail",
+    "proxy": "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
+    "readiness": "wait until the head serves the model on /v1/models through the proxy over TLS with the key, or "
+                 "print the engine log and fail",
     "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
     "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
 }
@@ -74,6 +79,7 @@ class Timing:
     pull_timeout_s: int = 3600
     pull_backoff_s: int = 30
     settle_seconds: float = 15
+    proxy_settle_seconds: float = 2
     log_tail: int = 100
     download_timeout_s: int | None = None  # default: settings.download_timeout_minutes
     readiness_timeout_s: int | None = None  # default: settings.readiness_timeout_minutes
@@ -81,6 +87,7 @@ class Timing:
     storage_timeout_s: int = 1800  # a docker prune and restart on a fresh VM
     check_timeout_s: int = 3 * 3600  # reading (with verifySha256: hashing) 1.5 TB
     launch_timeout_s: int = 900  # removing the old container, starting the new one, the settle check
+    proxy_timeout_s: int = 300  # writing a few files, starting the proxy container, its settle check
     # Beyond a step's own waits: installing tools, writing files, printing the log tail on failure.
     deadline_slack_s: int = 300
 
@@ -108,6 +115,7 @@ class Timing:
             "weights": self.download_s(settings) + 6 * slack,  # also installs huggingface_hub on the node
             "check": self.check_timeout_s,
             "launch": self.launch_timeout_s + round(self.settle_seconds),
+            "proxy": self.proxy_timeout_s + round(self.proxy_settle_seconds),
             "readiness": self.readiness_s(settings) + slack,
             # The transfer's own deadline (kernelCache.*TimeoutMinutes) ends it first, with a warning: these steps
             # never fail, so theirs must stay inside this one (kernel_cache_transfer_s).
@@ -132,6 +140,19 @@ class Timing:
     def custom_timeout(self, step: str, settings: Settings) -> str:
         """The step's custom_timeouts (create and update), as a Go duration: its deadline plus the dial allowance."""
         return f"{-(-(self.deadline_s(step, settings) + DIAL_ALLOWANCE_S) // 60)}m"
+
+
+@dataclass(frozen=True)
+class ProxyTls:
+    """The public half of the head's TLS material: the server certificate chain and the CA clients trust."""
+
+    cert_chain_pem: str
+    ca_pem: str
+
+
+# What the offline plan and the tests render when no certificate exists yet.
+PLAN_TLS = ProxyTls("<the server certificate chain, made at deploy time>\n", "<the stack's CA certificate>\n")
+PLAN_PUBLIC_IP = "<head-public-ip>"
 
 
 # ---- rendering (pure) ----------------------------------------------------------------------------------------------
@@ -182,13 +203,20 @@ def steps_for(settings: Settings) -> tuple[str, ...]:
 
 def running_steps(settings: Settings) -> tuple[str, ...]:
     """Every step that runs on some node of this stack, in chain order (the kernel-cache ones only when set)."""
-    return (*steps_for(settings), "readiness", *(("cache-save",) if settings.kernel_cache is not None else ()))
+    return (*steps_for(settings), *HEAD_STEPS, "readiness",
+            *(("cache-save",) if settings.kernel_cache is not None else ()))
 
 
-def readiness_identity(settings: Settings) -> str:
-    """Changes whenever any rank's launch configuration does, so the readiness wait runs again after a relaunch."""
+def readiness_identity(settings: Settings, tls: ProxyTls = PLAN_TLS) -> str:
+    """Changes whenever any rank's launch configuration or the proxy's does, so the readiness wait runs again after a
+    relaunch."""
     prints = [launch.launch_fingerprint(settings, r, f"<node{r}>", "<node0>") for r in range(settings.nodes)]
+    prints.append(proxy.proxy_fingerprint(settings, tls.cert_chain_pem, tls.ca_pem))
     return hashlib.sha256(" ".join(prints).encode()).hexdigest()[:16]
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
@@ -204,8 +232,9 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
 
 
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
-                timing: Timing = Timing()) -> str:
-    """One step's script for one node. Addresses are plain strings; no secret is ever a template value."""
+                timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP) -> str:
+    """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
+    value."""
     v = _values(settings, rank, step, timing)
     ckpt = settings.model_spec.checkpoint_bytes
     if step == "ready":
@@ -216,7 +245,9 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  checkpoint_gb=f"{ckpt / 1e9:,.1f} GB", margin_gb=f"{settings.disk_margin_gb} GB",
                  docker_timeout_s=timing.docker_timeout_s)
     elif step == "image":
-        v.update(image=settings.container_image, pull_attempts=timing.pull_attempts,
+        # The head also runs the proxy; its image comes down with the engine's, before the long weight download ends.
+        images = [settings.container_image] + ([settings.proxy_container_image] if rank == 0 else [])
+        v.update(images=images, pull_attempts=timing.pull_attempts,
                  pull_timeout_s=timing.pull_timeout_s, pull_backoff_s=timing.pull_backoff_s)
     elif step == "weights":
         v.update(repo=settings.model, revision=settings.model_revision, unit=WEIGHTS_UNIT,
@@ -230,35 +261,47 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
     elif step == "launch":
         argv = launch.docker_run_argv(
             settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
-            hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"), env_file=ShellExpr("${ENV_FILE}"),
+            hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"),
         )
         v.update(container=launch.CONTAINER_NAME, private_ip=private_ip, engine=settings.engine_name,
                  nodes=settings.nodes, repo_folder=_repo_folder(settings), revision=settings.model_revision,
-                 api_key_env=launch.API_KEY_ENV[settings.engine_name],
                  needs_nic=settings.engine_name == "sglang" and settings.nodes > 1,
                  gpus_per_node=settings.gpus_per_node_count,
                  fingerprint=launch.launch_fingerprint(settings, rank, private_ip, head_private_ip),
                  fingerprint_label=launch.FINGERPRINT_LABEL, docker_argv=argv, settle_seconds=timing.settle_seconds)
     elif step in ("cache-restore", "cache-save"):
         v.update(_kernel_cache_values(settings, step, timing))
+    elif step == "proxy":
+        v.update(container=proxy.CONTAINER_NAME, api_port=settings.api_port, upstream=proxy.upstream(settings),
+                 config_b64=_b64(proxy.render_config(settings)), cert_b64=_b64(tls.cert_chain_pem),
+                 ca_b64=_b64(tls.ca_pem), config_file=proxy.CONFIG_FILE, cert_file=proxy.CERT_FILE,
+                 ca_file=proxy.CA_FILE, tls_key_file=proxy.TLS_KEY_FILE, key_file=proxy.KEY_FILE,
+                 fingerprint=proxy.proxy_fingerprint(settings, tls.cert_chain_pem, tls.ca_pem),
+                 fingerprint_label=proxy.FINGERPRINT_LABEL, settle_seconds=timing.proxy_settle_seconds,
+                 docker_argv=proxy.docker_run_argv(settings, ShellExpr("${PROXY_DIR}")))
     elif step == "readiness":
         v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
-                 launch_identity=readiness_identity(settings))
+                 public_host=public_ip, ca_file=proxy.CA_FILE, launch_identity=readiness_identity(settings, tls))
     else:
-        raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS)} and readiness")
+        raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
     return render(f"{step}.sh.j2", **v)
 
 
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
-                        timing: Timing = Timing()) -> dict[str, str]:
-    """Every script node `rank` runs, by step, in order (the head also gets readiness). Safe to write to disk."""
-    scripts = {step: render_step(settings, step, rank, private_ip, head_private_ip, timing)
-               for step in steps_for(settings)}
+                        timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS,
+                        public_ip: str = PLAN_PUBLIC_IP) -> dict[str, str]:
+    """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
+    kernelCache, cache-save). Safe to write to disk."""
+    def one(step: str) -> str:
+        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip)
+
+    scripts = {step: one(step) for step in steps_for(settings)}
     if rank == 0:
-        scripts["readiness"] = render_step(settings, "readiness", 0, private_ip, head_private_ip, timing)
+        for step in (*HEAD_STEPS, "readiness"):
+            scripts[step] = one(step)
         if settings.kernel_cache is not None:
-            scripts["cache-save"] = render_step(settings, "cache-save", 0, private_ip, head_private_ip, timing)
+            scripts["cache-save"] = one("cache-save")
     return scripts
 
 
@@ -312,7 +355,8 @@ def node_connection(host: pulumi.Input[str], user: str, private_key: pulumi.Inpu
 
 
 class GpuNode(pulumi.ComponentResource):
-    """The bring-up chain of one node. `launched` is the launch command, for whatever must come after it.
+    """The bring-up chain of one node. `launched` is the launch command, for whatever must come after it; on the head
+    `proxy` is the proxy step.
 
     What re-runs what: pulumi-command replaces a command only when its `triggers` change (none are set here); any
     other changed input is an update, and an update re-runs `create`. That is its text or stdin, and also its
@@ -320,10 +364,11 @@ class GpuNode(pulumi.ComponentResource):
     idempotent and cheap on a healthy node: storage changes nothing, the pull finds the image, the download finds
     every file, the launch leaves an engine with the same configuration running (same container, same process).
     A new image or engine flag changes the pull and the launch; a new revision changes weights, check and launch;
-    nothing here replaces a VM.
+    a new API key changes only the proxy step (and the readiness wait); nothing here replaces a VM.
     """
 
     launched: remote.Command
+    proxy: remote.Command | None
     commands: dict[str, remote.Command]
 
     def __init__(
@@ -336,7 +381,10 @@ class GpuNode(pulumi.ComponentResource):
         private_ip: pulumi.Input[str],
         head_private_ip: pulumi.Input[str],
         ssh_private_key: pulumi.Input[str],
-        api_key: pulumi.Input[str],
+        api_key: pulumi.Input[str] | None = None,
+        tls_cert_chain: pulumi.Input[str] | None = None,
+        tls_ca: pulumi.Input[str] | None = None,
+        tls_private_key: pulumi.Input[str] | None = None,
         hf_token: pulumi.Input[str] | None = None,
         kernel_cache_credentials: pulumi.Input[str] | None = None,
         host_key: pulumi.Input[str] | None = None,
@@ -347,16 +395,21 @@ class GpuNode(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(GPU_NODE_TYPE, name, None, opts)
+        if rank == 0 and (api_key is None or tls_cert_chain is None or tls_ca is None or tls_private_key is None):
+            raise ValueError("the head (rank 0) runs the proxy: it needs the API key and the TLS certificate and key")
+        if rank > 0 and api_key is not None:
+            raise ValueError("only the head gets the API key; workers serve no HTTP")
         self._name = name
         self._settings = settings
         self._timing = timing
         self._vm_id = pulumi.Output.from_input(vm_id)
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
-        scripts = pulumi.Output.all(private_ip, head_private_ip).apply(
-            lambda ips: render_node_scripts(settings, rank, ips[0], ips[1], timing)
+        public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
+                      if rank == 0 else PLAN_TLS)
+        scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls).apply(
+            lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2])
         )
         token = _stdin_secret(hf_token) if hf_token is not None else None
-        key = _stdin_secret(api_key)
         # Children do not inherit the component's depends_on (e.g. the firewall rule that lets SSH in).
         caller_deps = opts.depends_on if opts is not None else None
 
@@ -373,8 +426,14 @@ class GpuNode(pulumi.ComponentResource):
             restore = self._step("cache-restore", scripts, [storage], stdin=_stdin_secret(kernel_cache_credentials))
             before_launch.append(restore)
             self.commands["cache-restore"] = restore
-        self.launched = self._step("launch", scripts, [*before_launch, *launch_after], stdin=key)
+        # The engine gets no key: no stdin at all.
+        self.launched = self._step("launch", scripts, [*before_launch, *launch_after])
         self.commands["launch"] = self.launched
+        self.proxy = None
+        if rank == 0:
+            # The proxy needs only its image: it runs (answering 502 for anything but 401s) while the weights arrive.
+            self.proxy = self._step("proxy", scripts, [image], stdin=_proxy_stdin(api_key, tls_private_key))
+            self.commands["proxy"] = self.proxy
         self.register_outputs({"launched": self.launched.id, "launch_stdout": self.launched.stdout})
 
     def _step(self, step: str, scripts: pulumi.Output[dict[str, str]], depends_on: Any,
@@ -384,6 +443,12 @@ class GpuNode(pulumi.ComponentResource):
             lambda a: remote_command_text(step, a[0][step], deadline_s=deadline, vm_id=a[1]))
         return _command(self, f"{self._name}-{step}", create, self._connection, depends_on, stdin,
                         self._timing.custom_timeout(step, self._settings))
+
+
+def _proxy_stdin(api_key: pulumi.Input[str] | None, tls_private_key: pulumi.Input[str] | None) -> pulumi.Output[str]:
+    """Two lines: the API key, then the TLS private key as one base64 line (so `read` takes each whole)."""
+    return pulumi.Output.secret(pulumi.Output.all(api_key, tls_private_key).apply(
+        lambda a: f"{a[0] or ''}\n{base64.b64encode((a[1] or '').encode()).decode()}\n"))
 
 
 def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -415,7 +480,8 @@ def _command(parent: pulumi.Resource, name: str, create: pulumi.Input[str],
 
 
 class Readiness(pulumi.ComponentResource):
-    """Waits on the head until /v1/models lists the served model; on failure prints the engine log and fails.
+    """Waits on the head until /v1/models lists the served model, asked through the proxy over TLS with the key (the
+    certificate checked against the CA for the public address); on failure prints the engine log and fails.
 
     Give it the launches to wait for as depends_on. Its text carries a fingerprint of every rank's launch
     configuration, so it runs again whenever a relaunch could have changed the answer.
@@ -432,16 +498,20 @@ class Readiness(pulumi.ComponentResource):
         public_ip: pulumi.Input[str],
         ssh_private_key: pulumi.Input[str],
         api_key: pulumi.Input[str],
+        tls_cert_chain: pulumi.Input[str],
+        tls_ca: pulumi.Input[str],
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
         timing: Timing = Timing(),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(READINESS_TYPE, name, None, opts)
-        script = render_step(settings, "readiness", 0, "<unused>", "<unused>", timing)
+        deadline = timing.deadline_s("readiness", settings)
+        text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca).apply(lambda a: remote_command_text(
+            "readiness", render_step(settings, "readiness", 0, "<unused>", "<unused>", timing, ProxyTls(a[1], a[2]),
+                                     a[0]), deadline_s=deadline))
         self.command = _command(
-            self, f"{name}-wait",
-            remote_command_text("readiness", script, deadline_s=timing.deadline_s("readiness", settings)),
+            self, f"{name}-wait", text,
             node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),
             opts.depends_on if opts is not None else None, _stdin_secret(api_key),
             timing.custom_timeout("readiness", settings),

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from components import catalog, sizing
 
 NAMESPACE = "kimi-cluster"
-SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials")
+SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey")
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
@@ -47,7 +47,17 @@ EXAMPLES: dict[str, str] = {
     "extraEngineArgs": '\'["--enable-metrics"]\'',
     "kernelCache": '\'{"backend": "s3", "bucket": "my-team-kimi-kernels", "region": "eu-central-1"}\'',
     "kernelCacheCredentials": "--secret ACCESS_KEY_ID:SECRET_ACCESS_KEY",
+    "apiAllowedCidrs": '\'["203.0.113.7/32", "198.51.100.0/24"]\'',
+    "apiKeyVersion": "2",
+    "enginePort": "30000",
+    "tlsCertificate": "< chain.pem",
+    "tlsPrivateKey": "--secret < server.key",
+    "proxyImage": "caddy:2.11.7-alpine@sha256:...",
 }
+# A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
+WIDE_PREFIX = {4: 16, 6: 48}
+# The engines' multi-node rendezvous port (components/launch.py): the engine's own port must not collide with it.
+_RESERVED_ENGINE_PORTS = (20000,)
 
 
 class SettingsError(ValueError):
@@ -142,6 +152,16 @@ class Settings(BaseModel):
     image: str | None = None
     os_image: str | None = Field(None, alias="osImage")
     api_port: int = Field(8000, alias="apiPort", ge=1, le=65535)
+    # Who may reach the API port (the TLS proxy on the head); default: operatorCidr only. SSH stays operatorCidr.
+    api_allowed_cidrs: list[str] | None = Field(None, alias="apiAllowedCidrs")
+    # Bumping it makes a new API key; the engine keeps running, only the proxy's key file changes.
+    api_key_version: int = Field(1, alias="apiKeyVersion", ge=1, le=1_000_000)
+    # The engine listens on the head's loopback only, on this port; the proxy forwards to it.
+    engine_port: int = Field(30000, alias="enginePort", ge=1, le=65535)
+    # Bring your own server certificate (PEM chain, leaf first, ending with the CA clients should trust); its key
+    # is the secret tlsPrivateKey. Unset: the stack makes its own CA and a certificate for the head's address.
+    tls_certificate: str | None = Field(None, alias="tlsCertificate")
+    proxy_image: str | None = Field(None, alias="proxyImage")
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024)
     context_window: int = Field(131072, alias="contextWindow", ge=1024)
     extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
@@ -163,6 +183,7 @@ class Settings(BaseModel):
     hf_token_set: bool = False
     ssh_private_key_set: bool = False
     kernel_cache_credentials_set: bool = False
+    tls_private_key_set: bool = False
 
     @field_validator("operator_cidr")
     @classmethod
@@ -183,6 +204,52 @@ class Settings(BaseModel):
                 f"\"$(curl -4 -s https://ifconfig.me)/32\" for your IPv4 address"
             )
         return str(net)
+
+    @field_validator("api_allowed_cidrs", mode="before")
+    @classmethod
+    def _cidr_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            try:
+                v = json.loads(text) if text.startswith("[") else [p for p in re.split(r"[,\s]+", text) if p]
+            except json.JSONDecodeError:
+                raise ValueError('expected a JSON list of CIDRs, e.g. \'["203.0.113.7/32"]\'') from None
+        if v is None:
+            return v
+        if not isinstance(v, list) or not v or not all(isinstance(c, str) for c in v):
+            raise ValueError('expected a non-empty list of CIDRs, e.g. \'["203.0.113.7/32"]\'')
+        out: list[str] = []
+        for cidr in v:
+            try:
+                net = ipaddress.ip_network(cidr.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
+            if net.prefixlen == 0:
+                raise ValueError(f"{cidr!r} opens the API to the whole internet; list the networks that need it")
+            if str(net) not in out:
+                out.append(str(net))
+        return out
+
+    @field_validator("tls_certificate")
+    @classmethod
+    def _certificate(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from cryptography import x509
+
+        try:
+            x509.load_pem_x509_certificates(v.strip().encode())
+        except ValueError:
+            raise ValueError("not a PEM certificate chain (expected -----BEGIN CERTIFICATE----- blocks, leaf "
+                             "first, ending with the CA clients should trust)") from None
+        return v.strip() + "\n"
+
+    @field_validator("proxy_image")
+    @classmethod
+    def _image_ref(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", v):
+            raise ValueError("not a container image reference such as caddy:2.11.7-alpine@sha256:...")
+        return v
 
     @field_validator("model_revision")
     @classmethod
@@ -312,6 +379,12 @@ class Settings(BaseModel):
                 f"{NAMESPACE}:kernelCacheCredentials is required with {NAMESPACE}:kernelCache (the bucket's access "
                 f"key); set it with: pulumi config set --secret {NAMESPACE}:kernelCacheCredentials "
                 "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
+        if self.engine_port == self.api_port or self.engine_port in _RESERVED_ENGINE_PORTS:
+            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort or the rendezvous port 20000; "
+                             f"pick another, e.g. {NAMESPACE}:enginePort 30000")
+        if (self.tls_certificate is not None) != self.tls_private_key_set:
+            raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
+                             "own certificate) or neither (the stack makes its own CA)")
         if self.model not in catalog.MODELS:
             raise ValueError(f"model {self.model!r} has no sizing data; known: {', '.join(catalog.MODELS)}")
         fit = self.fit
@@ -380,6 +453,15 @@ class Settings(BaseModel):
         return "@sha256:" in self.container_image
 
     @property
+    def api_cidrs(self) -> list[str]:
+        """Who may reach the API port: apiAllowedCidrs, else operatorCidr alone."""
+        return list(self.api_allowed_cidrs or [self.operator_cidr])
+
+    @property
+    def proxy_container_image(self) -> str:
+        return self.proxy_image or catalog.PROXY_IMAGE
+
+    @property
     def vm_image(self) -> str:
         if self.os_image:
             return self.os_image
@@ -421,6 +503,16 @@ class Settings(BaseModel):
                 f"image {self.container_image!r} is a tag without a digest: the engine version can change under "
                 f"you; pin it with {NAMESPACE}:image NAME@sha256:DIGEST"
             )
+        if "@sha256:" not in self.proxy_container_image:
+            out.append(
+                f"proxyImage {self.proxy_container_image!r} is a tag without a digest: the proxy version can change "
+                f"under you; pin it with {NAMESPACE}:proxyImage NAME@sha256:DIGEST"
+            )
+        for cidr in self.api_cidrs:
+            net = ipaddress.ip_network(cidr)
+            if net.prefixlen < WIDE_PREFIX[net.version]:
+                out.append(f"apiAllowedCidrs entry {cidr} is wider than /{WIDE_PREFIX[net.version]}: "
+                           f"{net.num_addresses:,} addresses may try keys against the API port")
         if not self.hf_token_set:
             out.append("hfToken is not set: anonymous hub downloads get tighter rate limits")
         if self.price is None:
@@ -463,7 +555,7 @@ def _format_errors(err: ValidationError | None, extra: list[str] | None = None) 
 def config_keys() -> list[str]:
     """Every key a user may set under kimi-cluster:, secrets included."""
     keys = [f.alias or name for name, f in Settings.model_fields.items() if name not in ("stack", "hf_token_set", "ssh_private_key_set",
-                                                                "kernel_cache_credentials_set")]
+                                                                "kernel_cache_credentials_set", "tls_private_key_set")]
     return keys + list(SECRET_KEYS)
 
 
@@ -532,6 +624,7 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
     values["hf_token_set"] = bool(raw.get("hfToken"))
     values["ssh_private_key_set"] = bool(raw.get("sshPrivateKey"))
     values["kernel_cache_credentials_set"] = bool(raw.get("kernelCacheCredentials"))
+    values["tls_private_key_set"] = bool(raw.get("tlsPrivateKey"))
     try:
         settings = Settings.model_validate(values)
     except ValidationError as err:

@@ -1,5 +1,9 @@
 """A local stand-in for the Kimi K3.1 Pro endpoint: OpenAI and Anthropic routes in SGLang's or vLLM's shape.
 Scripted answers that depend on the request (tool results, real pixels, prior reasoning), plus --fault modes.
+
+Like vLLM 0.33 (vllm/entrypoints/serve/middleware/authenticate.py guards only /v1, /v2, /inference, /cohere), the
+vLLM shape serves /invocations (full inference) and /tokenize without the key, and both shapes /metrics: the holes the
+head's proxy closes.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import struct
 import sys
 import threading
@@ -501,6 +506,14 @@ class _Server(ThreadingHTTPServer):
     served: dict[str, int]
     served_lock: threading.Lock
     verbose: bool = False
+    tls: Optional[ssl.SSLContext] = None
+
+    def get_request(self) -> Any:
+        sock, address = super().get_request()
+        if self.tls is not None:
+            # The handshake happens on the handler's thread at its first read, so a slow client stalls no one else.
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
         """One request served, for /metrics."""
@@ -526,6 +539,10 @@ class _Server(ThreadingHTTPServer):
         # a client that gave up (the verifier's timeout) is expected, not worth a traceback
         if self.verbose:
             super().handle_error(request, client_address)
+
+
+# vLLM's key check covers only these prefixes; everything else it serves is open.
+VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -573,9 +590,11 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _authorized(self) -> bool:
+    def _authorized(self, path: str = "/v1") -> bool:
         key = self.settings.api_key
         if not key or "no_auth" in self.settings.faults:
+            return True
+        if self.settings.engine == "vllm" and not path.startswith(VLLM_GUARDED_PREFIXES):
             return True
         # like SGLang and vLLM: only `Authorization: Bearer <key>` counts
         given = self.headers.get("Authorization", "")
@@ -620,7 +639,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
-        if not self._authorized():
+        if not self._authorized(path):
             return self._send_error(401, "Unauthorized")
         if path == "/v1/models":
             created = int(time.time())
@@ -644,13 +663,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
         try:
-            if not self._authorized():
+            if not self._authorized(path):
                 raise HttpError(401, "Unauthorized")
             body = self._read_json()
             if path == "/v1/chat/completions":
                 return self._chat(body)
             if path == "/v1/messages":
                 return self._messages(body)
+            if self.settings.engine == "vllm" and path == "/invocations":
+                # SageMaker's route: a chat completion body is served as one, with no key.
+                return self._chat(body)
+            if self.settings.engine == "vllm" and path == "/tokenize":
+                text = body.get("prompt") or " ".join(_text_of(m.get("content")) for m in body.get("messages") or [])
+                tokens = list(range(_words(str(text))))
+                return self._send_json(200, {"count": len(tokens), "max_model_len": self.settings.max_model_len,
+                                             "tokens": tokens})
             raise HttpError(404, "Not Found")
         except HttpError as exc:
             try:
@@ -742,9 +769,16 @@ def _anthropic_events(message: dict[str, Any]) -> Iterator[bytes]:
 class FakeInferenceServer:
     """The fake on a background thread: `with FakeInferenceServer(settings) as fake: fake.url`."""
 
-    def __init__(self, settings: FakeSettings, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> None:
+    def __init__(self, settings: FakeSettings, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
+                 tls: Optional[tuple[str, str]] = None, ca_certificate: Optional[str] = None) -> None:
+        """`tls` (certificate chain file, key file) serves https; `ca_certificate` is the PEM a client should trust."""
         self.settings = settings
+        self.ca_certificate = ca_certificate
         self.httpd = _Server((host, port), _Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.tls = context
         self.httpd.settings = settings
         self.httpd.stop_event = threading.Event()
         self.httpd.served = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
@@ -759,7 +793,8 @@ class FakeInferenceServer:
     @property
     def url(self) -> str:
         host = self.httpd.server_address[0]
-        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
+        scheme = "https" if self.httpd.tls is not None else "http"
+        return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
 
     def start(self) -> "FakeInferenceServer":
         # a short poll keeps stop() quick, which matters when tests start dozens of servers

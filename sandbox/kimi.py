@@ -310,6 +310,8 @@ class Sandbox:
             **{f"{NAMESPACE}:{key}": value for key, value in (record.get("config") or {}).items()},
             f"{NAMESPACE}:topology": record["topology"],
             f"{NAMESPACE}:apiPort": str(record["api_port"]),
+            # Every sandbox's engines share this machine's loopback: each gets its own engine port.
+            f"{NAMESPACE}:enginePort": str(record["engine_port"]),
             f"{NAMESPACE}:hfEndpoint": record["hub_url"],
             "hyperstack:apiUrl": record["emulator_url"],
         }
@@ -388,6 +390,8 @@ class Sandbox:
         record["kernel_store_url"] = self._ensure_kernel_store(record)
         if not record.get("api_port"):
             record["api_port"] = services.free_port()
+        if not record.get("engine_port"):
+            record["engine_port"] = services.free_port()
         # The key is in secrets/, not in the record; it is added back for the engine run only.
         key = record.pop("emulator_key")
         self.dir.save_record(record)
@@ -496,6 +500,7 @@ class Sandbox:
         record["emulator_url"], key = self._ensure_emulator(record)
         record.setdefault("hub_url", "http://127.0.0.1:9")
         record.setdefault("api_port", 8000)
+        record.setdefault("engine_port", 30000)
         self.dir.save_record(record)
         api = _api(record["emulator_url"], key)
 
@@ -669,6 +674,10 @@ def format_outputs(outputs: Mapping[str, Any], secret_names: frozenset[str] | se
             if len(text) > 160:
                 text = (f"{{{', '.join(value)}}}" if isinstance(value, dict) else f"[{len(value)} items]") + \
                     " (whole value: the stack's state.json)"
+        elif isinstance(value, str) and "\n" in value.strip():
+            # A PEM certificate: its first line says what it is; the whole value is one stack output away.
+            text = f"{value.strip().splitlines()[0]} ... ({len(value.strip().splitlines())} lines; whole value: " \
+                   "the stack's state.json)"
         else:
             text = str(value)
         lines.append(f"  {key:<{width}}  {text}")

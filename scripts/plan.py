@@ -39,7 +39,7 @@ def _quote(settings: Settings, other_config: dict[str, Any]) -> Quote:
 def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
                price_quote: Quote | None = None) -> dict[str, Any]:
     """Everything the plan prints, as data (the --json form)."""
-    from components import launch  # the engine command lines per rank
+    from components import launch, proxy  # the engine command lines per rank, the head's proxy
 
     price_quote = price_quote or _quote(settings, other_config)
 
@@ -74,6 +74,15 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         ],
         "engine": settings.engine_name,
         "container_image": settings.container_image,
+        "proxy": {
+            "image": settings.proxy_container_image,
+            "listens": f"TLS on port {settings.api_port} of the head, from {', '.join(settings.api_cidrs)}",
+            "upstream": proxy.upstream(settings),
+            "certificate": "your tlsCertificate" if settings.tls_certificate else
+                           "the stack's own CA signs one for the head's public IP",
+            "command": proxy.command_text(settings),
+            "config": proxy.render_config(settings),
+        },
         "model": settings.model,
         "model_revision": settings.model_revision,
         "served_model_name": settings.served_name,
@@ -118,7 +127,8 @@ def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
 
 def _secret_flag(key: str) -> str:
     return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
-            "kernelCacheCredentials": "kernel_cache_credentials_set"}[key]
+            "kernelCacheCredentials": "kernel_cache_credentials_set",
+            "tlsPrivateKey": "tls_private_key_set"}[key]
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -130,7 +140,10 @@ def format_plan(plan: dict[str, Any]) -> str:
         where = plan["regions"][0]
     lines.append(f"Region       {where}, environment {plan['environment']}, API {plan['api_url']}")
     lines.append(f"Keypair      {plan['keypair']}")
-    lines.append(f"Engine       {plan['engine']} in {plan['container_image']}")
+    lines.append(f"Engine       {plan['engine']} in {plan['container_image']}, on the head's loopback "
+                 f"({plan['proxy']['upstream']}), no API key")
+    lines.append(f"Proxy        {plan['proxy']['image']}: {plan['proxy']['listens']}; certificate: "
+                 f"{plan['proxy']['certificate']}")
     lines.append(f"Model        {plan['model']} @ {plan['model_revision']} (served as {plan['served_model_name']})")
     lines.append("")
     lines.append(f"Nodes ({len(plan['nodes'])})")
@@ -170,6 +183,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     for n in plan["nodes"]:
         lines.append(f"  rank {n['rank']} ({n['name']}):")
         lines.append("    " + n["launch_command"].replace("\n", "\n    "))
+    lines.append("  proxy (head):")
+    lines.append("    " + plan["proxy"]["command"].replace("\n", "\n    "))
     lines.append("")
     lines.append("License (Kimi K3.1-Pro License)")
     lines.extend(f"  - {note}" for note in plan["license_notes"])

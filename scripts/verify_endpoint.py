@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key-env", default=API_KEY_ENV,
                         help=f"environment variable holding the key (default {API_KEY_ENV})")
     parser.add_argument("--api-key", help="the key itself; visible in ps, prefer the env var or a file")
+    parser.add_argument("--ca-file", help="PEM of the CA the endpoint's certificate must chain to (the cluster's "
+                        "ca_certificate output); default: this machine's trusted CAs")
     parser.add_argument("--only", help="comma list of checks to run: " + ",".join(CHECK_NAMES))
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds allowed for each check in total (default {DEFAULT_TIMEOUT_S:g})")
@@ -76,7 +78,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(redact(result.line(), key), flush=True)
 
     try:
-        outcome = verify(args.base_url, args.model, key, only=args.only, timeout=args.timeout, on_result=show)
+        ca = None
+        if args.ca_file:
+            with open(args.ca_file, encoding="utf-8") as handle:
+                ca = handle.read()
+        outcome = verify(args.base_url, args.model, key, only=args.only, timeout=args.timeout, on_result=show,
+                         ca_certificate=ca)
+    except OSError as exc:
+        print(f"error: --ca-file: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
+from components import tls
 from tests.pulumi_harness import Recording, dumps, run_program
 
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
@@ -13,6 +15,10 @@ CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
 CANARY_HF = "hf_canaryTOKEN9d2c"
 CANARY_HS = "hs-canary-api-key-55e1"
 CANARY_API = "endpoint-canary-key-b61d"
+CANARY_TLS = "tls-canary-private-key-0c7e"
+# One real CA and server certificate: the program parses the CA (its fingerprint is an output).
+CA_PEM, CA_KEY = tls.make_ca("test CA")
+CERT_PEM, _ = tls.make_server_certificate(CA_PEM, CA_KEY, ["198.51.100.10"])
 
 
 def outputs_for(typ: str, name: str, inputs: dict) -> dict:
@@ -28,7 +34,13 @@ def outputs_for(typ: str, name: str, inputs: dict) -> dict:
     if typ.endswith(":Keypair"):
         return {"keypair_id": 8, "fingerprint": "ff:00"}
     if typ.endswith(":GeneratedSecret"):
-        return {"value": CANARY_API}
+        # A new version is a new key, as the provider would make it.
+        version = int(inputs.get("version") or 1)
+        return {"value": CANARY_API if version == 1 else f"{CANARY_API}-v{version}"}
+    if typ.endswith(":CertificateAuthority"):
+        return {"cert_pem": CA_PEM, "key_pem": CA_KEY}
+    if typ.endswith(":ServerCertificate"):
+        return {"cert_pem": CERT_PEM, "key_pem": CANARY_TLS}
     if typ.endswith(":SecurityRule"):
         return {"rule_id": 9}
     if typ.startswith("command:"):
@@ -82,6 +94,31 @@ def test_dev_firewall_is_least_privilege(dev):
     assert "0.0.0.0/0" not in json.dumps([r.inputs for r in rules])
 
 
+def test_api_rules_are_exactly_the_allowed_cidrs_on_the_api_port_and_ssh_stays_the_operators():
+    cfg, secret = config(apiAllowedCidrs='["198.18.0.7/32", "198.51.100.0/24", "2001:db8:1::/48"]', apiPort="8443")
+    rules = run_program(cfg, secret, outputs_for).of_type(":SecurityRule")
+    api = [r.inputs for r in rules if r.inputs.get("port_range_min") == 8443]
+    assert sorted(r["remote_ip_prefix"] for r in api) == ["198.18.0.7/32", "198.51.100.0/24", "2001:db8:1::/48"]
+    assert all(r["port_range_max"] == 8443 and r["protocol"] == "tcp" for r in api)
+    assert {r["ethertype"] for r in api if ":" in r["remote_ip_prefix"]} == {"IPv6"}
+    ssh = [r.inputs for r in rules if r.inputs.get("port_range_min") == 22]
+    assert len(ssh) == 4 and {r["remote_ip_prefix"] for r in ssh} == {"198.18.0.7/32"}
+    # Every rule is either SSH, the API port, or a peer's private /32: nothing is world-open.
+    for r in rules:
+        prefix = r.inputs["remote_ip_prefix"]
+        assert not prefix.endswith("/0"), r.name
+        assert r.inputs.get("port_range_min") in (22, 8443) or prefix.startswith("10.0.0."), r.name
+
+
+@pytest.mark.parametrize("cidrs", ['["0.0.0.0/0"]', '["198.18.0.7/32", "::/0"]', '["not-a-cidr"]'])
+def test_world_open_or_malformed_api_cidrs_are_refused_before_any_resource(cidrs):
+    cfg, secret = config(apiAllowedCidrs=cidrs)
+    rec = Recording()
+    with pytest.raises(Exception, match="kimi-cluster:apiAllowedCidrs"):
+        run_program(cfg, secret, outputs_for, recording=rec)
+    assert rec.resources == []
+
+
 def test_b300_graph_has_one_vm_and_no_peer_rules(b300):
     vms = b300.of_type(":VirtualMachine")
     assert [v.inputs["flavor_name"] for v in vms] == ["n3-B300-SXM6x8"]
@@ -91,9 +128,14 @@ def test_b300_graph_has_one_vm_and_no_peer_rules(b300):
 
 def test_outputs_contract(dev):
     out = dev.exports
-    assert out["endpoint_url"] == "http://198.51.100.10:8000"
-    assert out["openai_base_url"] == "http://198.51.100.10:8000/v1"
-    assert out["anthropic_base_url"] == "http://198.51.100.10:8000"
+    assert out["endpoint_url"] == "https://198.51.100.10:8000"
+    assert out["openai_base_url"] == "https://198.51.100.10:8000/v1"
+    assert out["anthropic_base_url"] == "https://198.51.100.10:8000"
+    assert out["ca_certificate"] == CA_PEM and out["ca_certificate_sha256"] == tls.fingerprint(CA_PEM)
+    assert out["api_key_version"] == 1 and out["api_allowed_cidrs"] == ["198.18.0.7/32"]
+    assert out["client_configs"]["ca_certificate"]["pem"] == CA_PEM
+    assert out["client_configs"]["claude_code"]["env"]["NODE_EXTRA_CA_CERTS"].endswith("ca.pem")
+    assert "--cacert" in out["client_configs"]["openai"]["curl"]
     assert out["served_model_name"] == out["model"] == "moonshotai/Kimi-K3.1-Pro"
     assert out["model_revision"] == "6d0a0202956796543364d666ab19c6ad1a494ee1"
     assert out["head_public_ip"] == "198.51.100.10"
@@ -108,12 +150,29 @@ def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
     for rec in (dev, b300):
         for res in rec.resources:
             text = dumps(res.plain())
-            for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API):
+            for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API, CANARY_TLS, CA_KEY):
                 assert canary not in text, f"{canary} in plain input of {res.typ} {res.name}"
         for key, value in rec.exports.items():
             if key not in rec.export_secrets:
-                for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API):
+                for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API, CANARY_TLS, CA_KEY):
                     assert canary not in json.dumps(value), f"{canary} in output {key}"
+
+
+def test_only_the_heads_proxy_and_readiness_get_the_key_never_a_worker_or_an_engine(dev, b300):
+    for rec in (dev, b300):
+        holders = {r.name for r in rec.resources if CANARY_API in dumps(r.values())}
+        assert holders == {"kimi-node0-proxy", "kimi-ready-wait"}, holders
+        for r in rec.of_type("command:remote:Command"):
+            if r.name.endswith("-launch"):
+                script = r.script()
+                assert "stdin" not in r.values() and "API_KEY" not in script and "--api-key" not in script
+                assert "--host 127.0.0.1" in script
+        # The TLS key travels base64-encoded on the proxy's stdin; the certificate resource holds it as a secret.
+        tls_line = base64.b64encode(CANARY_TLS.encode()).decode()
+        tls_holders = {r.name for r in rec.resources if tls_line in dumps(r.values())}
+        assert tls_holders == {"kimi-node0-proxy"}, tls_holders
+        proxy = rec.by_name["kimi-node0-proxy"]
+        assert proxy.values()["stdin"] == f"{CANARY_API}\n{tls_line}\n" and "stdin" in proxy.secret_paths()
 
 
 def test_hyperstack_key_is_never_a_resource_input(dev):
@@ -158,7 +217,7 @@ def test_undersized_cluster_refused_naming_the_shortfall():
 def test_dev_chain_per_node_and_the_order_across_nodes(dev):
     res = dev.by_name
     commands = dev.of_type("command:remote:Command")
-    assert len(commands) == 4 * 6 + 1  # six steps per node, one readiness wait on the head
+    assert len(commands) == 4 * 6 + 2  # six steps per node, the proxy and one readiness wait on the head
     for rank in range(4):
         ready = res[f"kimi-node{rank}-ready"]
         # SSH must be open before the first dial; every rule of the node precedes its chain
@@ -170,12 +229,16 @@ def test_dev_chain_per_node_and_the_order_across_nodes(dev):
         # workers join the head's rendezvous on its private address
         assert "10.0.0.10:20000" in res[f"kimi-node{rank}-launch"].script()
     wait = next(r for r in commands if r.parent == "kimi-ready")
-    assert {f"kimi-node{r}-launch" for r in range(4)} <= set(wait.deps)
+    assert {f"kimi-node{r}-launch" for r in range(4)} | {"kimi-node0-proxy"} <= set(wait.deps)
+    # The readiness wait goes through the proxy over TLS, checking the certificate for the public address.
+    script = wait.script()
+    assert "BASE=https://198.51.100.10:8000" in script and '--cacert "$CA_FILE"' in script
+    assert "CONNECT_TO=198.51.100.10:8000:127.0.0.1:8000" in script
 
 
 def test_b300_chain_is_one_node(b300):
     commands = b300.of_type("command:remote:Command")
-    assert len(commands) == 6 + 1
+    assert len(commands) == 6 + 2
 
 
 def test_new_cidr_image_or_flags_touch_only_rules_and_the_launch(dev):
@@ -245,3 +308,22 @@ def test_hourly_cost_falls_back_to_the_catalog_with_its_date(dev):
     source = dev.exports["hourly_cost_source"]
     assert dev.exports["hourly_cost_usd"] == 83.2 and "from the catalog" in source and "as of 2026-11" in source
     assert "pricebook not read" in source  # a key is set, but nothing answers at the test's API URL
+def _differing(before: Recording, after: Recording) -> set[str]:
+    b, a = before.by_name, after.by_name
+    return {n for n in set(b) | set(a) if n not in b or n not in a or dumps(b[n].values()) != dumps(a[n].values())}
+
+
+def test_key_rotation_touches_only_the_key_the_proxy_step_and_the_readiness_wait(dev):
+    cfg, secret = config(apiKeyVersion="2")
+    rotated = run_program(cfg, secret, outputs_for)
+    assert _differing(dev, rotated) == {"kimi-api-key", "kimi-node0-proxy", "kimi-ready-wait"}
+    assert rotated.by_name["kimi-api-key"].inputs["version"] == 2
+    assert rotated.by_name["kimi-node0-proxy"].values()["stdin"].startswith(f"{CANARY_API}-v2\n")
+    assert rotated.exports["api_key_version"] == 2
+
+
+def test_a_new_api_cidr_list_touches_only_firewall_rules(dev):
+    cfg, secret = config(apiAllowedCidrs='["198.18.0.7/32", "198.51.100.0/24"]')
+    wider = run_program(cfg, secret, outputs_for)
+    assert _differing(dev, wider) == {"kimi-node0-api-198-51-100-0-24"}
+    assert wider.exports["api_allowed_cidrs"] == ["198.18.0.7/32", "198.51.100.0/24"]

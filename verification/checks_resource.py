@@ -49,6 +49,7 @@ def _run(props: Mapping[str, Any]) -> dict[str, Any]:
         only=props.get("only"),
         required_checks=props.get("required_checks"),
         timeout_seconds=props.get("timeout_seconds") or DEFAULT_TIMEOUT_S,
+        ca_certificate=props.get("ca_certificate") or None,
     )
 
 
@@ -114,6 +115,7 @@ class EndpointVerification(dynamic.Resource, module="kimi-verification", name="E
         served_model_name: pulumi.Input[str],
         api_key: pulumi.Input[str],
         model_revision: pulumi.Input[str] = "",
+        ca_certificate: pulumi.Input[str] = "",
         run_id: str = "",
         only: Sequence[str] = CHECK_NAMES,
         required_checks: Sequence[str] = CHECK_NAMES,
@@ -124,6 +126,8 @@ class EndpointVerification(dynamic.Resource, module="kimi-verification", name="E
             "endpoint_url": endpoint_url,
             "served_model_name": served_model_name,
             "model_revision": model_revision,
+            # public: the CA the endpoint's certificate must chain to
+            "ca_certificate": ca_certificate,
             # secret on the way in, so the state holds it encrypted; the provider never returns it
             "api_key": pulumi.Output.secret(api_key),
             "run_id": run_id,

@@ -108,6 +108,8 @@ def build(settings: StackSettings) -> dict[str, Any]:
     endpoint_url = cluster.get_output("endpoint_url").apply(_present("endpoint_url", settings.cluster_stack))
     model = cluster.get_output("served_model_name").apply(_present("served_model_name", settings.cluster_stack))
     revision = cluster.get_output("model_revision").apply(lambda value: value or "")
+    # The CA clients must trust; a cluster from before TLS has none, and the tls check then says it is plain HTTP.
+    ca_certificate = cluster.get_output("ca_certificate").apply(lambda value: value or "")
     # secret whatever the cluster stack declared, so it can never surface in plain state
     api_key = pulumi.Output.secret(
         cluster.get_output("api_key").apply(_secret_present("api_key", settings.cluster_stack)))
@@ -117,6 +119,7 @@ def build(settings: StackSettings) -> dict[str, Any]:
         endpoint_url=endpoint_url,
         served_model_name=model,
         model_revision=revision,
+        ca_certificate=ca_certificate,
         api_key=api_key,
         run_id=settings.run_id,
         only=settings.only,

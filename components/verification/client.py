@@ -96,6 +96,22 @@ def http_error(method: str, path: str, answer: Answer) -> str:
     return reason
 
 
+def tls_reason(exc: BaseException) -> str:
+    """Why a TLS handshake failed, in the words a reader can act on."""
+    text = str(exc)
+    if "unable to get local issuer certificate" in text or "self-signed certificate" in text or \
+            "self signed certificate" in text:
+        return ("the server's certificate does not chain to the CA the verifier was given (the cluster's "
+                f"ca_certificate output): {short(text, 200)}")
+    if "IP address mismatch" in text or "Hostname mismatch" in text or "doesn't match" in text:
+        return f"the certificate is not valid for the endpoint's address: {short(text, 200)}"
+    if "certificate has expired" in text:
+        return f"the server's certificate has expired: {short(text, 200)}"
+    if "wrong version number" in text or "record layer failure" in text:
+        return f"the endpoint does not speak TLS on that port: {short(text, 200)}"
+    return short(text, 240)
+
+
 class Api:
     """Requests against one target within one check's Deadline; every failure becomes a
     CheckFailed with what was asked."""
@@ -146,7 +162,10 @@ class Api:
                 timeout=(remaining, remaining),
                 stream=True,
                 allow_redirects=False,
+                verify=self.target.verify,
             )
+        except requests.exceptions.SSLError as exc:
+            raise CheckFailed(f"TLS to {url} failed: {tls_reason(exc)}")
         except requests.ConnectionError as exc:
             raise self._failure(method, path, f"could not connect for {method} {url}", exc)
         except requests.RequestException as exc:

@@ -96,12 +96,13 @@ def verify(
     timeout: float = DEFAULT_TIMEOUT_S,
     session: requests.Session | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
+    ca_certificate: str | None = None,
 ) -> VerificationOutcome:
     """Run the checks and say which required ones failed. Required defaults to every check run.
 
     A required check that is not selected by `only` is an error: it could never pass.
     """
-    target = Target(endpoint_url, model, api_key, timeout)
+    target = Target(endpoint_url, model, api_key, timeout, ca_certificate or None)
     selected = select_checks(only)
     needed = selected if required is None else select_checks(required)
     not_run = [name for name in needed if name not in selected]

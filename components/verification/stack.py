@@ -14,7 +14,7 @@ from components.verification.target import DEFAULT_TIMEOUT_S
 # Inputs of the verification stack's resource; the first four re-run the checks with a fresh
 # resource when they change, the rest re-run them in place.
 STACK_REPLACE_KEYS: tuple[str, ...] = ("endpoint_url", "served_model_name", "model_revision", "run_id")
-STACK_UPDATE_KEYS: tuple[str, ...] = ("only", "required_checks", "timeout_seconds")
+STACK_UPDATE_KEYS: tuple[str, ...] = ("only", "required_checks", "timeout_seconds", "ca_certificate")
 
 
 def run_stack_checks(
@@ -28,6 +28,7 @@ def run_stack_checks(
     required_checks: Iterable[str] | str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_S,
     session: requests.Session | None = None,
+    ca_certificate: str | None = None,
 ) -> dict[str, Any]:
     """The outputs when every required check passed, or VerificationFailed naming each failed
     required check and its reason.
@@ -43,6 +44,7 @@ def run_stack_checks(
         required=required_checks,
         timeout=timeout,
         session=session,
+        ca_certificate=ca_certificate,
     )
     if not outcome.verified:
         raise VerificationFailed(outcome)
@@ -54,6 +56,7 @@ def run_stack_checks(
         "only": [r.name for r in outcome.results],
         "required_checks": list(outcome.required),
         "timeout_seconds": timeout,
+        "ca_certificate": ca_certificate or "",
         "report": outcome.report(),
         "verified": outcome.verified,
         "all_passed": outcome.all_passed,

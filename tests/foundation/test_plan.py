@@ -138,5 +138,5 @@ def test_an_encrypted_key_in_the_stack_file_falls_back_to_the_catalog_and_says_w
 def test_the_plan_shows_each_steps_node_side_deadline(capsys):
     assert plan.main(["--stack", "dev", "--json"]) == 0
     deadlines = json.loads(capsys.readouterr().out)["step_deadline_minutes"]
-    assert set(deadlines) == {"ready", "storage", "image", "weights", "check", "launch", "readiness"}
+    assert set(deadlines) == {"ready", "storage", "image", "weights", "check", "launch", "proxy", "readiness"}
     assert deadlines["weights"] == 240 + 30 and deadlines["readiness"] == 60 + 5  # the stack's own timeouts + slack

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 
 import pulumi
 
@@ -12,6 +13,14 @@ from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
 CANARY_HF = "hf_canaryTOKEN9d2c"
 CANARY_API = "endpoint-canary-key-b61d"
+CANARY_TLS = "-----BEGIN PRIVATE KEY-----canary-tls-5e0c"
+CHAIN = "-----BEGIN CERTIFICATE-----server-----END CERTIFICATE-----\n"
+CA = "-----BEGIN CERTIFICATE-----ca-----END CERTIFICATE-----\n"
+
+
+def head_tls() -> dict:
+    return {"api_key": secret(CANARY_API), "tls_cert_chain": CHAIN, "tls_ca": CA,
+            "tls_private_key": secret(CANARY_TLS)}
 
 
 def secret(value: str) -> pulumi.Output[str]:
@@ -28,14 +37,15 @@ def build_cluster(topology: str = "h100x4-sglang"):
             nodes.append(GpuNode(
                 f"kimi-node{rank}", settings=settings, rank=rank,
                 public_ip=f"198.51.100.{10 + rank}", private_ip=f"10.0.0.{10 + rank}", head_private_ip=head_ip,
-                ssh_private_key=secret(CANARY_SSH), hf_token=secret(CANARY_HF), api_key=secret(CANARY_API),
+                ssh_private_key=secret(CANARY_SSH), hf_token=secret(CANARY_HF),
                 host_key=FAKE_HOST_PUBLIC_KEY, vm_id=1000 + rank,
                 launch_after=[nodes[0].launched] if rank else [],
+                **(head_tls() if rank == 0 else {}),
             ))
         ready = Readiness("kimi-ready", settings=settings, public_ip="198.51.100.10",
                           ssh_private_key=secret(CANARY_SSH), api_key=secret(CANARY_API),
-                          host_key=FAKE_HOST_PUBLIC_KEY,
-                          opts=pulumi.ResourceOptions(depends_on=[n.launched for n in nodes]))
+                          tls_cert_chain=CHAIN, tls_ca=CA, host_key=FAKE_HOST_PUBLIC_KEY,
+                          opts=pulumi.ResourceOptions(depends_on=[*(n.launched for n in nodes), nodes[0].proxy]))
         return ready.stdout
 
     return settings, run(program)
@@ -55,7 +65,8 @@ def test_each_node_has_the_chain_in_order_under_its_component():
         # Registered in chain order. The image pull runs beside weights and check, so where it registers among
         # them is up to the event loop: only the order the chain defines is asserted.
         steps = [n.rsplit("-", 1)[1] for n in names]
-        assert sorted(steps) == sorted(STEPS)
+        assert sorted(steps) == sorted(STEPS + (("proxy",) if rank == 0 else ()))
+        steps = [s for s in steps if s != "proxy"]
         assert steps[:2] == ["ready", "storage"] and steps[-1] == "launch"
         assert steps.index("weights") < steps.index("check")
         for name in names:
@@ -67,7 +78,9 @@ def test_each_node_has_the_chain_in_order_under_its_component():
         assert deps["check"] == {p + "weights"}
         expected_launch = {p + "check", p + "image"} | ({"kimi-node0-launch"} if rank else set())
         assert deps["launch"] == expected_launch
-    assert set(res["kimi-ready-wait"].deps) == {f"kimi-node{r}-launch" for r in range(4)}
+    # The proxy needs only its image (pulled with the engine's), not the weights.
+    assert set(res["kimi-node0-proxy"].deps) == {"kimi-node0-image"}
+    assert set(res["kimi-ready-wait"].deps) == {f"kimi-node{r}-launch" for r in range(4)} | {"kimi-node0-proxy"}
     assert res["kimi-ready"].typ == "kimi:cluster:Readiness"
 
 
@@ -91,8 +104,11 @@ def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
     _, (res, _) = build_cluster()
     for name, r in res.items():
         plain = dumps(r.plain())
-        for canary in (CANARY_SSH, CANARY_HF, CANARY_API):
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS):
             assert canary not in plain, f"{canary} readable in the inputs of {name}"
+        # Workers never get the endpoint's key or the TLS key, not even as a secret.
+        if name.startswith(("kimi-node1", "kimi-node2", "kimi-node3")):
+            assert CANARY_API not in dumps(r.values()) and CANARY_TLS not in dumps(r.values()), name
         if r.typ != "command:remote:Command":
             continue
         assert "connection" in r.secret_paths(), name
@@ -101,12 +117,16 @@ def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
             assert set(r.secret_paths()) == {"connection", "stdin"}
             assert r.values()["stdin"] == CANARY_HF + "\n"
             assert "stdin" in r.secret_outputs
-        elif step in ("launch", "wait"):
+        elif step == "wait":
             assert set(r.secret_paths()) == {"connection", "stdin"} and r.values()["stdin"] == CANARY_API + "\n"
             assert "stdin" in r.secret_outputs
+        elif step == "proxy":
+            tls_line = base64.b64encode(CANARY_TLS.encode()).decode()
+            assert set(r.secret_paths()) == {"connection", "stdin"}
+            assert r.values()["stdin"] == f"{CANARY_API}\n{tls_line}\n" and "stdin" in r.secret_outputs
         else:
             assert "stdin" not in r.values() or r.values()["stdin"] in (None, "")
-        for canary in (CANARY_SSH, CANARY_HF, CANARY_API):
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS):
             assert canary not in r.values()["create"] and canary not in script_of(r)
         assert "environment" not in r.values()
 
@@ -141,7 +161,7 @@ def test_component_depends_on_reaches_the_first_command():
     def program():
         gate = pulumi.CustomResource("test:index:Gate", "firewall-ssh", {})
         node = GpuNode("n0", settings=settings, rank=0, public_ip="198.51.100.1", private_ip="10.0.0.1",
-                       head_private_ip="10.0.0.1", ssh_private_key=secret(CANARY_SSH), api_key=secret(CANARY_API),
+                       head_private_ip="10.0.0.1", ssh_private_key=secret(CANARY_SSH), **head_tls(),
                        opts=pulumi.ResourceOptions(depends_on=[gate]))
         return node.launched.stdout
 
@@ -188,7 +208,7 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
 
     settings, (res, _) = build_cluster()
     commands = [r for r in res.values() if r.typ == "command:remote:Command"]
-    assert len(commands) == settings.nodes * len(STEPS) + 1
+    assert len(commands) == settings.nodes * len(STEPS) + 2  # and the head's proxy and readiness wait
     for command in commands:
         step = "readiness" if command.name == "kimi-ready-wait" else command.name.rsplit("-", 1)[1]
         deadline = Timing().deadline_s(step, settings)

@@ -34,14 +34,14 @@ def test_every_rendered_script_passes_shellcheck(tmp_path):
         p = tmp_path / f"{name}.sh"
         p.write_text(text)
         paths.append(str(p))
-    assert len(paths) == 4 * 6 + 1 + 6 + 1  # dev: 4 ranks x 6 steps + readiness; b300: 6 steps + readiness
+    assert len(paths) == 4 * 6 + 2 + 6 + 2  # dev: 4 ranks x 6 steps + proxy and readiness; b300: 6 steps + 2
     r = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", *paths], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_scripts_come_in_chain_order_and_only_the_head_waits_for_readiness():
     settings = make_settings()
-    assert list(render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")) == [*STEPS, "readiness"]
+    assert list(render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")) == [*STEPS, "proxy", "readiness"]
     assert list(render_node_scripts(settings, 2, "10.0.0.12", "10.0.0.10")) == list(STEPS)
 
 
@@ -83,8 +83,7 @@ def test_extra_engine_args_cannot_inject_shell():
 def test_sglang_launch_follows_the_guide_per_rank():
     settings = make_settings("h100x4-sglang", maxModelLen=131072, extraEngineArgs=["--enable-metrics"])
     argv = launch.flatten(launch.docker_run_argv(settings, 2, private_ip="10.0.0.12", head_private_ip="10.0.0.10",
-                                                 hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache/sglang",
-                                                 env_file="/etc/kimi-cluster/engine.env"))
+                                                 hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache/sglang"))
     words = [str(a) for a in argv]
     text = " ".join(words)
     for flag in ("--tp-size 32", "--ep-size 32", "--nnodes 4", "--node-rank 2", "--dist-init-addr 10.0.0.10:20000",
@@ -96,8 +95,10 @@ def test_sglang_launch_follows_the_guide_per_rank():
                  "-v /ephemeral/hf:/root/.cache/huggingface", "--restart unless-stopped",
                  "SGLANG_HOST_IP=10.0.0.12", "NCCL_SOCKET_IFNAME=${NIC}", "GLOO_SOCKET_IFNAME=${NIC}",
                  "NCCL_IB_DISABLE=1", "NCCL_CUMEM_ENABLE=1", "HF_HUB_OFFLINE=1", "OMP_NUM_THREADS=${OMP_THREADS}",
-                 "--env-file /etc/kimi-cluster/engine.env", '--api-key "$KIMI_API_KEY"'):
+                 "--host 127.0.0.1", "--port 30000"):
         assert flag in text, flag
+    # The engine holds no key in any form: the proxy checks it.
+    assert "--api-key" not in text and "--env-file" not in text and "API_KEY" not in text
     assert words[-1] == "--enable-metrics"  # extra args last, so they can override
     assert words.index("lmsysorg/sglang:dev-kimi-k31-pro") < words.index("sglang")
 
@@ -109,10 +110,12 @@ def test_vllm_launch_follows_the_recipe():
                  "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "VLLM_ENGINE_READY_TIMEOUT_S=3600",
                  "--served-model-name moonshotai/Kimi-K3.1-Pro", "--revision 6d0a0202956796543364d666ab19c6ad1a494ee1",
                  "--max-model-len 262144", "vllm/vllm-openai:kimi-k31", "vllm serve moonshotai/Kimi-K3.1-Pro",
-                 "-p 8000:8000", "HF_HUB_OFFLINE=1", "VLLM_CACHE_ROOT=/root/.cache/vllm"):
+                 "--network host", "--host 127.0.0.1", "--port 30000", "HF_HUB_OFFLINE=1",
+                 "VLLM_CACHE_ROOT=/root/.cache/vllm"):
         assert flag in text, flag
     assert "--nnodes" not in text and "NCCL_SOCKET_IFNAME" not in text and "--api-key" not in text
-    assert launch.API_KEY_ENV["vllm"] == "VLLM_API_KEY"
+    # Loopback only: no published port, and no key in the environment (vLLM would read VLLM_API_KEY).
+    assert " -p " not in text and "0.0.0.0" not in text and "API_KEY" not in text and "--env-file" not in text
 
 
 def test_kernel_caches_live_on_the_storage_disk_under_a_stable_name():
@@ -135,6 +138,20 @@ def test_new_image_changes_only_pull_and_launch_new_revision_changes_weights_che
     assert changed(image) == {"image", "launch"}
     assert changed(flags) == {"launch"}
     assert changed(rev) == {"weights", "check", "launch"}
+
+
+def test_the_head_pulls_the_proxy_image_and_a_new_proxy_setting_touches_only_proxy_and_readiness():
+    def head(**extra):
+        return render_node_scripts(make_settings(**extra), 0, "10.0.0.10", "10.0.0.10")
+
+    base = head()
+    assert "caddy:2.11.7-alpine@sha256:" in base["image"] and "caddy" not in render_node_scripts(
+        make_settings(), 1, "10.0.0.11", "10.0.0.10")["image"]
+    port = head(enginePort="31000")
+    assert {s for s in base if base[s] != port[s]} == {"launch", "proxy", "readiness"}
+    # Who may connect and which key is valid are not in any script: rules and stdin carry them.
+    for extra in ({"apiAllowedCidrs": '["198.51.100.0/24"]'}, {"apiKeyVersion": "2"}):
+        assert head(**extra) == base, extra
 
 
 def test_remote_command_text_carries_the_script_and_no_secret():

@@ -155,10 +155,16 @@ def test_storage_counts_what_is_already_downloaded(node_factory):
 # ---- image --------------------------------------------------------------------------------------------------------
 
 def test_image_pull_is_skipped_when_present(node):
-    script = scripts_for(node)["image"]
+    script = scripts_for(node, rank=1)["image"]
     ok(node.run(script))
     assert "already present" in ok(node.run(script))
     assert len(node.calls("docker")) and sum(1 for c in node.calls("docker") if c[0] == "pull") == 1
+
+
+def test_the_head_pulls_the_engine_and_the_proxy_image(node):
+    ok(node.run(scripts_for(node, rank=0)["image"]))
+    pulled = [c[-1] for c in node.calls("docker") if c[0] == "pull"]
+    assert pulled[0] == "lmsysorg/sglang:dev-kimi-k31-pro" and pulled[1].startswith("caddy:2.11.7-alpine@sha256:")
 
 
 def test_image_pull_retries_a_flaky_registry(node_factory):
@@ -183,8 +189,10 @@ def _weights_on_disk(node):
 def test_launch_twice_keeps_the_running_engine_and_clears_shm_only_on_a_real_launch(node):
     _weights_on_disk(node)
     script = scripts_for(node, rank=1, private_ip="10.0.0.5", head_ip="10.0.0.10")["launch"]
-    assert API_KEY not in script
-    ok(node.run(script, stdin=API_KEY))
+    # An older version's key file for the engine goes: the engine holds no key now.
+    (node.root / "etc/kimi-cluster").mkdir(parents=True)
+    (node.root / "etc/kimi-cluster/engine.env").write_text(f"KIMI_API_KEY={API_KEY}\n")
+    ok(node.run(script))
     assert not any((node.root / "dev/shm").iterdir())
     c = node.container("kimi-engine")
     assert c["status"] == "running"
@@ -192,57 +200,97 @@ def test_launch_twice_keeps_the_running_engine_and_clears_shm_only_on_a_real_lau
     assert "NCCL_SOCKET_IFNAME=ens6" in c["env"] and "SGLANG_HOST_IP=10.0.0.5" in c["env"]
     threads = [e for e in c["env"] if e.startswith("OMP_NUM_THREADS=")][0]
     assert int(threads.split("=")[1]) == max(1, os.cpu_count() // 8)
-    env_file = node.root / "etc/kimi-cluster/engine.env"
-    assert c["env_file"] == str(env_file)
-    assert env_file.read_text() == f"KIMI_API_KEY={API_KEY}\n"
-    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert stat.S_IMODE((node.root / "etc/kimi-cluster").stat().st_mode) == 0o700
-    assert API_KEY not in json.dumps(c["argv"])
+    assert c["env_file"] is None and not (node.root / "etc/kimi-cluster/engine.env").exists()
+    assert API_KEY not in json.dumps(c)
 
     (node.root / "dev/shm/nccl-live").write_text("in use by the running engine")
-    assert "leaving it running" in ok(node.run(script, stdin=API_KEY))
+    assert "leaving it running" in ok(node.run(script))
     assert (node.root / "dev/shm/nccl-live").exists()
     assert sum(1 for c in node.calls("docker") if c[0] == "run") == 1
 
-    # A rotated key is a new configuration: the container is replaced.
-    ok(node.run(script, stdin="rotated-key"))
-    assert sum(1 for c in node.calls("docker") if c[0] == "run") == 2
 
-
-def test_launch_refuses_to_run_without_an_api_key(node):
+def test_the_head_engine_listens_on_loopback_only_and_never_reads_a_key(node):
     _weights_on_disk(node)
-    failed(node.run(scripts_for(node)["launch"], stdin=""), "no API key arrived on stdin")
-    assert node.container("kimi-engine") is None
+    script = scripts_for(node)["launch"]
+    assert "SECRET" not in script and "read -r" not in script
+    ok(node.run(script, stdin=API_KEY))  # whatever arrives on stdin is never read
+    c = node.container("kimi-engine")
+    args = c["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1" and "--api-key" not in args
+    assert API_KEY not in json.dumps(c) and not any("API_KEY" in e for e in c["env"])
 
 
 def test_launch_refuses_before_the_weights_are_there(node):
-    failed(node.run(scripts_for(node)["launch"], stdin=API_KEY), "no snapshot at")
+    failed(node.run(scripts_for(node)["launch"]), "no snapshot at")
 
 
 def test_engine_dying_at_start_up_fails_with_its_log_and_never_the_key(node_factory):
     node = node_factory(run_exits=True)
     _weights_on_disk(node)
     out = failed(node.run(scripts_for(node)["launch"], stdin=API_KEY), "the engine exited at start-up",
-                 "unrecognized arguments", "[redacted]")
+                 "unrecognized arguments", "API key seen: none")
     assert API_KEY not in out
 
 
-def test_vllm_launch_gets_its_key_from_the_env_file(node_factory):
+def test_vllm_launch_runs_on_the_host_network_on_loopback_without_a_key(node_factory):
     node = node_factory()
     _weights_on_disk(node)
-    ok(node.run(scripts_for(node, "b300x1-vllm")["launch"], stdin=API_KEY))
+    ok(node.run(scripts_for(node, "b300x1-vllm")["launch"]))
     c = node.container("kimi-engine")
-    assert (node.root / "etc/kimi-cluster/engine.env").read_text() == f"VLLM_API_KEY={API_KEY}\n"
+    assert not (node.root / "etc/kimi-cluster/engine.env").exists() and c["env_file"] is None
     assert c["args"][:2] == ["-c", c["args"][1]] and "vllm" in c["args"]
+    assert "--network" in c["argv"] and c["argv"][c["argv"].index("--network") + 1] == "host"
+    assert "-p" not in c["argv"] and c["args"][c["args"].index("--host") + 1] == "127.0.0.1"
+
+
+# ---- proxy ----------------------------------------------------------------------------------------------------------
+
+def _proxy_stdin(key: str, tls_key: str = "-----BEGIN PRIVATE KEY-----\nfake\n-----END PRIVATE KEY-----\n") -> str:
+    import base64
+    return f"{key}\n{base64.b64encode(tls_key.encode()).decode()}\n"
+
+
+def test_proxy_step_writes_root_only_key_files_and_a_new_key_needs_no_restart(node):
+    script = scripts_for(node)["proxy"]
+    assert API_KEY not in script
+    ok(node.run(script, stdin=_proxy_stdin(API_KEY)))
+    proxy_dir = node.root / "etc/kimi-cluster/proxy"
+    assert (proxy_dir / "api-key").read_text() == API_KEY
+    assert "BEGIN PRIVATE KEY" in (proxy_dir / "server.key").read_text()
+    for name, mode in (("api-key", 0o600), ("server.key", 0o600), ("Caddyfile", 0o644), ("ca.crt", 0o644)):
+        assert stat.S_IMODE((proxy_dir / name).stat().st_mode) == mode, name
+    assert stat.S_IMODE(proxy_dir.stat().st_mode) == 0o700
+    assert "{file../api-key}" in (proxy_dir / "Caddyfile").read_text()
+    c = node.container("kimi-proxy")
+    assert c["status"] == "running" and c["args"] == ["caddy", "run", "--config", "Caddyfile", "--adapter", "caddyfile"]
+    assert f"{proxy_dir}:/etc/kimi-cluster/proxy:ro" in c["argv"] and API_KEY not in json.dumps(c)
+    # Same configuration, new key: the file changes, the container stays.
+    out = ok(node.run(script, stdin=_proxy_stdin("rotated-key")))
+    assert "already runs with this configuration" in out and "rotated-key" not in out
+    assert (proxy_dir / "api-key").read_text() == "rotated-key"
+    assert sum(1 for c in node.calls("docker") if c[0] == "run") == 1
+    # A new TLS key (a new certificate) restarts the proxy.
+    ok(node.run(script, stdin=_proxy_stdin("rotated-key", "-----BEGIN PRIVATE KEY-----\nother\n")))
+    assert sum(1 for c in node.calls("docker") if c[0] == "run") == 2
+
+
+def test_proxy_step_refuses_without_a_key_or_a_tls_key(node):
+    script = scripts_for(node)["proxy"]
+    failed(node.run(script, stdin=""), "no API key arrived on stdin")
+    failed(node.run(script, stdin=API_KEY + "\n"), "no TLS private key arrived on stdin")
+    assert node.container("kimi-proxy") is None
 
 
 # ---- readiness ----------------------------------------------------------------------------------------------------
 
 class _Engine(http.server.BaseHTTPRequestHandler):
+    """The proxy as readiness sees it: /health open, /v1/models only with the key (or `open_models`: without)."""
+
     key = API_KEY
     served = "moonshotai/Kimi-K3.1-Pro"
     health_after = 0.0
     started = 0.0
+    open_models = False
 
     def log_message(self, *a):
         pass
@@ -250,10 +298,10 @@ class _Engine(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         import time
         if self.path == "/health":
-            code = 200 if time.time() - self.started >= self.health_after else 503
+            code = 200 if time.time() - self.started >= self.health_after else 502
             self._send(code, b"")
         elif self.path == "/v1/models":
-            if self.headers.get("Authorization") != f"Bearer {self.key}":
+            if not self.open_models and self.headers.get("Authorization") != f"Bearer {self.key}":
                 self._send(401, b'{"error": "unauthorized"}')
             else:
                 self._send(200, json.dumps({"object": "list", "data": [{"id": self.served}]}).encode())
@@ -267,53 +315,114 @@ class _Engine(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-@pytest.fixture
-def engine_server():
-    import time
-    handler = type("Engine", (_Engine,), {"started": time.time(), "health_after": 1.0})
+PUBLIC_IP = "198.51.100.10"
+
+
+def _tls_server(tmp_path, handler, ip=PUBLIC_IP, ca=None):
+    """An https server on loopback with a certificate for the head's public address, signed by `ca` (made here)."""
+    import ssl
+
+    from components import tls
+    ca_pem, ca_key = ca or tls.make_ca("readiness test CA")
+    cert, key = tls.make_server_certificate(ca_pem, ca_key, [ip])
+    (tmp_path / "cert.pem").write_text(cert)
+    (tmp_path / "key.pem").write_text(key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    return server, ca_pem
+
+
+def _trust(node, ca_pem):
+    """What the proxy step leaves for readiness: the CA, in the proxy's directory."""
+    d = node.root / "etc/kimi-cluster/proxy"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "ca.crt").write_text(ca_pem)
+
+
+@pytest.fixture
+def proxy_server(tmp_path):
+    import time
+    made = []
+
+    def make(**attrs):
+        handler = type("Engine", (_Engine,), {"started": time.time(), "health_after": 1.0, **attrs})
+        server, ca = _tls_server(tmp_path, handler, ca=attrs.pop("ca", None) if "ca" in attrs else None)
+        made.append(server)
+        return server, ca
+
+    yield make
+    for server in made:
+        server.shutdown()
+        server.server_close()
 
 
 def _running_container(node):
     _weights_on_disk(node)
-    script = scripts_for(node)["launch"]
-    ok(node.run(script, stdin=API_KEY))
+    ok(node.run(scripts_for(node)["launch"]))
+
+
+def _readiness(node, port, timing=FAST):
+    settings = make_settings(nodeRoot=str(node.root), apiPort=port)
+    return render_step(settings, "readiness", 0, "x", "x", timing, public_ip=PUBLIC_IP)
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="the readiness step polls with curl")
 
 
 @needs_curl
-def test_readiness_waits_for_health_then_the_model(node, engine_server):
+def test_readiness_waits_for_health_then_the_model_over_tls_with_the_key(node, proxy_server):
     _running_container(node)
-    settings = make_settings(nodeRoot=str(node.root), apiPort=engine_server.server_address[1])
-    script = render_step(settings, "readiness", 0, "x", "x", FAST)
+    server, ca = proxy_server()
+    _trust(node, ca)
+    script = _readiness(node, server.server_address[1])
     out = ok(node.run(script, stdin=API_KEY))
-    assert "/health answers" in out and "ready: http://127.0.0.1:" in out
+    assert "/health answers" in out and f"ready: https://{PUBLIC_IP}:" in out and "401 without the key" in out
     assert API_KEY not in script and API_KEY not in out
     header = node.root / "etc/kimi-cluster/api-auth.header"
     assert stat.S_IMODE(header.stat().st_mode) == 0o600
 
 
 @needs_curl
-def test_readiness_with_a_wrong_key_fails_fast_with_the_engine_log(node, engine_server):
+def test_readiness_with_a_wrong_key_fails_fast_with_the_engine_log(node, proxy_server):
     _running_container(node)
-    settings = make_settings(nodeRoot=str(node.root), apiPort=engine_server.server_address[1])
-    out = failed(node.run(render_step(settings, "readiness", 0, "x", "x", FAST), stdin="not-the-key"),
+    server, ca = proxy_server()
+    _trust(node, ca)
+    out = failed(node.run(_readiness(node, server.server_address[1]), stdin="not-the-key"),
                  "refuses the stack's API key", "last lines of the engine log")
     assert "not-the-key" not in out
 
 
 @needs_curl
-def test_readiness_gives_up_at_its_deadline_and_prints_the_log(node):
+def test_readiness_fails_when_the_models_list_answers_without_the_key(node, proxy_server):
     _running_container(node)
-    settings = make_settings(nodeRoot=str(node.root), apiPort=1)  # nothing listens there
-    failed(node.run(render_step(settings, "readiness", 0, "x", "x", QUICK_GIVE_UP), stdin=API_KEY),
-           "gave up after 1 s waiting for http://127.0.0.1:1/health", "fake engine kimi-engine started")
+    server, ca = proxy_server(open_models=True)
+    _trust(node, ca)
+    failed(node.run(_readiness(node, server.server_address[1]), stdin=API_KEY),
+           "answers /v1/models without the key with HTTP 200, not 401")
+
+
+@needs_curl
+def test_readiness_never_accepts_a_certificate_from_another_ca(node, proxy_server):
+    from components import tls
+
+    _running_container(node)
+    server, _ = proxy_server()
+    _trust(node, tls.make_ca("someone else's CA")[0])
+    failed(node.run(_readiness(node, server.server_address[1], QUICK_GIVE_UP), stdin=API_KEY),
+           "gave up after 1 s", "SSL certificate problem")
+
+
+@needs_curl
+def test_readiness_gives_up_at_its_deadline_and_prints_the_log(node):
+    from components import tls
+
+    _running_container(node)
+    _trust(node, tls.make_ca("readiness test CA")[0])
+    failed(node.run(_readiness(node, 1, QUICK_GIVE_UP), stdin=API_KEY),
+           f"gave up after 1 s waiting for https://{PUBLIC_IP}:1/health", "fake engine kimi-engine started")
 
 
 # ---- the command pulumi-command runs ------------------------------------------------------------------------------
@@ -323,7 +432,7 @@ def test_the_remote_command_runs_the_script_with_stdin_through_sudo(node):
     script = scripts_for(node)["launch"]
     command = remote_command_text("launch", script, deadline_s=60)
     assert API_KEY not in command
-    ok(node.shell(command, stdin=API_KEY))
+    ok(node.shell(command))
     assert (node.root / "home/ubuntu/.kimi-cluster/launch.sh").read_text() == script
     assert node.container("kimi-engine")["status"] == "running"
 

@@ -36,49 +36,80 @@ _spec.loader.exec_module(engine_hook)
 KEY = "sandbox-api-key-canary-3f9c"
 
 
-def _docker_argv(topology: str, rank: int, env_file: Path, port: int = 18000) -> list[str]:
-    settings = load_settings({"operatorCidr": "127.0.0.1/32", "topology": topology, "apiPort": str(port),
-                              "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
-    env_file.write_text(f"{launch.API_KEY_ENV[settings.engine_name]}={KEY}\n")
-    items = launch.docker_run_argv(settings, rank, private_ip="127.0.0.3", head_private_ip="127.0.0.2",
-                                   hf_dir="/hf", cache_dir="/cache", env_file=str(env_file), nic="ens6", threads="1",
-                                   fingerprint="fp")
+def _settings(topology: str, port: int = 18000):
+    return load_settings({"operatorCidr": "127.0.0.1/32", "topology": topology, "enginePort": str(port),
+                          "apiPort": "8443",
+                          "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
+
+
+def _docker_argv(topology: str, rank: int, port: int = 18000) -> list[str]:
+    items = launch.docker_run_argv(_settings(topology, port), rank, private_ip="127.0.0.3",
+                                   head_private_ip="127.0.0.2", hf_dir="/hf", cache_dir="/cache", nic="ens6",
+                                   threads="1", fingerprint="fp")
     return [str(word) for word in launch.flatten(items)]
 
 
+def _status(url: str, key: str | None = None, ca: str | None = None, data: bytes | None = None) -> int:
+    import ssl
+
+    request = urllib.request.Request(url, data=data, headers={"Authorization": f"Bearer {key}"} if key else {})
+    handlers = [urllib.request.ProxyHandler({})]
+    if ca:
+        handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca)))
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 @pytest.mark.parametrize("topology, engine", [("h100x4-sglang", "sglang"), ("b300x1-vllm", "vllm")])
-def test_hook_serves_what_the_launch_asks_with_the_key_off_the_command_line(tmp_path, monkeypatch, topology,
-                                                                              engine) -> None:
+def test_hook_serves_what_the_launch_asks_on_loopback_only_and_without_a_key(monkeypatch, topology, engine) -> None:
     monkeypatch.setenv("FAKE_IP_ADDRS", "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/8,docker0=172.17.0.1/16")
     monkeypatch.setenv("SANDBOX_NODE_HOST", "127.0.0.3")
-    argv = _docker_argv(topology, 0, tmp_path / "engine.env")
+    argv = _docker_argv(topology, 0)
     assert argv[:2] == ["docker", "run"]
     server_argv, env, name = engine_hook.plan(argv[2:])
     assert name == "kimi-engine"
     assert server_argv[1:3] == ["-m", "fakes.inference_server"]
     assert server_argv[server_argv.index("--engine") + 1] == engine
     listen = [server_argv[i + 1] for i, w in enumerate(server_argv) if w == "--listen"]
-    # SGLang on the host network and vLLM's published port both reach every address of the node.
-    assert listen == ["127.0.0.1:18000", "127.0.0.3:18000"]
+    # The engine binds the head's loopback only: not the node's private or public address.
+    assert listen == ["127.0.0.1:18000"]
     assert server_argv[server_argv.index("--served-model-name") + 1] == "moonshotai/Kimi-K3.1-Pro"
-    assert KEY not in " ".join(server_argv)
-    assert env["KIMI_API_KEY"] == KEY
-    assert "VLLM_API_KEY" not in env
+    assert "--api-key" not in server_argv and "KIMI_API_KEY" not in env and "VLLM_API_KEY" not in env
 
 
-def test_hook_passes_the_rank_and_refuses_an_unknown_engine(tmp_path) -> None:
-    argv = _docker_argv("h100x4-sglang", 2, tmp_path / "engine.env")
+def test_hook_passes_the_rank_and_refuses_an_unknown_engine() -> None:
+    argv = _docker_argv("h100x4-sglang", 2)
     server_argv, _, _ = engine_hook.plan(argv[2:])
     assert server_argv[server_argv.index("--node-rank") + 1] == "2"
     with pytest.raises(engine_hook.HookError, match="cannot tell the engine"):
         engine_hook.plan(["--name", "x", "busybox:latest", "sleep", "1"])
 
 
-def test_hook_through_the_docker_stub_serves_with_the_key_and_docker_rm_stops_it(tmp_path) -> None:
+def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(tmp_path) -> None:
+    from components import proxy, tls
+
     port = services.free_port()
+    api_port = services.free_port()
     node = make_fake_node(tmp_path, run_hook=str(ENGINE_HOOK),
                           extra_env={"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin"})
-    argv = _docker_argv("b300x1-vllm", 0, node.root / "engine.env", port)
+    settings = load_settings({"operatorCidr": "127.0.0.1/32", "topology": "b300x1-vllm", "enginePort": str(port),
+                              "apiPort": str(api_port),
+                              "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
+    argv = [str(w) for w in launch.flatten(launch.docker_run_argv(
+        settings, 0, private_ip="127.0.0.3", head_private_ip="127.0.0.3", hf_dir="/hf", cache_dir="/cache",
+        nic="ens6", threads="1", fingerprint="fp"))]
+    # The proxy's directory as the proxy step writes it.
+    proxy_dir = node.root / "etc/kimi-cluster/proxy"
+    proxy_dir.mkdir(parents=True)
+    ca, ca_key = tls.make_ca("stub test CA")
+    cert, cert_key = tls.make_server_certificate(ca, ca_key, ["127.0.0.1"])
+    for name, text in ((proxy.CONFIG_FILE, proxy.render_config(settings)), (proxy.CERT_FILE, cert),
+                       (proxy.CA_FILE, ca), (proxy.TLS_KEY_FILE, cert_key), (proxy.KEY_FILE, KEY)):
+        (proxy_dir / name).write_text(text)
+    proxy_argv = [str(w) for w in launch.flatten(proxy.docker_run_argv(settings, str(proxy_dir), "fp"))]
     try:
         run = subprocess.run(argv, env=node.env, cwd=node.root, capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, run.stderr
@@ -86,24 +117,24 @@ def test_hook_through_the_docker_stub_serves_with_the_key_and_docker_rm_stops_it
                            and (node.state / "engines/kimi-engine.pid").read_text().strip(), 10))
         assert node.container("kimi-engine")["hook_pid"] == pid
         wait_for("the fake engine to listen", lambda: services.port_open("127.0.0.1", port), 20)
-        assert KEY not in " ".join(services._cmdline(pid))
+        # vLLM without a key, as it runs behind the proxy: open on loopback, /invocations included.
+        assert _status(f"http://127.0.0.1:{port}/v1/models") == 200
+        assert not services.port_open("127.0.0.3", port)
 
-        def models(key: str | None) -> int:
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
-                                             headers={"Authorization": f"Bearer {key}"} if key else {})
-            try:
-                with urllib.request.urlopen(request, timeout=5) as answer:
-                    return answer.status
-            except urllib.error.HTTPError as err:
-                return err.code
-
-        assert models(KEY) == 200
-        assert models(None) == 401
-        ps = subprocess.run(["docker", "ps", "-q", "--filter", "name=^kimi-engine$", "--filter", "status=running"],
-                            env=node.env, capture_output=True, text=True, timeout=10)
-        assert ps.stdout.strip()
-        subprocess.run(["docker", "rm", "-f", "kimi-engine"], env=node.env, check=True, timeout=10)
-        wait_for("docker rm -f to stop the engine", lambda: not services._alive(pid), 10)
+        run = subprocess.run(proxy_argv, env=node.env, cwd=node.root, capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        caddy = int(wait_for("the proxy's pid file", lambda: (node.state / "engines/kimi-proxy.pid").exists()
+                             and (node.state / "engines/kimi-proxy.pid").read_text().strip(), 10))
+        assert Path(services._cmdline(caddy)[0]).name == "caddy"  # the real binary, not a stand-in
+        wait_for("the proxy to listen", lambda: services.port_open("127.0.0.1", api_port), 20)
+        base = f"https://127.0.0.1:{api_port}"
+        assert _status(base + "/health", ca=str(proxy_dir / proxy.CA_FILE)) == 200
+        assert _status(base + "/v1/models", ca=str(proxy_dir / proxy.CA_FILE)) == 401
+        assert _status(base + "/invocations", "wrong", str(proxy_dir / proxy.CA_FILE), b"{}") == 401
+        assert _status(base + "/v1/models", KEY, str(proxy_dir / proxy.CA_FILE)) == 200
+        for name in ("kimi-proxy", "kimi-engine"):
+            subprocess.run(["docker", "rm", "-f", name], env=node.env, check=True, timeout=10)
+        wait_for("docker rm -f to stop both", lambda: not services._alive(pid) and not services._alive(caddy), 10)
     finally:
         node.cleanup()
 

@@ -17,7 +17,8 @@ from .conftest import EMPTY, leftover_processes, ok, report
 
 pytestmark = pytest.mark.timeout(420)
 
-CHECKS = ("models", "auth", "chat", "effort", "preserved_thinking", "tool_calls", "image", "anthropic", "stream")
+CHECKS = ("tls", "models", "auth", "chat", "effort", "preserved_thinking", "tool_calls", "image", "anthropic",
+          "stream", "clients")
 
 
 def _verified(output: str) -> None:
@@ -36,14 +37,15 @@ def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None
     assert "started the Hyperstack emulator" not in out  # HYPERSTACK_API_URL names the one to use
     assert re.search(r"^  api_key +\[secret\]$", out, re.M), out
     head = re.search(r"^  head_public_ip +(127\.0\.0\.\d+)$", out, re.M).group(1)
-    assert re.search(rf"^  endpoint_url +http://{re.escape(head)}:\d+$", out, re.M), out
+    assert re.search(rf"^  endpoint_url +https://{re.escape(head)}:\d+$", out, re.M), out
     inventory = emulator.inventory()
     assert sorted(vm["name"] for vm in inventory["virtual_machines"]) == [f"kimi-sandbox-node{r}" for r in range(4)]
     assert {vm["status"] for vm in inventory["virtual_machines"]} == {"ACTIVE"}
     assert emulator.vm_posts() == 4
-    # Every rank runs an engine; only the head serves HTTP, and readiness passed against it for real.
+    # Every rank runs an engine; only the head serves HTTP, behind the real proxy, and readiness passed through it.
     engines = list(run.workdir.glob("nodes/*/var/lib/fake-node/engines/kimi-engine.pid"))
     assert len(engines) == 4
+    assert [p.parts[-6] for p in run.workdir.glob("nodes/*/var/lib/fake-node/engines/kimi-proxy.pid")] == [head]
 
     verify = run("verify")
     _verified(ok(verify))

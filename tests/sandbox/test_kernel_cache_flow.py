@@ -48,7 +48,8 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
     assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
     assert re.search(r"saved 6 kernel files .* as key [0-9a-f]{32}", step_output(run.workdir, "kimi-kernel-cache-save"))
     hf_token = (run.workdir / "secrets/hf_token").read_text().strip()
-    api_key = (next(run.workdir.glob("nodes/*/etc/kimi-cluster/engine.env")).read_text().strip().split("=", 1)[1])
+    # The key lives only in the head proxy's key file (the engine holds none).
+    api_key = next(run.workdir.glob("nodes/*/etc/kimi-cluster/proxy/api-key")).read_text().strip()
 
     out = ok(run("destroy"))
     assert "kept the kernel-cache bucket's 2 objects" in out
@@ -71,7 +72,7 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
     archive.write_bytes(bytes(raw))
     third = run("up", "--topology", "b300x1-vllm")
     out = ok(third)
-    assert re.search(r"^  endpoint_url +http://127\.0\.0\.\d+:\d+$", out, re.M), out
+    assert re.search(r"^  endpoint_url +https://127\.0\.0\.\d+:\d+$", out, re.M), out
     assert "starting cold: the archive is corrupt" in step_output(run.workdir, "kimi-node0-cache-restore")
     assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
     assert "saved 6 kernel files" in step_output(run.workdir, "kimi-kernel-cache-save")  # a good one again

@@ -56,7 +56,11 @@ def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -
     assert len(nodes) == 4
     before_hub = _hub_stats(hub_url)
     before_engines = [_engine(n) for n in nodes]
-    assert before_hub["body_bytes"] > 0 and [_docker_pulls(n) for n in nodes] == [1] * 4  # the first up did both
+    head = next(n for n in nodes if (n / "var/lib/fake-node/engines/kimi-proxy.pid").exists())
+    proxy_pid = int((head / "var/lib/fake-node/engines/kimi-proxy.pid").read_text())
+    # The first up did both; the head also pulled the proxy's image.
+    pulls = [2 if n == head else 1 for n in nodes]
+    assert before_hub["body_bytes"] > 0 and [_docker_pulls(n) for n in nodes] == pulls
 
     # The operator rotates the key: every command's `connection` input changes.
     key_file = run.workdir / "secrets" / "ssh_private_key"
@@ -67,8 +71,9 @@ def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -
         for step in STEPS:
             assert re.search(rf"~ command:remote:Command kimi-node{rank}-{step} updating", out), (rank, step)
     assert "~ command:remote:Command kimi-ready-wait updating" in out
-    # 4 x 6 steps, the readiness wait, and the kernel cache's 4 restores and 1 save.
-    assert re.search(r"Resources: 0 created, 30 updated, 0 replaced", out), out
+    # 4 x 6 steps, the head's proxy, the readiness wait, and the kernel cache's 4 restores and 1 save.
+    assert "~ command:remote:Command kimi-node0-proxy updating" in out
+    assert re.search(r"Resources: 0 created, 31 updated, 0 replaced", out), out
     # The kernel cache costs nothing either: no archive is fetched or uploaded again.
     assert out.count("nothing fetched") == 4 and "nothing uploaded" in out
 
@@ -76,13 +81,15 @@ def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -
     assert after_hub["body_bytes"] == before_hub["body_bytes"], "the re-run downloaded file bytes from the hub"
     assert [_engine(n) for n in nodes] == before_engines, "the re-run restarted an engine"
     assert all(Path(f"/proc/{pid}").exists() for _, pid in before_engines)
-    assert [_docker_pulls(n) for n in nodes] == [1] * 4, "the re-run pulled the image again"
-    assert out.count("leaving it running") == 4 and out.count("is already present") == 4
+    assert [_docker_pulls(n) for n in nodes] == pulls, "the re-run pulled an image again"
+    assert out.count("leaving it running") == 4 and out.count("is already present") == 5
+    assert "the proxy already runs with this configuration" in out
+    assert int((head / "var/lib/fake-node/engines/kimi-proxy.pid").read_text()) == proxy_pid
 
     ok(run("destroy", "--quiet"))
     assert leftover_processes(run.workdir) == []
     report(f"h100x4-sglang: up {first.seconds:.1f} s, up after a rotated sshPrivateKey {second.seconds:.1f} s "
-           f"(30 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, "
+           f"(31 steps re-run, {after_hub['requests'] - before_hub['requests']} hub metadata requests, "
            "0 file bytes, same 4 engine processes)")
 
 

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 from components.verification import CHECK_NAMES
-from tests.verification.conftest import KEY, MODEL, REPO
+from tests.verification.conftest import KEY, MODEL, REPO, tls_material
 
 
 def _run(args, env_key=KEY, stdin=None, timeout=60):
+    # Every fake serves https with the test CA, which the verifier gets as the cluster's ca_certificate.
+    args = [*args, "--ca-file", tls_material()["ca_file"]]
     env = {k: v for k, v in os.environ.items() if k != "KIMI_API_KEY"}
     env.update(PYTHONPATH=REPO, NO_PROXY="127.0.0.1,localhost")
     if env_key is not None:

@@ -22,7 +22,7 @@ from pulumi.runtime.settings import SETTINGS
 import checks_resource
 import verification_stack
 from components.verification import CHECK_NAMES, VerificationFailed
-from tests.verification.conftest import KEY, MODEL, VERIFICATION_DIR
+from tests.verification.conftest import KEY, MODEL, VERIFICATION_DIR, tls_material
 
 CLUSTER = "organization/kimi-cluster/dev"
 DYNAMIC_TYPE = "pulumi-python:dynamic/kimi-verification:EndpointVerification"
@@ -54,7 +54,7 @@ class ClusterMocks(pulumi.runtime.Mocks):
 
 def _cluster_outputs(url):
     return {"endpoint_url": url, "served_model_name": MODEL, "model_revision": "rev-1", "api_key": KEY,
-            "openai_base_url": url + "/v1"}
+            "openai_base_url": url + "/v1", "ca_certificate": tls_material()["ca"]}
 
 
 @contextlib.contextmanager
@@ -220,14 +220,15 @@ def test_cluster_stack_must_be_qualified_and_the_error_names_both_backends(name)
 
 def _props(url, **extra):
     props = {"endpoint_url": url, "served_model_name": MODEL, "model_revision": "rev-1", "api_key": KEY,
-             "run_id": "1", "only": list(CHECK_NAMES), "required_checks": list(CHECK_NAMES), "timeout_seconds": 5.0}
+             "ca_certificate": tls_material()["ca"], "run_id": "1", "only": list(CHECK_NAMES), "required_checks": list(CHECK_NAMES), "timeout_seconds": 5.0}
     props.update(extra)
     return props
 
 
 def test_provider_create_against_the_fake(fake):
-    with fake(engine="vllm") as server:
-        result = checks_resource.VerificationProvider().create(_props(server.url))
+    with fake(engine="vllm", proxied=True) as server:
+        result = checks_resource.VerificationProvider().create(
+            _props(server.url, ca_certificate=server.ca_certificate))
     assert result.id.startswith("verification-")
     assert result.outs["verified"] is True and result.outs["verified_endpoint_url"] == server.url
     assert "api_key" not in result.outs and KEY not in json.dumps(result.outs)

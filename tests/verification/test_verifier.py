@@ -13,15 +13,15 @@ from components import verification as v
 from tests.verification.conftest import KEY, MODEL
 
 ALL = set(v.CHECK_NAMES)
-GENERATION = ALL - {"models", "auth"}
+GENERATION = ALL - {"models", "auth", "tls"}
 
 # The checks each fault must fail, and no others.
 EXPECTED_FAILURES = {
     "no_auth": {"auth"},
     "no_reasoning": {"chat"},
-    "bad_tool_args": {"tool_calls"},
-    "wrong_model": ALL - {"auth"},
-    "drop_reasoning": {"preserved_thinking", "tool_calls"},
+    "bad_tool_args": {"tool_calls", "clients"},
+    "wrong_model": ALL - {"auth", "tls"},
+    "drop_reasoning": {"preserved_thinking", "tool_calls", "clients"},
     "no_image": {"image"},
     "server_error": GENERATION,
 }
@@ -29,8 +29,9 @@ EXPECTED_FAILURES = {
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_both_good_shapes_pass_every_check(fake, session, engine):
+    # The engines leave /metrics (and vLLM /invocations and /tokenize) open: a good endpoint is one behind the proxy.
     with fake(engine=engine) as server:
-        outcome = v.verify(server.url, MODEL, KEY, timeout=5, session=session)
+        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, timeout=5, session=session)
     assert [r.name for r in outcome.results] == list(v.CHECK_NAMES)
     assert outcome.verified and outcome.all_passed, [r.line() for r in outcome.failed]
     by_name = {r.name: r for r in outcome.results}
@@ -49,7 +50,7 @@ def test_both_good_shapes_pass_every_check(fake, session, engine):
 @pytest.mark.parametrize("fault", sorted(EXPECTED_FAILURES))
 def test_each_broken_variant_fails_naming_its_check(fake, session, engine, fault):
     with fake(engine=engine, faults=[fault]) as server:
-        outcome = v.verify(server.url, MODEL, KEY, timeout=5, session=session)
+        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, timeout=5, session=session)
     failed = {r.name for r in outcome.failed}
     assert failed == EXPECTED_FAILURES[fault], [r.line() for r in outcome.results]
     assert not outcome.verified
@@ -60,7 +61,7 @@ def test_each_broken_variant_fails_naming_its_check(fake, session, engine, fault
 def test_slow_server_fails_within_the_timeout(fake, session):
     with fake(faults=["slow"], slow_seconds=20) as server:
         started = time.monotonic()
-        outcome = v.verify(server.url, MODEL, KEY, timeout=0.3, session=session)
+        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, timeout=0.3, session=session)
         elapsed = time.monotonic() - started
     assert {r.name for r in outcome.failed} == GENERATION
     assert elapsed < 8, f"the verifier waited {elapsed:.1f}s on a server that sleeps 20s"
@@ -70,7 +71,7 @@ def test_slow_server_fails_within_the_timeout(fake, session):
 
 def test_specific_reasons(fake, session):
     with fake(faults=["no_reasoning", "bad_tool_args", "no_auth"]) as server:
-        results = {r.name: r for r in v.run_checks(v.Target(server.url, MODEL, KEY, 5), session=session)}
+        results = {r.name: r for r in v.run_checks(v.Target(server.url, MODEL, KEY, 5, server.ca_certificate), session=session)}
     assert "--reasoning-parser" in results["chat"].detail
     assert "not JSON" in results["tool_calls"].detail and "calculate" in results["tool_calls"].detail
     assert "not protected" in results["auth"].detail
@@ -79,13 +80,13 @@ def test_specific_reasons(fake, session):
 
 def test_auth_needs_a_key_to_prove_anything(fake, session):
     with fake() as server:
-        result = v.run_check("auth", v.Target(server.url, MODEL, None, 5), session)
+        result = v.run_check("auth", v.Target(server.url, MODEL, None, 5, server.ca_certificate), session)
     assert not result.passed and "no API key" in result.detail
 
 
 def test_unreachable_endpoint_fails_every_check_without_raising(session):
     # port 9 (discard) on loopback: nothing listens there in the test environment
-    results = v.run_checks(v.Target("http://127.0.0.1:9", MODEL, KEY, 1), session=session)
+    results = v.run_checks(v.Target("https://127.0.0.1:9", MODEL, KEY, 1), session=session)
     assert [r.passed for r in results] == [False] * len(v.CHECK_NAMES)
     assert all("could not connect" in r.detail for r in results)
 
@@ -96,7 +97,7 @@ def test_a_check_that_raises_is_a_failure_not_a_crash(monkeypatch, fake, session
 
     monkeypatch.setitem(v.CHECKS, "chat", boom)
     with fake() as server:
-        results = v.run_checks(v.Target(server.url, MODEL, KEY, 5), only="models,chat", session=session)
+        results = v.run_checks(v.Target(server.url, MODEL, KEY, 5, server.ca_certificate), only="models,chat", session=session)
     assert [(r.name, r.passed) for r in results] == [("models", True), ("chat", False)]
     assert results[1].detail == "check raised RuntimeError: unexpected shape"
 
@@ -130,13 +131,13 @@ def test_key_echoed_by_a_server_is_redacted(session):
 
 def test_models_lists_exactly_the_expected_id(fake, session):
     with fake(served_model_names=(MODEL, "other/model")) as server:
-        result = v.run_check("models", v.Target(server.url, MODEL, KEY, 5), session)
+        result = v.run_check("models", v.Target(server.url, MODEL, KEY, 5, server.ca_certificate), session)
     assert not result.passed and "expected exactly" in result.detail
 
 
 def test_required_subset_decides_verified(fake, session):
     with fake(faults=["no_image"]) as server:
-        outcome = v.verify(server.url, MODEL, KEY, required="models,auth,chat", timeout=5, session=session)
+        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, required="models,auth,chat", timeout=5, session=session)
     assert outcome.verified and not outcome.all_passed
     assert [r.name for r in outcome.failed] == ["image"]
     assert {row["name"]: row["required"] for row in outcome.report()}["image"] is False
@@ -145,15 +146,15 @@ def test_required_subset_decides_verified(fake, session):
 def test_run_stack_checks_raises_naming_failed_required_checks(fake, session):
     with fake(faults=["no_auth"]) as server:
         with pytest.raises(v.VerificationFailed) as caught:
-            v.run_stack_checks(server.url, MODEL, KEY, only="models,auth", timeout_seconds=5, session=session)
+            v.run_stack_checks(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, only="models,auth", timeout_seconds=5, session=session)
     message = str(caught.value)
     assert "required checks failed: auth" in message and "not protected" in message
     assert KEY not in message
 
 
 def test_run_stack_checks_outputs(fake, session):
-    with fake(engine="vllm") as server:
-        outs = v.run_stack_checks(server.url + "/v1", MODEL, KEY, model_revision="r1", run_id="7",
+    with fake(engine="vllm", proxied=True) as server:
+        outs = v.run_stack_checks(server.url + "/v1", MODEL, KEY, ca_certificate=server.ca_certificate, model_revision="r1", run_id="7",
                                   only=["auth", "models"], timeout_seconds=5, session=session)
     assert outs["verified"] is True and outs["verified_endpoint_url"] == server.url + "/v1"
     assert outs["only"] == ["models", "auth"] and outs["required_checks"] == ["models", "auth"]

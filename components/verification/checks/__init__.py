@@ -11,15 +11,18 @@ from typing import Any, Callable
 from components.verification.checks.anthropic import check_anthropic
 from components.verification.checks.auth import check_auth
 from components.verification.checks.chat import check_chat, check_effort, check_preserved_thinking
+from components.verification.checks.clients import check_clients
 from components.verification.checks.image import check_image
 from components.verification.checks.models import check_models
 from components.verification.checks.stream import check_stream
+from components.verification.checks.tls import check_tls
 from components.verification.checks.tool_calls import check_tool_calls
 from components.verification.client import Api
 
 CheckBody = Callable[[Api], tuple[str, dict[str, Any]]]
 
 CHECKS: dict[str, CheckBody] = {
+    "tls": check_tls,
     "models": check_models,
     "auth": check_auth,
     "chat": check_chat,
@@ -29,6 +32,7 @@ CHECKS: dict[str, CheckBody] = {
     "image": check_image,
     "anthropic": check_anthropic,
     "stream": check_stream,
+    "clients": check_clients,
 }
 
 CHECK_NAMES: tuple[str, ...] = tuple(CHECKS)

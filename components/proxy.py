@@ -1,0 +1,80 @@
+"""The head's one authenticating TLS proxy (Caddy): its configuration and its `docker run`, as data, in one place.
+
+The engine listens on the head's loopback only and holds no API key; the proxy serves TLS on apiPort, lets `/health`
+through, and forwards every other request only with `Authorization: Bearer <key>` (anything else gets 401 from the
+proxy, so no engine route, `/invocations` or `/tokenize` included, is reachable without the key). The key is a
+root-only file the proxy reads on every request: a rotated key takes effect the moment the file is replaced, with no
+restart of the proxy or the engine. Shared by the proxy step's template and the offline plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from components import catalog
+from components.scripts import ShellExpr, render, shell_words
+from components.settings import Settings
+
+CONTAINER_NAME = "kimi-proxy"
+FINGERPRINT_LABEL = "kimi-cluster.proxy-fingerprint"
+# Inside the container the proxy's directory is its working directory, and the configuration names every file
+# relative to it, so the same configuration works wherever the directory sits on the host.
+CONTAINER_DIR = "/etc/kimi-cluster/proxy"
+CONFIG_FILE = "Caddyfile"
+KEY_FILE = "api-key"
+CERT_FILE = "server.crt"
+TLS_KEY_FILE = "server.key"
+CA_FILE = "ca.crt"
+PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
+
+
+def upstream(settings: Settings) -> str:
+    """Where the engine listens: the head's loopback, never an interface the firewall could open."""
+    return f"127.0.0.1:{settings.engine_port}"
+
+
+def render_config(settings: Settings) -> str:
+    """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
+    return caddyfile(settings.api_port, upstream(settings))
+
+
+def caddyfile(api_port: int, upstream_address: str) -> str:
+    """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT)."""
+    return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
+                  upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
+                  unauthorized_body=UNAUTHORIZED_BODY)
+
+
+def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
+                    fingerprint: str | ShellExpr | None = PLACEHOLDER_FINGERPRINT) -> list:
+    """`docker run` of the proxy: host network (it must bind apiPort on the public side and reach the engine on
+    loopback), the proxy's directory mounted read-only as its working directory, the official image's caddy."""
+    items: list = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
+    if fingerprint is not None:
+        label = f"{FINGERPRINT_LABEL}={fingerprint}"
+        items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
+    mount = f"{proxy_dir}:{CONTAINER_DIR}:ro"
+    items += [
+        ("--network", "host"),
+        ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
+        ("-v", ShellExpr(mount) if isinstance(proxy_dir, ShellExpr) else mount),
+        ("-w", CONTAINER_DIR),
+        settings.proxy_container_image,
+        ("caddy", "run", "--config", CONFIG_FILE, "--adapter", "caddyfile"),
+    ]
+    return items
+
+
+def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str) -> str:
+    """Names one proxy configuration (config, certificates, image); the API key is not part of it, since a new key
+    needs no restart. A running proxy with the same label is left alone."""
+    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None)
+    text = "\n".join([render_config(settings), cert_chain_pem, ca_pem, shell_words(argv)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def command_text(settings: Settings) -> str:
+    """The proxy's launch command for the plan, with a real node's paths."""
+    return shell_words(docker_run_argv(settings, "/etc/kimi-cluster/proxy", fingerprint=None),
+                       continuation=" \\\n  ")
