@@ -25,7 +25,8 @@ import time
 from typing import Any
 
 # Every step components/node.py runs (its SUMMARIES; a test keeps the two in step).
-STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "readiness", "cache-save")
+STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "proxy", "readiness",
+         "cache-save")
 PROGRESS_FILE = "kimi/progress/weights.json"  # components/weights.py PROGRESS_FILE (this file runs without it)
 CONTAINER = "kimi-engine"
 WEIGHTS_UNIT = "kimi-weights"
