@@ -5,6 +5,9 @@ private keys as secret outputs. Clients trust the CA certificate (the `ca_certif
 certificate names the head's public IP (and any DNS names given) as subject alternative names, so a client checks
 it against the address it dials. A new address replaces only the server certificate: the CA, and so every client's
 trust, stays. A server certificate also renews itself on the first `up` within RENEW_DAYS of its expiry.
+
+Stable names: state records each provider pickled by reference (module path + class name), and `destroy` of an
+existing stack unpickles it from there. Never rename or move this module or `_CaProvider` / `_ServerCertProvider`.
 """
 
 from __future__ import annotations
