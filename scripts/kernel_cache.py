@@ -355,7 +355,10 @@ def _restore(args: argparse.Namespace) -> str:
     state = read_state(state_file)
     if have and state.get("restored") == args.key:
         return f"already restored for key {args.key} on this VM ({have} kernel files); nothing fetched"
-    if have and state.get("compiled") == args.key:
+    if state.get("compiled") == args.key:
+        # This VM's engine was started to compile this key itself. Its files may not all be written yet (the head
+        # can be ready while a worker still writes its cache), and fetching an archive under a running engine
+        # would only cost bytes: leave the engine's own compile alone.
         return f"this VM compiled the kernels of key {args.key} itself ({have} files); nothing fetched"
     if have:
         # Kernels of another configuration (an earlier image, say): the engines key their own caches, so those

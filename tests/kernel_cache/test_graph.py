@@ -47,7 +47,7 @@ def test_only_the_head_saves_after_the_readiness_wait_and_nothing_waits_for_the_
     assert "kimi-ready-wait" in saves[0].deps
     assert saves[0].values()["connection"]["host"] == "198.51.100.10"
     assert all("kimi-kernel-cache-save" not in r.deps for r in dev.resources)
-    assert dev.exports["endpoint_url"] == "http://198.51.100.10:8000"
+    assert dev.exports["endpoint_url"] == "https://198.51.100.10:8000"
 
 
 def test_the_bucket_credentials_reach_the_nodes_only_as_secret_stdin(dev):
