@@ -91,7 +91,7 @@ def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbo
                         "restoreTimeoutMinutes": 1, "saveTimeoutMinutes": 1})
     up = run("up", "--topology", "b300x1-vllm", "--config", f"kernelCache={store}")
     out = ok(up)
-    assert re.search(r"^  endpoint_url +http://127\.0\.0\.\d+:\d+$", out, re.M), out
+    assert re.search(r"^  endpoint_url +https://127\.0\.0\.\d+:\d+$", out, re.M), out
     restore = step_output(run.workdir, "kimi-node0-cache-restore")
     assert f"starting cold: the store at s3://kimi-sandbox-kernels/kimi-cluster/kernel-cache/ at " \
            f"http://127.0.0.1:{closed} is unreachable" in restore, restore
