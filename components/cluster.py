@@ -86,6 +86,9 @@ class InferenceCluster(pulumi.ComponentResource):
             )
 
         rules_by_rank = [self._rules(name, settings, rank, vms) for rank in range(settings.nodes)]
+        # Nodes serve each other the weight files they fetched from the hub, behind this per-stack token.
+        peer_token = (pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
+                      if settings.nodes > 1 else None)
         head_private_ip = vms[0].private_ip
         chain, ca_pem, tls_key = self._tls(name, settings, vms[0], tls_private_key)
 
@@ -107,6 +110,8 @@ class InferenceCluster(pulumi.ComponentResource):
                     tls_cert_chain=chain if rank == 0 else None,
                     tls_ca=ca_pem if rank == 0 else None,
                     tls_private_key=tls_key if rank == 0 else None,
+                    peer_private_ips=[v.private_ip for v in vms],
+                    peer_token=peer_token,
                     host_key=host_keys[rank],
                     # A replaced VM re-runs its whole chain even if it comes back on the same address.
                     vm_id=vm.vm_id,

@@ -19,7 +19,7 @@ import pulumi
 import pulumi.dynamic as dyn
 from pulumi_command import remote
 
-from components import kernel_cache, launch, proxy
+from components import kernel_cache, launch, proxy, weights
 from components.scripts import ShellExpr, render
 from components.settings import Settings
 
@@ -37,6 +37,8 @@ CHECK_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "check_download
 KERNEL_CACHE_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "kernel_cache.py"
 BOTO3_VERSION = "1.44.5"  # the S3 client the kernel-cache program runs with; the project pins the same
 KERNEL_CACHE_SAVE_TYPE = "kimi:cluster:KernelCacheSave"
+FETCH_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "fetch_weights.py"
+SPLIT_SOURCE = Path(__file__).resolve().parent / "weights.py"  # the split, shipped beside the program
 SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
 
 # A fresh VM refuses SSH for minutes after it reports ACTIVE; pulumi-command's defaults (10 dials, 15 s each) give up
@@ -55,8 +57,9 @@ SUMMARIES = {
     "ready": "wait for SSH and cloud-init, count the GPUs, find the private interface",
     "storage": "put the Hugging Face cache and docker's data-root on the storage disk; refuse if it is too small",
     "image": "pull the pinned engine image, with bounded retries",
-    "weights": "download the pinned checkpoint in a systemd unit that survives a dropped SSH session, and follow it",
-    "check": "compare the local snapshot with the hub's manifest for the pinned revision",
+    "weights": "download the pinned checkpoint (this node's share from the hub, the rest from its peers), hashed as "
+               "it streams, in a systemd unit that survives a dropped SSH session, and follow it",
+    "check": "compare the local snapshot and its recorded hashes with the hub's manifest for the pinned revision",
     "launch": "start the engine container for this rank",
     "proxy": "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
     "readiness": "wait until the head serves the model on /v1/models through the proxy over TLS with the key, or "
@@ -82,6 +85,8 @@ class Timing:
     proxy_settle_seconds: float = 2
     log_tail: int = 100
     download_timeout_s: int | None = None  # default: settings.download_timeout_minutes
+    peer_timeout_s: int = 300  # a peer unreachable this long (also at start-up) loses its share to the hub
+    stall_seconds: int = 180  # a peer or a stream without progress this long counts as stalled
     readiness_timeout_s: int | None = None  # default: settings.readiness_timeout_minutes
     # Node-side deadlines of the steps without a long wait of their own (see deadline_s).
     storage_timeout_s: int = 1800  # a docker prune and restart on a fresh VM
@@ -231,10 +236,29 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
     }
 
 
+def _source(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
+    """Every node's private address and peer port, in rank order; empty when this node fetches alone."""
+    if settings.nodes < 2 or not peer_ips:
+        return ""
+    if len(peer_ips) != settings.nodes:
+        raise ValueError(f"{len(peer_ips)} peer addresses for {settings.nodes} nodes")
+    return ",".join(f"{ip}:{settings.peer_port}" for ip in peer_ips)
+
+
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
-                timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP) -> str:
+                timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
+                peer_ips: Sequence[str] | None = None) -> str:
     """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
-    value."""
+    value.
+
+    `peer_ips` (every node's private address, in rank order) makes the weights step share the download; without
+    them the node downloads every file from the hub.
+    """
     v = _values(settings, rank, step, timing)
     ckpt = settings.model_spec.checkpoint_bytes
     if step == "ready":
@@ -253,11 +277,14 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
         v.update(repo=settings.model, revision=settings.model_revision, unit=WEIGHTS_UNIT,
                  repo_folder=_repo_folder(settings), checkpoint_bytes=ckpt, hf_hub_version=HF_HUB_VERSION,
                  download_workers=settings.download_workers, hf_endpoint=settings.hf_endpoint,
-                 download_timeout_s=timing.download_s(settings))
+                 download_timeout_s=timing.download_s(settings), peers=peer_list(settings, peer_ips),
+                 peer_timeout_s=timing.peer_timeout_s, stall_seconds=timing.stall_seconds,
+                 progress_file=weights.PROGRESS_FILE, verified_dir=weights.VERIFIED_DIR,
+                 plan_source=_source(SPLIT_SOURCE), program_source=_source(FETCH_SOURCE))
     elif step == "check":
-        source = CHECK_SOURCE.read_text(encoding="utf-8")
         v.update(repo=settings.model, revision=settings.model_revision, hf_endpoint=settings.hf_endpoint,
-                 verify_sha256=settings.verify_sha256, check_source=source if source.endswith("\n") else source + "\n")
+                 verify_sha256=settings.verify_sha256, check_source=_source(CHECK_SOURCE),
+                 verified_dir=weights.VERIFIED_DIR)
     elif step == "launch":
         argv = launch.docker_run_argv(
             settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
@@ -290,11 +317,11 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
 
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
                         timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS,
-                        public_ip: str = PLAN_PUBLIC_IP) -> dict[str, str]:
+                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None) -> dict[str, str]:
     """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
     kernelCache, cache-save). Safe to write to disk."""
     def one(step: str) -> str:
-        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip)
+        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips)
 
     scripts = {step: one(step) for step in steps_for(settings)}
     if rank == 0:
@@ -387,6 +414,8 @@ class GpuNode(pulumi.ComponentResource):
         tls_private_key: pulumi.Input[str] | None = None,
         hf_token: pulumi.Input[str] | None = None,
         kernel_cache_credentials: pulumi.Input[str] | None = None,
+        peer_private_ips: Sequence[pulumi.Input[str]] = (),
+        peer_token: pulumi.Input[str] | None = None,
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
         vm_id: pulumi.Input[str | int] | None = None,
@@ -406,10 +435,14 @@ class GpuNode(pulumi.ComponentResource):
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
                       if rank == 0 else PLAN_TLS)
-        scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls).apply(
-            lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2])
+        sharing = settings.nodes > 1 and len(peer_private_ips) == settings.nodes and peer_token is not None
+        scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls, *peer_private_ips).apply(
+            lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2],
+                                          peer_ips=a[4:] if sharing else None)
         )
         token = _stdin_secret(hf_token) if hf_token is not None else None
+        # The weights step reads the hub token, then (when the nodes share the download) the peer token.
+        weights_stdin = _stdin_secrets(hf_token, peer_token) if sharing else token
         # Children do not inherit the component's depends_on (e.g. the firewall rule that lets SSH in).
         caller_deps = opts.depends_on if opts is not None else None
 
@@ -417,7 +450,7 @@ class GpuNode(pulumi.ComponentResource):
         storage = self._step("storage", scripts, [ready])
         # The pull and the download both need the storage disk, not each other: they run side by side.
         image = self._step("image", scripts, [storage])
-        weights = self._step("weights", scripts, [storage], stdin=token)
+        weights = self._step("weights", scripts, [storage], stdin=weights_stdin)
         check = self._step("check", scripts, [weights], stdin=token)
         before_launch: list[pulumi.Resource] = [check, image]
         self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check}
@@ -454,6 +487,12 @@ def _proxy_stdin(api_key: pulumi.Input[str] | None, tls_private_key: pulumi.Inpu
 def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
     """A secret as one line of stdin: the newline lets the script's `read` return without waiting for EOF."""
     return pulumi.Output.secret(pulumi.Output.from_input(value).apply(lambda v: (v or "") + "\n"))
+
+
+def _stdin_secrets(*values: pulumi.Input[str] | None) -> pulumi.Output[str]:
+    """Several secrets, one per line of stdin, in the order the script reads them (a missing one is an empty line)."""
+    lines = pulumi.Output.all(*[v if v is not None else "" for v in values])
+    return pulumi.Output.secret(lines.apply(lambda vs: "".join(f"{v or ''}\n" for v in vs)))
 
 
 def _command(parent: pulumi.Resource, name: str, create: pulumi.Input[str],

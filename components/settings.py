@@ -175,7 +175,10 @@ class Settings(BaseModel):
     readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1)
     # Per-step override of the node-side deadline (components.node.Timing.deadline_s), e.g. {"image": 120}.
     step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
-    verify_sha256: bool = Field(False, alias="verifySha256")
+    # Free since every file is hashed while it is written (scripts/fetch_weights.py): the check compares records.
+    verify_sha256: bool = Field(True, alias="verifySha256")
+    # Where each node serves its finished weight files to its peers (private addresses only).
+    peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint", pattern=r"^https?://[^\s'\"]+$")
     kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
 
@@ -370,6 +373,10 @@ class Settings(BaseModel):
         if self.regions is not None and "region" in self.model_fields_set:
             raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
                              f"list); remove one with: pulumi config rm {NAMESPACE}:region")
+        if self.peer_port in (self.api_port, 20000):  # 20000: the SGLang rendezvous (components/launch.py)
+            raise ValueError(f"peerPort {self.peer_port} is taken by the "
+                             + ("inference API (apiPort)" if self.peer_port == self.api_port else "engine's rendezvous")
+                             + "; pick another, e.g. 20100")
         if self.ssh_public_key is None and self.keypair_name is None:
             raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
         if self.ssh_public_key is not None and self.keypair_name is not None:

@@ -27,7 +27,7 @@ VERIFIED_DIR = "kimi/verified"
 
 # Peers serve finished files on their private address only, on this port. The peer firewall rules already let every
 # node's private /32 reach every port of the others, and no rule opens it to the operator or the internet.
-PEER_PORT = 20100
+PEER_PORT = 20100  # the default of kimi-cluster:peerPort
 
 
 def progress_path(storage_dir: str) -> str:

@@ -3,8 +3,11 @@
 The real huggingface_hub (snapshot_download, HfApi.model_info) works against it through HF_ENDPOINT, with the hub's
 headers and redirects (LFS files go through a "CDN" on the other loopback name, as on the real hub) and no Xet; knobs
 inject the faults a node must survive: a private repo, a missing repo, a file served short, a dropped connection.
+For the weights benchmark it also caps the bandwidth per client address (a hub serves each client at a bounded
+rate), serves a synthetic repository of any size, and logs every answer as one JSON line.
 
     python -m fakes.hub --port 8123 --repo moonshotai/Kimi-K3.1-Pro --revision 6d0a0202956796543364d666ab19c6ad1a494ee1
+    python -m fakes.hub --shards 96 --shard-bytes 1000000 --client-bytes-per-second 4e6 --log-file hub.jsonl
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import re
 import struct
 import threading
@@ -74,6 +78,26 @@ def tiny_repo(shards: int = 3, floats_per_shard: int = 4096) -> list[HubFile]:
     return files
 
 
+def synthetic_repo(shards: int, shard_bytes: int) -> list[HubFile]:
+    """Like tiny_repo, with `shards` shards of about `shard_bytes` each (one U8 tensor of seeded random bytes, so
+    nothing compresses and every shard hashes differently)."""
+    config = {"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"]}
+    files = [HubFile("config.json", json.dumps(config, indent=2).encode(), lfs=False)]
+    weight_map = {}
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tensor = f"layers.{i}.weight"
+        raw = random.Random(i).randbytes(shard_bytes)
+        header = {"__metadata__": {"format": "pt"},
+                  tensor: {"dtype": "U8", "shape": [len(raw)], "data_offsets": [0, len(raw)]}}
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        files.append(HubFile(name, struct.pack("<Q", len(text)) + text + raw, lfs=True))
+        weight_map[tensor] = name
+    files.append(HubFile("model.safetensors.index.json", json.dumps({"weight_map": weight_map}).encode(), lfs=False))
+    return files
+
+
 @dataclass
 class Faults:
     """What to break. Counts go down as requests use them up."""
@@ -83,13 +107,15 @@ class Faults:
     short: Counter = field(default_factory=Counter)  # path -> times to send a consistent but shorter body
     drop: Counter = field(default_factory=Counter)  # path -> times to cut the connection mid-body (client resumes)
     bytes_per_second: float | None = None  # throttle file bodies, to interrupt a download midway
+    client_bytes_per_second: float | None = None  # cap on all bodies to one client address, across its connections
 
 
 class FakeHub:
     """Threaded HTTP server; use as a context manager or start()/stop(). `url` is the HF_ENDPOINT to use."""
 
     def __init__(self, repo: str, revision: str, files: list[HubFile] | None = None, *, token: str | None = None,
-                 faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+                 faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0,
+                 log_file: str | None = None) -> None:
         self.repo, self.revision = repo, revision
         self.files = {f.path: f for f in (files if files is not None else tiny_repo())}
         self.token = token
@@ -97,6 +123,10 @@ class FakeHub:
         self.requests: list[tuple[str, str, str]] = []  # (method, path, range header)
         self.body_bytes = 0  # file bytes sent (GET bodies), for tests proving a re-run downloads nothing
         self.lock = threading.Lock()
+        self.log_file = log_file
+        self.sent: Counter = Counter()  # client address -> body bytes sent
+        self.answers: list[tuple[str, str, str, int, int]] = []  # (client, method, path, status, body bytes)
+        self._next_slot: dict[str, float] = {}
         self.server = ThreadingHTTPServer((host, port), _handler(self))
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -125,11 +155,38 @@ class FakeHub:
         self.stop()
 
     def downloads(self, path: str) -> int:
-        """How many times the body of `path` was requested (GETs of the file or its CDN blob)."""
+        """How many times the body of `path` was served (GETs of the file or its CDN blob; redirects do not count)."""
         f = self.files[path]
         with self.lock:
-            return sum(1 for m, p, _ in self.requests
-                       if m == "GET" and (p.endswith("/" + path) or p.endswith(f.sha256)))
+            return sum(1 for _, m, p, status, _ in self.answers
+                       if m == "GET" and status in (200, 206) and (p.endswith("/" + path) or p.endswith(f.sha256)))
+
+    def answered(self, client: str, method: str, path: str, status: int, nbytes: int) -> None:
+        """Count an answer's body bytes per client and, with a log file, append it as one JSON line."""
+        with self.lock:
+            self.sent[client] += nbytes
+            self.answers.append((client, method, path, status, nbytes))
+            if self.log_file:
+                line = {"t": round(time.time(), 3), "client": client, "method": method, "path": path,
+                        "status": status, "bytes": nbytes}
+                with open(self.log_file, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(line) + "\n")
+
+    def pace(self, client: str, nbytes: int) -> None:
+        """Hold a chunk for `client` until its share of the per-client rate allows it: all of one address's
+        connections draw on one budget, as a hub's per-client limit does."""
+        rate = self.faults.client_bytes_per_second
+        if not rate:
+            return
+        with self.lock:
+            now = time.monotonic()
+            # A quarter second of unused budget may be spent late, so a thread that wakes up late on a busy machine
+            # does not lower the long-run rate below the cap (nor raise it above).
+            start = max(now - 0.25, self._next_slot.get(client, 0.0))
+            self._next_slot[client] = start + nbytes / rate
+        delay = start + nbytes / rate - now
+        if delay > 0:
+            time.sleep(delay)
 
     def take(self, counter: Counter, path: str) -> bool:
         with self.lock:
@@ -189,6 +246,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
+            hub.answered(self.client_address[0], self.command, urlsplit(self.path).path, status,
+                         0 if self.command == "HEAD" else len(body))
 
         def _json(self, obj, headers: dict | None = None) -> None:
             self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
@@ -296,11 +355,14 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             limit = len(data) // 2 if drop else len(data)
-            step = 4096 if hub.faults.bytes_per_second else 1 << 20
+            step = 4096 if hub.faults.bytes_per_second else 64 * 1024 if hub.faults.client_bytes_per_second else 1 << 20
+            client, sent = self.client_address[0], 0
             try:
                 for i in range(0, limit, step):
                     chunk = data[i:min(i + step, limit)]
+                    hub.pace(client, len(chunk))
                     self.wfile.write(chunk)
+                    sent += len(chunk)
                     with hub.lock:
                         hub.body_bytes += len(chunk)
                     if hub.faults.bytes_per_second:
@@ -309,6 +371,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away (a killed download): nothing to answer
                 return
+            finally:
+                hub.answered(client, self.command, urlsplit(self.path).path, status, sent)
             if drop:
                 self.wfile.flush()
                 self.close_connection = True
@@ -326,7 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token", help="make the repository private: only this Bearer token may read it")
     ap.add_argument("--token-file", help="as --token, read from this file (a command line shows in ps)")
     ap.add_argument("--missing-repo", action="store_true", help="answer 404 RepoNotFound for everything")
-    ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies")
+    ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies, per connection")
+    ap.add_argument("--client-bytes-per-second", type=float, help="cap all bodies sent to one client address")
+    ap.add_argument("--shard-bytes", type=int, help="serve a synthetic repository with shards of this many bytes")
+    ap.add_argument("--log-file", help="append one JSON line per answer: path, status, bytes sent, client address")
     args = ap.parse_args(argv)
     token = args.token
     if args.token_file:
@@ -335,9 +402,10 @@ def main(argv: list[str] | None = None) -> None:
         if not token:
             ap.error(f"--token-file {args.token_file} is empty")
     faults = Faults(private=token is not None, missing_repo=args.missing_repo,
-                    bytes_per_second=args.bytes_per_second)
-    hub = FakeHub(args.repo, args.revision, tiny_repo(args.shards), token=token, faults=faults,
-                  host=args.host, port=args.port)
+                    bytes_per_second=args.bytes_per_second, client_bytes_per_second=args.client_bytes_per_second)
+    files = synthetic_repo(args.shards, args.shard_bytes) if args.shard_bytes else tiny_repo(args.shards)
+    hub = FakeHub(args.repo, args.revision, files, token=token, faults=faults, host=args.host, port=args.port,
+                  log_file=args.log_file)
     print(f"fake hub serving {args.repo}@{args.revision} at http://{args.host}:{hub.port}", flush=True)
     try:
         hub.server.serve_forever()

@@ -1,0 +1,174 @@
+"""Benchmark: the 4-node weight download, naive (every node pulls everything) vs sharded with peer fan-out.
+
+    python -m scripts.bench_weights [--nodes 4] [--shards 96] [--shard-bytes 2500000] [--cap 4e6] [--json]
+
+One run, on loopback: a fake hub (fakes/hub.py) serving a synthetic repository with a bandwidth cap per client
+address, and `scripts/fetch_weights.py` as each node's program, each node on its own loopback address (127.0.0.2,
+.3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after the other:
+naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub. Hub bytes
+are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the last one's
+exit. Nothing here asserts a time; it prints what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fakes.hub import FakeHub, Faults, synthetic_repo
+
+PROJECT = Path(__file__).resolve().parents[1]
+REPO = "moonshotai/Kimi-K3.1-Pro"
+REVISION = "6d0a0202956796543364d666ab19c6ad1a494ee1"
+TOKEN = "peer-token-for-the-benchmark-only"
+
+
+@dataclass
+class Outcome:
+    wall_s: float
+    hub_bytes: int
+    complete_nodes: int
+    killed_rerun_hub_bytes: int | None = None
+
+
+def free_port(hosts: list[str]) -> int:
+    """A port free on every node address (each node binds its own address, all on the same port)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for h in hosts:
+                with socket.socket() as t:
+                    t.bind((h, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no common free port on the node addresses")
+
+
+def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float) -> list[str]:
+    d = work / f"node{rank}"
+    return [sys.executable, "-m", "scripts.fetch_weights", "--repo", REPO, "--revision", REVISION,
+            "--cache-dir", str(d / "hf/hub"), "--record", str(d / "kimi/verified" / f"{REVISION}.json"),
+            "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
+            "--endpoint", hub.url, "--workers", "16", "--rank", str(rank), "--peers", peers,
+            "--peer-token-file", str(work / "peer_token"), "--peer-timeout", "3", "--stall-seconds", "10",
+            "--poll-seconds", str(poll), "--report-seconds", "3600", "--source-address", f"127.0.0.{2 + rank}"]
+
+
+def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfway: bool,
+                 checkpoint: int) -> Outcome:
+    work.mkdir(parents=True)
+    (work / "peer_token").write_text(TOKEN + "\n")
+    os.chmod(work / "peer_token", 0o600)
+    hosts = [f"127.0.0.{2 + r}" for r in range(nodes)]
+    peers = ""  # naive: every node alone, every file from the hub
+    if sharded:
+        port = free_port(hosts)
+        peers = ",".join(f"{h}:{port}" for h in hosts)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
+    before = sum(hub.sent.values())
+    victim = nodes - 1
+    victim_addr = hosts[victim]
+    share = checkpoint / nodes
+    victim_before = hub.sent[victim_addr]  # the hub's counters run across scenarios
+    start = time.monotonic()
+    logs = [open(work / f"node{r}.log", "w") for r in range(nodes)]
+    procs = [subprocess.Popen(node_cmd(work, r, hub, peers, 0.3), cwd=PROJECT, env=env, stdout=logs[r],
+                              stderr=subprocess.STDOUT) for r in range(nodes)]
+    killed = False
+    while any(p.poll() is None for p in procs):
+        if kill_halfway and not killed and hub.sent[victim_addr] - victim_before >= share / 2:
+            procs[victim].send_signal(signal.SIGKILL)
+            killed = True
+        time.sleep(0.05)
+    wall = time.monotonic() - start
+    for fh in logs:
+        fh.close()
+    hub_bytes = sum(hub.sent.values()) - before
+    results = [work / f"node{r}/result" for r in range(nodes)]
+    done = sum(1 for p in results if p.exists() and p.read_text().startswith("ok"))
+    out = Outcome(wall, hub_bytes, done)
+    if kill_halfway:
+        # The killed node's next run: it keeps what it verified; its peers have finished and left, so the rest
+        # comes from the hub.
+        mark = sum(hub.sent.values())
+        rerun = subprocess.run(node_cmd(work, victim, hub, peers, 0.3), cwd=PROJECT, env=env,
+                               capture_output=True, text=True)
+        out.killed_rerun_hub_bytes = sum(hub.sent.values()) - mark
+        out.complete_nodes += 1 if rerun.returncode == 0 else 0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench_weights", description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--shards", type=int, default=96)
+    ap.add_argument("--shard-bytes", type=int, default=2_500_000)
+    ap.add_argument("--cap", type=float, default=4e6, help="hub bytes per second per client address")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep", help="keep every node's directory and log here instead of a temporary directory")
+    args = ap.parse_args(argv)
+
+    files = synthetic_repo(args.shards, args.shard_bytes)
+    checkpoint = sum(len(f.data) for f in files)
+    with tempfile.TemporaryDirectory(prefix="bench-weights-") as scratch:
+        tmp = args.keep or scratch
+        os.makedirs(tmp, exist_ok=True)
+        log = os.path.join(tmp, "hub.jsonl")
+        with FakeHub(REPO, REVISION, files, faults=Faults(client_bytes_per_second=args.cap), log_file=log) as hub:
+            naive = run_scenario(Path(tmp) / "naive", hub, args.nodes, False, False, checkpoint)
+            sharded = run_scenario(Path(tmp) / "sharded", hub, args.nodes, True, False, checkpoint)
+            killed = run_scenario(Path(tmp) / "killed", hub, args.nodes, True, True, checkpoint)
+        with open(log, encoding="utf-8") as fh:
+            answers = sum(1 for _ in fh)
+    figures = {
+        "checkpoint_bytes": checkpoint,
+        "cap_bytes_per_second_per_client": args.cap,
+        "nodes": args.nodes,
+        "naive_hub_ratio": naive.hub_bytes / checkpoint,
+        "sharded_hub_ratio": sharded.hub_bytes / checkpoint,
+        "naive_wall_s": naive.wall_s,
+        "sharded_wall_s": sharded.wall_s,
+        "wall_ratio": sharded.wall_s / naive.wall_s,
+        "killed_hub_ratio": killed.hub_bytes / checkpoint,
+        "killed_wall_s": killed.wall_s,
+        "killed_survivors_complete": killed.complete_nodes - 1,
+        "killed_rerun_hub_ratio": (killed.killed_rerun_hub_bytes or 0) / checkpoint,
+        "killed_all_complete": killed.complete_nodes == args.nodes,
+        "naive_complete": naive.complete_nodes, "sharded_complete": sharded.complete_nodes,
+        "hub_answers_logged": answers,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    n = args.nodes
+    print(f"{n} nodes on loopback, {args.shards} shards, checkpoint {checkpoint / 1e6:,.1f} MB, hub capped at "
+          f"{args.cap / 1e6:g} MB/s per client address ({answers} hub answers logged)")
+    print(f"{'figure':<58} {'measured':>10}  goal")
+    print(f"{'hub bytes / checkpoint bytes, naive':<58} {figures['naive_hub_ratio']:>10.3f}  {n}.0")
+    print(f"{'hub bytes / checkpoint bytes, sharded':<58} {figures['sharded_hub_ratio']:>10.3f}  <= 1.02")
+    print(f"{'wall time, sharded / naive':<58} {figures['wall_ratio']:>10.3f}  <= 0.35"
+          f"   ({sharded.wall_s:.1f} s vs {naive.wall_s:.1f} s)")
+    print(f"{'hub bytes / checkpoint, one node killed halfway':<58} {figures['killed_hub_ratio']:>10.3f}  <= 1.30"
+          f"   ({figures['killed_survivors_complete']}/{n - 1} survivors complete in {killed.wall_s:.1f} s)")
+    print(f"{'  + the killed node re-run afterwards, from the hub':<58} {figures['killed_rerun_hub_ratio']:>10.3f}"
+          f"        ({'complete' if figures['killed_all_complete'] else 'INCOMPLETE'}; its peers had left)")
+    ok = naive.complete_nodes == n and sharded.complete_nodes == n and figures["killed_all_complete"]
+    if not ok:
+        print("ERROR: a node did not finish; see the figures above", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

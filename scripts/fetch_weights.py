@@ -1,0 +1,634 @@
+#!/usr/bin/env python3
+"""Runs on every node: fetch one pinned checkpoint into the Hugging Face cache, each file from the hub once per cluster.
+
+With peers, the files are split between the nodes by size (components/weights.py, the same split on every node);
+each node downloads its share from the hub and serves its finished, verified files to the others over the private
+network, while it fetches every other file from its owner as soon as that file is complete there. A peer that stops
+answering or stops making progress loses its share to the survivors, who take it from the hub. Alone, a node
+downloads every file from the hub.
+
+Every file is hashed while it is written (sha256 for LFS files, the git blob id for small ones) and compared with
+the hub's manifest; a mismatch deletes the file and fetches it again from the hub, once, then fails naming it.
+Verified files are recorded (size, hash, mtime), so a re-run keeps them without reading them again, and the check
+step compares the record with the manifest instead of reading 1.56 TB a second time.
+
+Transport: huggingface_hub for the manifest, the file URLs and the auth headers; httpx2 (the HTTP client
+huggingface_hub itself uses, so nothing new is installed on the node) for the streams; Python's http.server for the
+peers. The peer token is read from a root-only file and travels only in an Authorization header, never in a URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import quote, unquote
+
+import httpx2
+from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.utils import build_hf_headers
+
+from components.weights import PEER_PORT, owners
+
+CHUNK = 1024 * 1024
+HUB_ATTEMPTS = 5  # per file, for dropped connections and 5xx/429; each retry resumes where the last one stopped
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {msg}", flush=True)
+
+
+class Fatal(Exception):
+    """Stops the whole download: a file the hub refuses, or a file that failed its hash twice."""
+
+
+class Corrupt(Exception):
+    """A file whose bytes do not hash to the manifest's value."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    size: int
+    sha256: str | None  # LFS files
+    git_sha1: str | None  # small files kept in git
+
+    @property
+    def etag(self) -> str:
+        """The blob name in the Hugging Face cache: the sha256 for LFS files, the git blob id for the others."""
+        return self.sha256 or self.git_sha1 or ""
+
+    def hasher(self) -> Any:
+        if self.sha256:
+            return hashlib.sha256()
+        h = hashlib.sha1()
+        h.update(b"blob %d\0" % self.size)  # git hashes a header, then the content
+        return h
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repo", required=True)
+    ap.add_argument("--revision", required=True, help="the pinned 40-hex commit")
+    ap.add_argument("--cache-dir", required=True, help="the hub cache, e.g. /ephemeral/hf/hub")
+    ap.add_argument("--record", required=True, help="JSON record of the verified files of this revision")
+    ap.add_argument("--progress-file", required=True, help="JSON progress, rewritten every --poll-seconds")
+    ap.add_argument("--result-file", help="gets 'ok <revision>' or 'failed <revision> <reason>'")
+    ap.add_argument("--token-file", help="file holding the hub token (anonymous if missing or empty)")
+    ap.add_argument("--endpoint", default=os.environ.get("HF_ENDPOINT") or None, help="hub endpoint")
+    ap.add_argument("--workers", type=int, default=16, help="parallel hub downloads (as many again from peers)")
+    ap.add_argument("--rank", type=int, default=0, help="this node's index in --peers")
+    ap.add_argument("--peers", default="", help="every node's private address in rank order, host[:port],...")
+    ap.add_argument("--peer-token-file", help="root-only file with the cluster's peer token (needed with peers)")
+    ap.add_argument("--peer-timeout", type=float, default=300.0,
+                    help="seconds a peer may stay unreachable (also at start-up) before its share goes to the hub")
+    ap.add_argument("--stall-seconds", type=float, default=180.0,
+                    help="seconds without progress after which a peer or a stream counts as stalled")
+    ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
+    ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
+    ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")
+    return ap.parse_args(argv)
+
+
+def read_secret(path: str | None) -> str | None:
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read().strip() or None
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write, then rename: a reader (the check step, the status command) never sees half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh)
+    os.replace(tmp, path)
+
+
+def hub_manifest(args: argparse.Namespace, token: str | None) -> list[Entry]:
+    """Every file of the pinned revision with its size and recorded hash, from the hub's API (retried)."""
+    api = HfApi(endpoint=args.endpoint)
+    for attempt in range(1, HUB_ATTEMPTS + 1):
+        try:
+            info = api.model_info(args.repo, revision=args.revision, files_metadata=True, token=token)
+            break
+        except (httpx2.TransportError, httpx2.HTTPStatusError) as exc:
+            status = getattr(getattr(exc, "response", None), "status_code", None)
+            if attempt == HUB_ATTEMPTS or (status is not None and status < 500 and status != 429):
+                raise
+            time.sleep(min(2**attempt, 30))
+    if info.sha and info.sha != args.revision:
+        raise Fatal(f"the hub resolved {args.revision} to {info.sha}; pin the full commit hash")
+    out = []
+    for s in info.siblings or []:
+        if s.size is None:
+            raise Fatal(f"the hub's manifest gives no size for {s.rfilename}")
+        out.append(Entry(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, None if s.lfs else s.blob_id))
+    return out
+
+
+# ---- the local cache -----------------------------------------------------------------------------------------------
+
+
+class Cache:
+    """The Hugging Face cache layout (blobs/<etag>, snapshots/<revision>/<name> -> ../../blobs/<etag>), so the
+    engine and huggingface_hub read the files as if snapshot_download had put them there, plus the record."""
+
+    def __init__(self, cache_dir: str, repo: str, revision: str, record_path: str) -> None:
+        self.repo_dir = os.path.join(cache_dir, "models--" + repo.replace("/", "--"))
+        self.blobs = os.path.join(self.repo_dir, "blobs")
+        self.snapshot = os.path.join(self.repo_dir, "snapshots", revision)
+        self.revision = revision
+        self.record_path = record_path
+        self.lock = threading.Lock()
+        self.record: dict[str, Any] = {"revision": revision, "complete": False, "files": {}}
+        try:
+            with open(record_path, encoding="utf-8") as fh:
+                loaded = json.load(fh)
+            if loaded.get("revision") == revision:
+                self.record = loaded
+        except (OSError, ValueError):
+            pass
+        os.makedirs(self.blobs, exist_ok=True)
+        os.makedirs(self.snapshot, exist_ok=True)
+
+    def blob(self, e: Entry) -> str:
+        return os.path.join(self.blobs, e.etag)
+
+    def link(self, e: Entry) -> str:
+        return os.path.join(self.snapshot, e.name)
+
+    def is_verified(self, e: Entry) -> bool:
+        """True if this file was hashed on an earlier run and has not changed since (same size and mtime)."""
+        rec = self.record["files"].get(e.name)
+        if not rec or rec.get("etag") != e.etag or rec.get("size") != e.size:
+            return False
+        try:
+            st = os.stat(self.link(e))  # follows the link to the blob
+        except OSError:
+            return False
+        return st.st_size == e.size and st.st_mtime_ns == rec.get("mtime_ns")
+
+    def commit(self, e: Entry, tmp: str) -> None:
+        """A verified download becomes the blob, the snapshot link and a line in the record."""
+        os.replace(tmp, self.blob(e))
+        link = self.link(e)
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        target = os.path.relpath(self.blob(e), os.path.dirname(link))
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(target, link)
+        st = os.stat(self.blob(e))
+        with self.lock:
+            self.record["files"][e.name] = {"etag": e.etag, "size": e.size, "mtime_ns": st.st_mtime_ns,
+                                            "sha256" if e.sha256 else "git_sha1": e.etag}
+            write_json(self.record_path, self.record)
+
+    def finish(self, manifest: list[Entry]) -> None:
+        with self.lock:
+            self.record["complete"] = True
+            self.record["manifest"] = [e.__dict__ for e in manifest]
+            write_json(self.record_path, self.record)
+
+    def recorded_manifest(self) -> list[Entry] | None:
+        """The manifest of a download that finished earlier, so a re-run can vouch for it without the hub."""
+        if not self.record.get("complete"):
+            return None
+        try:
+            return [Entry(**m) for m in self.record["manifest"]]
+        except (KeyError, TypeError):
+            return None
+
+
+# ---- streams: the hub and the peers --------------------------------------------------------------------------------
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.hub = 0
+        self.peer = 0
+        self.inflight: dict[str, int] = {}
+
+    def add(self, name: str, n: int, from_hub: bool) -> None:
+        with self.lock:
+            self.inflight[name] = self.inflight.get(name, 0) + n
+            if from_hub:
+                self.hub += n
+            else:
+                self.peer += n
+
+    def drop(self, name: str) -> None:
+        with self.lock:
+            self.inflight.pop(name, None)
+
+
+def stream_to(client: httpx2.Client, url: str, headers: dict[str, str], e: Entry, tmp: str, counters: Counters,
+              from_hub: bool, attempts: int) -> None:
+    """GET url into tmp, hashing every chunk as it is written; a dropped stream resumes with a Range request."""
+    h = e.hasher()
+    done = 0
+    with open(tmp, "wb") as fh:
+        for attempt in range(1, attempts + 1):
+            hdrs = dict(headers)
+            if done:
+                hdrs["Range"] = f"bytes={done}-"
+            try:
+                with client.stream("GET", url, headers=hdrs) as r:
+                    if r.status_code in (401, 403, 404):
+                        raise Fatal(f"{e.name}: HTTP {r.status_code} from {url.split('?')[0]}")
+                    if r.status_code == 200 and done:  # the server ignored the Range: start over
+                        fh.seek(0)
+                        fh.truncate()
+                        h, done = e.hasher(), 0
+                    elif r.status_code not in (200, 206):
+                        raise httpx2.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
+                    for chunk in r.iter_bytes(CHUNK):
+                        fh.write(chunk)
+                        h.update(chunk)
+                        done += len(chunk)
+                        counters.add(e.name, len(chunk), from_hub)
+                        if done > e.size:
+                            raise Corrupt(f"{e.name}: more than the {e.size:,} bytes the hub records")
+                if done == e.size:
+                    break
+                raise httpx2.RemoteProtocolError(f"{e.name}: stream ended at {done:,} of {e.size:,} bytes")
+            except (httpx2.TransportError, httpx2.HTTPStatusError) as exc:
+                if attempt == attempts:
+                    raise
+                log(f"{e.name}: {type(exc).__name__} at {done:,} bytes; resuming (attempt {attempt + 1})")
+                time.sleep(min(2**attempt, 30) if from_hub else 0.2)
+    if h.hexdigest() != e.etag:
+        raise Corrupt(f"{e.name}: hashes to {h.hexdigest()[:16]}... but the hub records {e.etag[:16]}...")
+
+
+@dataclass
+class Peer:
+    rank: int
+    url: str
+    first_try: float
+    last_ok: float | None = None
+    done: set[str] = field(default_factory=set)
+    complete: bool = False
+    reachable: bool = False
+    bytes_done: int = -1
+    progress_at: float = 0.0
+    dead: bool = False
+    why: str = ""
+
+
+def peer_url(spec: str) -> str:
+    host, _, port = spec.rpartition(":") if spec.count(":") == 1 else (spec, "", "")
+    return f"http://{host or spec}:{port or PEER_PORT}"
+
+
+class Server:
+    """Serves this node's verified files to its peers: GET /status and GET /files/<name>, both behind the token."""
+
+    def __init__(self, bind: str, port: int, token: str, node: "Node") -> None:
+        self.node = node
+        handler = _handler(token, node)
+        self.httpd = ThreadingHTTPServer((bind, port), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()  # nothing listens once the download is over
+
+
+def _handler(token: str, node: "Node") -> type[BaseHTTPRequestHandler]:
+    expected = f"Bearer {token}".encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "kimi-weights-peer/1"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # the log is the program's own lines only
+            pass
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
+                self._send(401, b'{"error": "unauthorized"}')
+                return
+            if self.path == "/status":
+                self._send(200, json.dumps(node.status()).encode())
+                return
+            if not self.path.startswith("/files/"):
+                self._send(404, b'{"error": "no such route"}')
+                return
+            e = node.by_name.get(unquote(self.path[len("/files/"):]))
+            if e is None or e.name not in node.done_snapshot():
+                self._send(404, b'{"error": "not here (yet)"}')
+                return
+            self._file(e)
+
+        def _file(self, e: Entry) -> None:
+            start = 0
+            rng = self.headers.get("Range", "")
+            if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
+                start = min(int(rng[6:-1]), e.size)
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(e.size - start))
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{e.size - 1}/{e.size}")
+            self.end_headers()
+            try:
+                self.wfile.flush()
+                with open(node.cache.blob(e), "rb") as fh:
+                    self.connection.sendfile(fh, start, e.size - start)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+    return Handler
+
+
+# ---- the node --------------------------------------------------------------------------------------------------------
+
+
+class Node:
+    def __init__(self, args: argparse.Namespace, manifest: list[Entry], cache: Cache, hub_token: str | None) -> None:
+        self.args = args
+        self.manifest = manifest
+        self.by_name = {e.name: e for e in manifest}
+        self.sizes = [(e.name, e.size) for e in manifest]
+        self.cache = cache
+        self.counters = Counters()
+        self.lock = threading.Lock()
+        self.done: set[str] = set()
+        self.peers_spec = [p for p in args.peers.split(",") if p] if args.peers else []
+        self.n = max(1, len(self.peers_spec))
+        self.hub_headers = build_hf_headers(token=hub_token)
+        transport = httpx2.HTTPTransport(local_address=args.source_address) if args.source_address else None
+        # The hub redirects file bodies to its CDN; httpx2 drops the Authorization header when the host changes.
+        self.hub = httpx2.Client(follow_redirects=True, transport=transport,
+                                 timeout=httpx2.Timeout(30.0, read=args.stall_seconds))
+        self.peer_client = httpx2.Client(timeout=httpx2.Timeout(5.0, read=args.stall_seconds))
+        self.peer_token = read_secret(args.peer_token_file)
+        self.peer_headers = {"Authorization": f"Bearer {self.peer_token}"} if self.peer_token else {}
+        now = time.monotonic()
+        self.peers = {r: Peer(r, peer_url(spec), now) for r, spec in enumerate(self.peers_spec) if r != args.rank}
+        self.corrupt: dict[str, int] = {}
+        self.peer_failures: dict[str, int] = {}
+        self.hub_only: set[str] = set()
+
+    # what peers see
+    def done_snapshot(self) -> set[str]:
+        with self.lock:
+            return set(self.done)
+
+    def bytes_done(self) -> int:
+        with self.lock:
+            verified = sum(self.by_name[n].size for n in self.done)
+        with self.counters.lock:
+            return verified + sum(self.counters.inflight.values())
+
+    def status(self) -> dict[str, Any]:
+        done = self.done_snapshot()
+        return {"rank": self.args.rank, "revision": self.args.revision, "done": sorted(done),
+                "complete": len(done) == len(self.manifest), "bytes_done": self.bytes_done()}
+
+    def write_progress(self) -> None:
+        done = self.done_snapshot()
+        write_json(self.args.progress_file, {
+            "bytes_done": self.bytes_done(), "bytes_total": sum(e.size for e in self.manifest),
+            "files_done": len(done), "files_total": len(self.manifest), "updated_at": time.time(),
+            "hub_bytes": self.counters.hub, "peer_bytes": self.counters.peer,
+        })
+
+    # peers
+    def poll_peers(self) -> None:
+        now = time.monotonic()
+        own = self.owner_map()
+        for p in self.peers.values():
+            try:
+                r = self.peer_client.get(f"{p.url}/status", headers=self.peer_headers, timeout=2.0)
+                r.raise_for_status()
+                st = r.json()
+                if st.get("revision") != self.args.revision:
+                    raise ValueError(f"peer {p.rank} serves revision {st.get('revision')}")
+            except (httpx2.HTTPError, ValueError) as exc:
+                p.reachable = False
+                p.why = f"{type(exc).__name__}: {exc}"[:200]
+                since = p.last_ok if p.last_ok is not None else p.first_try
+                if not p.dead and not p.complete and now - since > self.args.peer_timeout:
+                    self.declare_dead(p, f"unreachable for {self.args.peer_timeout:.0f} s ({p.why})")
+                continue
+            p.reachable, p.last_ok = True, now
+            p.done = set(st.get("done", []))
+            p.complete = p.complete or bool(st.get("complete"))
+            if st.get("bytes_done", 0) != p.bytes_done:
+                p.bytes_done, p.progress_at = st.get("bytes_done", 0), now
+            elif (not p.dead and now - p.progress_at > self.args.stall_seconds
+                  and any(r == p.rank and f not in p.done for f, r in own.items())):
+                # Only a peer with files of its own still to fetch can stall: one that waits for others cannot.
+                self.declare_dead(p, f"no progress for {self.args.stall_seconds:.0f} s")
+
+    def declare_dead(self, p: Peer, why: str) -> None:
+        p.dead = True
+        log(f"peer {p.rank} ({p.url}) {why}: its files go to the other nodes, which take them from the hub")
+
+    def owner_map(self) -> dict[str, int]:
+        return owners(self.sizes, self.n, {p.rank for p in self.peers.values() if p.dead})
+
+    # one file
+    def fetch(self, e: Entry, source: Peer | None) -> None:
+        tmp = self.cache.blob(e) + ".incomplete"
+        try:
+            if source is None:
+                url = hf_hub_url(self.args.repo, e.name, revision=self.args.revision, endpoint=self.args.endpoint)
+                stream_to(self.hub, url, self.hub_headers, e, tmp, self.counters, True, HUB_ATTEMPTS)
+            else:
+                url = f"{source.url}/files/{quote(e.name)}"
+                stream_to(self.peer_client, url, self.peer_headers, e, tmp, self.counters, False, 2)
+            self.cache.commit(e, tmp)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        finally:
+            self.counters.drop(e.name)
+        with self.lock:
+            self.done.add(e.name)
+
+    # the whole run
+    def run(self) -> None:
+        for e in self.manifest:
+            if self.cache.is_verified(e):
+                self.done.add(e.name)
+        kept = len(self.done)
+        if kept:
+            log(f"kept {kept} of {len(self.manifest)} files verified on an earlier run")
+        total = sum(e.size for e in self.manifest)
+        log(f"{len(self.manifest)} files, {total / 1e9:,.2f} GB; node {self.args.rank} of {self.n}"
+            + (f", sharing with {len(self.peers)} peers" if self.peers else ", every file from the hub"))
+        server = None
+        if self.peers and len(self.done) < len(self.manifest):
+            if not self.peer_token:
+                raise Fatal("peers given but no peer token (--peer-token-file)")
+            bind = self.peers_spec[self.args.rank].rpartition(":")[0] or self.peers_spec[self.args.rank]
+            bind_port = int(peer_url(self.peers_spec[self.args.rank]).rsplit(":", 1)[1])
+            server = Server(bind, bind_port, self.peer_token, self)
+            server.start()
+            log(f"serving finished files to the peers on {bind}:{bind_port} (private network only)")
+        try:
+            self._loop()
+        finally:
+            if server is not None:
+                server.stop()
+                log("peer server stopped; nothing is listening any more")
+            self.hub.close()
+            self.peer_client.close()
+            self.write_progress()
+
+    def _loop(self) -> None:
+        inflight: dict[Future[None], tuple[Entry, Peer | None]] = {}
+        names_inflight: set[str] = set()
+        pool = ThreadPoolExecutor(max_workers=2 * self.args.workers)
+        try:
+            self._schedule(pool, inflight, names_inflight)
+        finally:
+            # On a failure, do not wait for the other streams: the process exits and the files stay .incomplete.
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _schedule(self, pool: ThreadPoolExecutor, inflight: dict[Future[None], tuple[Entry, Peer | None]],
+                  names_inflight: set[str]) -> None:
+        a = self.args
+        last_report = 0.0
+        recorded_complete = False
+        while True:
+            self.poll_peers()
+            own = self.owner_map()
+            hub_n = sum(1 for _, src in inflight.values() if src is None)
+            peer_n = len(inflight) - hub_n
+            todo = sorted((e for e in self.manifest if e.name not in self.done and e.name not in names_inflight),
+                          key=lambda e: (-e.size, e.name))
+            for e in todo:
+                holders = [p for p in self.peers.values() if p.reachable and not p.dead and e.name in p.done]
+                holders.sort(key=lambda p: (p.rank != own[e.name], p.rank))
+                if holders and e.name not in self.hub_only:
+                    if peer_n < a.workers:
+                        inflight[pool.submit(self.fetch, e, holders[0])] = (e, holders[0])
+                        names_inflight.add(e.name)
+                        peer_n += 1
+                elif own[e.name] == a.rank or e.name in self.hub_only or self._nobody_else(own[e.name]):
+                    if hub_n < a.workers:
+                        inflight[pool.submit(self.fetch, e, None)] = (e, None)
+                        names_inflight.add(e.name)
+                        hub_n += 1
+            finished, _ = wait(list(inflight), timeout=a.poll_seconds, return_when=FIRST_COMPLETED) \
+                if inflight else (set(), None)
+            for fut in finished:
+                e, src = inflight.pop(fut)
+                names_inflight.discard(e.name)
+                self._settle(fut, e, src)
+            self.write_progress()
+            now = time.monotonic()
+            if now - last_report >= a.report_seconds:
+                self._report()
+                last_report = now
+            if len(self.done) == len(self.manifest):
+                if not recorded_complete:
+                    self.cache.finish(self.manifest)
+                    recorded_complete = True
+                    self._report()
+                    log(f"all {len(self.manifest)} files verified")
+                # Keep serving until every peer has everything, gave up, or went away.
+                if all(p.complete or p.dead or not p.reachable for p in self.peers.values()):
+                    return
+            if not inflight:
+                time.sleep(a.poll_seconds)
+
+    def _nobody_else(self, owner: int) -> bool:
+        p = self.peers.get(owner)
+        return p is None or p.dead
+
+    def _settle(self, fut: Future[None], e: Entry, src: Peer | None) -> None:
+        exc = fut.exception()
+        if exc is None:
+            return
+        where = "the hub" if src is None else f"peer {src.rank}"
+        if isinstance(exc, Corrupt):
+            self.corrupt[e.name] = self.corrupt.get(e.name, 0) + 1
+            if self.corrupt[e.name] > 1:
+                raise Fatal(f"{e.name} failed its hash twice (last from {where}): {exc}")
+            log(f"CORRUPT from {where}: {exc}; deleted, fetching it again from the hub")
+            self.hub_only.add(e.name)
+        elif isinstance(exc, Fatal):
+            raise exc
+        elif src is None:
+            raise Fatal(f"{e.name}: the hub download failed after {HUB_ATTEMPTS} attempts: {type(exc).__name__}: {exc}")
+        else:
+            self.peer_failures[e.name] = self.peer_failures.get(e.name, 0) + 1
+            if self.peer_failures[e.name] >= 3:
+                self.hub_only.add(e.name)
+            log(f"{e.name} from peer {src.rank} failed ({type(exc).__name__}: {exc}); trying again"
+                + (" from the hub" if e.name in self.hub_only else ""))
+            src.reachable = False
+
+    def _report(self) -> None:
+        done = self.bytes_done()
+        total = sum(e.size for e in self.manifest)
+        log(f"weights: {done / 1e9:,.2f} of {total / 1e9:,.2f} GB, {len(self.done)}/{len(self.manifest)} files "
+            f"verified; from the hub {self.counters.hub / 1e9:,.2f} GB, from peers {self.counters.peer / 1e9:,.2f} GB")
+
+
+def record_result(path: str | None, line: str) -> None:
+    if path:
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        os.replace(path + ".tmp", path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cache = Cache(args.cache_dir, args.repo, args.revision, args.record)
+    try:
+        recorded = cache.recorded_manifest()
+        if recorded is not None and all(cache.is_verified(e) for e in recorded):
+            # A finished download of this revision, unchanged since: nothing to ask the hub or the peers.
+            log(f"all {len(recorded)} files of {args.repo}@{args.revision} were verified on an earlier run and are "
+                "unchanged; nothing to fetch")
+            total = sum(e.size for e in recorded)
+            write_json(args.progress_file, {"bytes_done": total, "bytes_total": total, "files_done": len(recorded),
+                                            "files_total": len(recorded), "updated_at": time.time(),
+                                            "hub_bytes": 0, "peer_bytes": 0})
+            record_result(args.result_file, f"ok {args.revision}")
+            return 0
+        token = read_secret(args.token_file)
+        log(f"reading the manifest of {args.repo}@{args.revision} from the hub")
+        node = Node(args, hub_manifest(args, token), cache, token)
+        node.run()
+    except Exception as exc:  # reported by the poller; messages name files and URLs, never a token
+        reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
+        log(f"download failed: {reason}")
+        record_result(args.result_file, f"failed {args.revision} {reason}")
+        sys.stdout.flush()
+        os._exit(1)  # without joining streams that are still running: their files stay .incomplete
+    record_result(args.result_file, f"ok {args.revision}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
