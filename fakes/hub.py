@@ -106,6 +106,7 @@ class Faults:
     missing_repo: bool = False  # 404 RepoNotFound everywhere
     short: Counter = field(default_factory=Counter)  # path -> times to send a consistent but shorter body
     drop: Counter = field(default_factory=Counter)  # path -> times to cut the connection mid-body (client resumes)
+    corrupt: Counter = field(default_factory=Counter)  # path -> times to flip one byte in the middle of the body
     bytes_per_second: float | None = None  # throttle file bodies, to interrupt a download midway
     client_bytes_per_second: float | None = None  # cap on all bodies to one client address, across its connections
 
@@ -349,6 +350,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self._send(status, b"", headers, length=len(data))
                 return
             drop = hub.take(hub.faults.drop, f.path)
+            if hub.take(hub.faults.corrupt, f.path) and data:
+                flipped = bytearray(data)
+                flipped[len(flipped) // 2] ^= 0x01
+                data = bytes(flipped)
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)

@@ -327,3 +327,11 @@ def test_a_new_api_cidr_list_touches_only_firewall_rules(dev):
     wider = run_program(cfg, secret, outputs_for)
     assert _differing(dev, wider) == {"kimi-node0-api-198-51-100-0-24"}
     assert wider.exports["api_allowed_cidrs"] == ["198.18.0.7/32", "198.51.100.0/24"]
+
+
+def test_a_multi_node_stack_generates_one_peer_token_and_a_single_node_none(dev, b300):
+    assert sorted(s.name.rsplit("-", 2)[-2] + "-" + s.name.rsplit("-", 1)[1]
+                  for s in dev.of_type(":GeneratedSecret")) == ["api-key", "peer-token"]
+    assert [s.name.rsplit("-", 1)[1] for s in b300.of_type(":GeneratedSecret")] == ["key"]
+    weights = [c for c in dev.of_type("command:remote:Command") if c.name.endswith("-weights")]
+    assert len(weights) == 4 and all("stdin" in c.secret_paths() for c in weights)

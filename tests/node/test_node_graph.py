@@ -13,6 +13,7 @@ from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
 CANARY_HF = "hf_canaryTOKEN9d2c"
 CANARY_API = "endpoint-canary-key-b61d"
+CANARY_PEER = "peer-canary-token-31c7"
 CANARY_TLS = "-----BEGIN PRIVATE KEY-----canary-tls-5e0c"
 CHAIN = "-----BEGIN CERTIFICATE-----server-----END CERTIFICATE-----\n"
 CA = "-----BEGIN CERTIFICATE-----ca-----END CERTIFICATE-----\n"
@@ -38,6 +39,7 @@ def build_cluster(topology: str = "h100x4-sglang"):
                 f"kimi-node{rank}", settings=settings, rank=rank,
                 public_ip=f"198.51.100.{10 + rank}", private_ip=f"10.0.0.{10 + rank}", head_private_ip=head_ip,
                 ssh_private_key=secret(CANARY_SSH), hf_token=secret(CANARY_HF),
+                peer_private_ips=[f"10.0.0.{10 + r}" for r in range(settings.nodes)], peer_token=secret(CANARY_PEER),
                 host_key=FAKE_HOST_PUBLIC_KEY, vm_id=1000 + rank,
                 launch_after=[nodes[0].launched] if rank else [],
                 **(head_tls() if rank == 0 else {}),
@@ -104,7 +106,7 @@ def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
     _, (res, _) = build_cluster()
     for name, r in res.items():
         plain = dumps(r.plain())
-        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS):
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS, CANARY_PEER):
             assert canary not in plain, f"{canary} readable in the inputs of {name}"
         # Workers never get the endpoint's key or the TLS key, not even as a secret.
         if name.startswith(("kimi-node1", "kimi-node2", "kimi-node3")):
@@ -115,7 +117,8 @@ def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
         step = name.rsplit("-", 1)[1]
         if step in ("weights", "check"):
             assert set(r.secret_paths()) == {"connection", "stdin"}
-            assert r.values()["stdin"] == CANARY_HF + "\n"
+            # The weights step also gets the peer token, on the second line; the check needs only the hub's.
+            assert r.values()["stdin"] == (f"{CANARY_HF}\n{CANARY_PEER}\n" if step == "weights" else CANARY_HF + "\n")
             assert "stdin" in r.secret_outputs
         elif step == "wait":
             assert set(r.secret_paths()) == {"connection", "stdin"} and r.values()["stdin"] == CANARY_API + "\n"
@@ -126,7 +129,7 @@ def test_secrets_reach_the_node_only_as_secret_stdin_and_secret_connection():
             assert r.values()["stdin"] == f"{CANARY_API}\n{tls_line}\n" and "stdin" in r.secret_outputs
         else:
             assert "stdin" not in r.values() or r.values()["stdin"] in (None, "")
-        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS):
+        for canary in (CANARY_SSH, CANARY_HF, CANARY_API, CANARY_TLS, CANARY_PEER):
             assert canary not in r.values()["create"] and canary not in script_of(r)
         assert "environment" not in r.values()
 
@@ -231,3 +234,18 @@ def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built
         make_settings(stepDeadlineMinutes='{"imgae": 10}')
     with pytest.raises(SettingsError, match=r"stepDeadlineMinutes: image: 0 is not a positive number"):
         make_settings(stepDeadlineMinutes={"image": 0})
+
+
+def test_every_node_shares_the_download_with_all_nodes_in_rank_order():
+    settings, (res, _) = build_cluster()
+    peers = ",".join(f"10.0.0.{10 + r}:{settings.peer_port}" for r in range(settings.nodes))
+    for rank in range(settings.nodes):
+        script = script_of(res[f"kimi-node{rank}-weights"])
+        assert f"--rank {rank} --peers {peers} " in script and "--peer-token-file" in script
+
+
+def test_one_node_downloads_alone_and_reads_no_peer_token():
+    _, (res, _) = build_cluster("b300x1-vllm")
+    weights = res["kimi-node0-weights"]
+    assert "--peers" not in script_of(weights).split("KIMI_FETCH_WEIGHTS_PY")[-1]
+    assert weights.values()["stdin"] == CANARY_HF + "\n"

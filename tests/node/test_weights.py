@@ -6,6 +6,8 @@ re-run behave as they would on a node: the download resumes from the cache, it n
 
 from __future__ import annotations
 
+import json
+import socket
 import stat
 import time
 from collections import Counter
@@ -154,3 +156,56 @@ def test_the_weights_step_is_the_same_for_vllm(node, topology):
         assert "RESULT: COMPLETE" in ok(node.run(s["check"]))
         snap = node.root / f"ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/snapshots/{REVISION}"
         assert (snap / "config.json").exists()
+
+
+PEER_TOKEN = "peerCANARY-token-8e21"
+
+
+def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashes(node_factory):
+    from components.node import render_node_scripts
+    from scripts.bench_weights import free_port
+
+    ips = [f"127.0.0.{2 + r}" for r in range(4)]
+    nodes = [node_factory(private_ip=ip) for ip in ips]
+    port = free_port(ips)
+    with hub_with(private=True, token=TOKEN) as hub:
+        scripts = []
+        for rank, n in enumerate(nodes):
+            settings = make_settings(nodeRoot=str(n.root), hfEndpoint=hub.url, peerPort=str(port))
+            scripts.append(render_node_scripts(settings, rank, ips[rank], ips[0], FAST, peer_ips=ips))
+        procs = [n.start(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n") for n, s in zip(nodes, scripts)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
+        assert all(hub.downloads(f) == 1 for f in hub.files), "a file came from the hub more than once"
+        for n, s, out in zip(nodes, scripts, outs):
+            token_file = n.root / "etc/kimi-cluster/peer_token"
+            assert token_file.read_text().strip() == PEER_TOKEN and stat.S_IMODE(token_file.stat().st_mode) == 0o600
+            check = ok(n.run(s["check"], stdin=TOKEN))
+            assert "RESULT: COMPLETE" in check and f"{len(hub.files)} from the hashes recorded while downloading, 0 read now" in check
+            log = (n.root / "var/log/kimi-cluster/weights.log").read_text()
+            for text in (out, check, log, s["weights"], s["check"], str(n.calls())):
+                assert PEER_TOKEN not in text and TOKEN not in text
+            progress = json.loads((n.root / "ephemeral/kimi/progress/weights.json").read_text())
+            assert progress["files_done"] == progress["files_total"] == len(hub.files)
+        with socket.socket() as probe:
+            assert probe.connect_ex((ips[0], port)) != 0, "the peer server is still listening"
+
+        # A re-run (e.g. after a changed connection) takes nothing from the hub or the peers.
+        before = len(hub.answers)
+        for n, s in zip(nodes, scripts):
+            assert "nothing to fetch" in ok(n.run(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n")) + \
+                (n.root / "var/log/kimi-cluster/weights.log").read_text()
+        assert len(hub.answers) == before
+
+
+def test_the_check_reads_a_file_again_when_it_changed_after_the_download(node):
+    with hub_with() as hub:
+        weights, check = steps(node, hub)
+        ok(node.run(weights))
+        snap = node.root / f"ephemeral/hf/hub/models--moonshotai--Kimi-K3.1-Pro/snapshots/{REVISION}"
+        blob = (snap / SHARD2).resolve()
+        data = bytearray(blob.read_bytes())
+        data[100] ^= 0x01
+        blob.write_bytes(bytes(data))  # same size, new mtime: the record no longer vouches for it
+        out = failed(node.run(check), "CORRUPT    " + SHARD2)
+        assert "4 from the hashes recorded while downloading, 1 read now" in out
