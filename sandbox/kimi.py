@@ -312,6 +312,9 @@ class Sandbox:
             f"{NAMESPACE}:apiPort": str(record["api_port"]),
             # Every sandbox's engines share this machine's loopback: each gets its own engine port.
             f"{NAMESPACE}:enginePort": str(record["engine_port"]),
+            # Every fake node serves its weight files to the others on its own loopback address and this port;
+            # a free one, so two sandboxes on one machine (whose VMs share 127.0.0.x) do not collide.
+            f"{NAMESPACE}:peerPort": str(record["peer_port"]),
             f"{NAMESPACE}:hfEndpoint": record["hub_url"],
             "hyperstack:apiUrl": record["emulator_url"],
         }
@@ -392,6 +395,8 @@ class Sandbox:
             record["api_port"] = services.free_port()
         if not record.get("engine_port"):
             record["engine_port"] = services.free_port()
+        if not record.get("peer_port"):
+            record["peer_port"] = services.free_port()
         # The key is in secrets/, not in the record; it is added back for the engine run only.
         key = record.pop("emulator_key")
         self.dir.save_record(record)
@@ -415,11 +420,26 @@ class Sandbox:
         self.say("")
         self.say("Stack outputs:")
         self.say(format_outputs(outputs, secret_names))
+        self._draw_timeline(chosen)
         counts = result.get("counts") or {}
         self.say(f"sandbox up: {chosen} ready in {elapsed:.1f} s (services {services_s:.1f} s); "
                  f"{counts.get('create', 0)} created, {counts.get('same', 0)} unchanged. "
                  "Next: python -m scripts.sandbox verify")
         return EXIT_OK
+
+    def _draw_timeline(self, topology: str) -> None:
+        """The bring-up as a picture, from the step marks in the commands' stdout (as from a real stack's export)."""
+        from scripts.timeline import write_timeline
+
+        out = self.dir.root / "timeline.png"
+        try:
+            bars = write_timeline(json.loads(self.dir.state_path.read_text()), str(out),
+                                  f"sandbox {topology} bring-up")
+        except (OSError, ValueError) as exc:
+            self.say(f"timeline: not drawn ({type(exc).__name__}: {exc})")
+            return
+        if bars:
+            self.say(f"timeline: {out} ({len(bars)} steps on {len({b.rank for b in bars})} nodes)")
 
     # -- verify --
 
@@ -501,6 +521,7 @@ class Sandbox:
         record.setdefault("hub_url", "http://127.0.0.1:9")
         record.setdefault("api_port", 8000)
         record.setdefault("engine_port", 30000)
+        record.setdefault("peer_port", 20100)
         self.dir.save_record(record)
         api = _api(record["emulator_url"], key)
 

@@ -108,6 +108,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
+        "time_to_endpoint": _bringup(settings),
         "secrets": secret_state,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
@@ -123,6 +124,42 @@ def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
 
     key = cache_key(settings)
     return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}
+
+
+def _bringup(settings: Settings) -> dict[str, Any]:
+    """The modelled time to a verified endpoint (components/bringup.py): phases, their rates and sources, totals."""
+    from components import bringup
+
+    rows = bringup.phases(settings, sharded=True, kernel_cache=False)
+    naive = bringup.phases(settings, sharded=False)[2]
+    cached = bringup.phases(settings, sharded=True, kernel_cache=True)[5]
+    table = [rows[0], rows[1]] + ([naive] if settings.nodes > 1 else []) + [rows[2], rows[3], rows[4], rows[5],
+                                                                               cached, rows[6]]
+    return {
+        "phases": [{"phase": p.name, "low_s": round(p.low_s), "high_s": round(p.high_s), "assumes": p.assumes,
+                    "source": p.source, "on_critical_path": p.on_path} for p in table],
+        "totals": {k: [round(lo), round(hi)] for k, (lo, hi) in bringup.scenarios(settings).items()},
+        # What this stack gets: sharded weights on several nodes; warm kernels only with kimi-cluster:kernelCache.
+        "this_stack": [round(t) for t in bringup.total_s(bringup.phases(
+            settings, sharded=True, kernel_cache=settings.kernel_cache is not None))],
+        "kernel_cache": settings.kernel_cache is not None,
+        "formula": "T_vm + max(T_image, T_weights) + T_check + T_load + T_warmup + T_ready",
+    }
+
+
+def format_bringup(b: dict[str, Any]) -> list[str]:
+    from components.bringup import fmt_minutes
+
+    lines = ["Time to a verified endpoint (modelled; " + b["formula"] + ")"]
+    lines.append(f"  {'phase':<48} {'time':>14}  assumes")
+    for p in b["phases"]:
+        lines.append(f"  {p['phase']:<48} {fmt_minutes(p['low_s'], p['high_s']):>14}  {p['assumes']}")
+        lines.append(f"  {'':<48} {'':>14}  source: {p['source']}")
+    for name, (lo, hi) in b["totals"].items():
+        lines.append(f"  {'total, ' + name:<48} {fmt_minutes(lo, hi):>14}")
+    how = "kernels from the kept cache" if b["kernel_cache"] else "kernels cold: set kimi-cluster:kernelCache to keep them"
+    lines.append(f"  {'this stack':<48} {fmt_minutes(*b['this_stack']):>14}  ({how})")
+    return lines
 
 
 def _secret_flag(key: str) -> str:
@@ -174,6 +211,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         flags = " ".join(f"{k} {v}".strip() for k, v in kc["fields"]["kernel_flags"])
         lines.append(f"Kernels      kept in {kc['location']} as key {kc['key']} (image {kc['fields']['image']}, "
                      f"GPU {kc['fields']['gpu']}, {flags})")
+    lines.extend(format_bringup(plan["time_to_endpoint"]))
     lines.append("")
     lines.append("Secrets")
     for k, v in plan["secrets"].items():

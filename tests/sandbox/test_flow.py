@@ -46,6 +46,11 @@ def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None
     engines = list(run.workdir.glob("nodes/*/var/lib/fake-node/engines/kimi-engine.pid"))
     assert len(engines) == 4
     assert [p.parts[-6] for p in run.workdir.glob("nodes/*/var/lib/fake-node/engines/kimi-proxy.pid")] == [head]
+    # The nodes shared the download over their (loopback) private addresses, and up drew the bring-up.
+    weights_log = run.workdir.joinpath(f"nodes/{head}/var/log/kimi-cluster/weights.log").read_text()
+    assert "sharing with 3 peers" in weights_log and "nothing is listening any more" in weights_log
+    assert run.workdir.joinpath("timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert re.search(r"^timeline: .*timeline\.png \(\d+ steps on 4 nodes\)$", out, re.M), out
 
     verify = run("verify")
     _verified(ok(verify))

@@ -1,0 +1,173 @@
+"""The bring-up drawn as a timeline: one row per node, one bar per step, from the steps' own start and end marks.
+
+    pulumi stack export | python -m scripts.timeline - [--out timeline.png]
+    python -m scripts.timeline .sandbox/state.json --out .sandbox/timeline.svg
+
+Every node step prints `KIMI-STEP rank=<r> step=<name> start|end <UTC ISO time>` (templates/_prelude.sh.j2), so
+the stdout that pulumi-command keeps in the state of each command is enough to draw it: the export of a real stack
+and the sandbox engine's state file both carry it. Writes PNG or SVG (by the file's extension) with matplotlib and
+prints the same bars as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+MARK = re.compile(r"^KIMI-STEP rank=(?P<rank>\d+) step=(?P<step>[a-z0-9_-]+) (?P<what>start|end)"
+                  r" (?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)(?: rc=(?P<rc>\d+))?$", re.M)
+COMMAND_TYPE = "command:remote:Command"
+# One colour per step, in chain order (the matplotlib "tab10" palette), so the same step looks the same on every row.
+STEP_ORDER = ("ready", "storage", "image", "kernel-cache", "weights", "check", "launch", "readiness")
+
+
+@dataclass(frozen=True)
+class Bar:
+    rank: int
+    step: str
+    start: datetime
+    end: datetime | None
+    rc: int | None
+
+    @property
+    def seconds(self) -> float | None:
+        return (self.end - self.start).total_seconds() if self.end else None
+
+
+def _parse_ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def bars_from_text(text: str) -> list[Bar]:
+    """Pairs each step's start mark with its end mark (a step without an end is still running, or died)."""
+    starts: dict[tuple[int, str], datetime] = {}
+    out: list[Bar] = []
+    for m in MARK.finditer(text):
+        key = (int(m["rank"]), m["step"])
+        if m["what"] == "start":
+            starts[key] = _parse_ts(m["ts"])
+        elif key in starts:
+            out.append(Bar(key[0], key[1], starts.pop(key), _parse_ts(m["ts"]),
+                           int(m["rc"]) if m["rc"] is not None else None))
+    out += [Bar(r, s, t, None, None) for (r, s), t in starts.items()]
+    return out
+
+
+def _plain(value: Any) -> str:
+    """stdout as a string; a secret-wrapped value (encrypted in an export) carries no marks we can read."""
+    return value if isinstance(value, str) else ""
+
+
+def resources_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """`pulumi stack export` nests them under deployment; the sandbox engine's state file has them at the top."""
+    if isinstance(doc.get("deployment"), dict):
+        return list(doc["deployment"].get("resources") or [])
+    return list(doc.get("resources") or [])
+
+
+def bars_from_state(doc: dict[str, Any]) -> list[Bar]:
+    bars: list[Bar] = []
+    for res in resources_of(doc):
+        if res.get("type") != COMMAND_TYPE or res.get("delete"):
+            continue
+        bars += bars_from_text(_plain((res.get("outputs") or {}).get("stdout")))
+    # The latest run of each (rank, step): a re-run replaces what an earlier one printed.
+    latest: dict[tuple[int, str], Bar] = {}
+    for b in bars:
+        if (b.rank, b.step) not in latest or b.start > latest[(b.rank, b.step)].start:
+            latest[(b.rank, b.step)] = b
+    return sorted(latest.values(), key=lambda b: (b.rank, b.start))
+
+
+def table(bars: list[Bar]) -> str:
+    if not bars:
+        return "no step marks found (were the commands run by this version of the node scripts?)"
+    t0 = min(b.start for b in bars)
+    lines = [f"{'node':<8}{'step':<14}{'start s':>9}{'end s':>9}{'took s':>9}"]
+    for b in bars:
+        end = f"{(b.end - t0).total_seconds():9.1f}" if b.end else "  running"
+        took = f"{b.seconds:9.1f}" if b.seconds is not None else "        -"
+        lines.append(f"{'node' + str(b.rank):<8}{b.step:<14}{(b.start - t0).total_seconds():9.1f}{end}{took}"
+                     + (f"  exit {b.rc}" if b.rc else ""))
+    total = max((b.end or b.start) for b in bars) - t0
+    lines.append(f"first start to last end: {total.total_seconds():.1f} s")
+    return "\n".join(lines)
+
+
+def draw(bars: list[Bar], out: str, title: str = "kimi-cluster bring-up") -> None:
+    """One row per node (rank 0 on top), one bar per step, x in seconds from the first start."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write a file
+    import matplotlib.pyplot as plt
+
+    t0 = min(b.start for b in bars)
+    t_end = max((b.end or b.start) for b in bars)
+    ranks = sorted({b.rank for b in bars})
+    steps = [s for s in STEP_ORDER if any(b.step == s for b in bars)]
+    steps += sorted({b.step for b in bars} - set(steps))
+    colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(steps)}
+    # Steps that overlap on one node (image pull alongside weights) share the row in two lanes.
+    lanes = {"image": 1, "kernel-cache": 1}
+    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * len(ranks)))
+    for b in bars:
+        row = ranks.index(b.rank)
+        lane = lanes.get(b.step, 0)
+        left = (b.start - t0).total_seconds()
+        width = max(((b.end or t_end) - b.start).total_seconds(), 0.05)
+        y = row + (0.05 if lane == 0 else -0.35)
+        ax.broken_barh([(left, width)], (y, 0.3), facecolors=colours[b.step],
+                       edgecolor="red" if b.rc else "none", hatch="//" if b.end is None else None)
+        if width > (t_end - t0).total_seconds() / 40:
+            ax.text(left + width / 2, y + 0.15, b.step, ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([f"node {r}" + (" (head)" if r == 0 else "") for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first step started")
+    ax.set_title(f"{title}: {(t_end - t0).total_seconds():.1f} s, started {t0:%Y-%m-%d %H:%M:%S} UTC")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[s]) for s in steps], labels=steps,
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(steps), fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def write_timeline(doc: dict[str, Any], out: str, title: str = "kimi-cluster bring-up") -> list[Bar]:
+    """Draw a state document's bars into `out`; returns them (nothing is written when there are none)."""
+    bars = bars_from_state(doc)
+    if bars:
+        draw(bars, out, title)
+    return bars
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.timeline", description=__doc__.splitlines()[0])
+    ap.add_argument("state", help="`pulumi stack export` JSON or the sandbox's state.json; - reads stdin")
+    ap.add_argument("--out", default="timeline.png", help="PNG or SVG to write (default timeline.png)")
+    ap.add_argument("--title", default="kimi-cluster bring-up")
+    args = ap.parse_args(argv)
+    try:
+        if args.state == "-":
+            doc = json.load(sys.stdin)
+        else:
+            with open(args.state, encoding="utf-8") as fh:
+                doc = json.load(fh)
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {args.state}: {exc}", file=sys.stderr)
+        return 2
+    bars = write_timeline(doc, args.out, args.title)
+    print(table(bars))
+    if not bars:
+        return 1
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
