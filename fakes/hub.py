@@ -111,6 +111,16 @@ class Faults:
     client_bytes_per_second: float | None = None  # cap on all bodies to one client address, across its connections
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that goes away mid-answer (a killed node) is routine here, not a traceback on stderr."""
+
+    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class FakeHub:
     """Threaded HTTP server; use as a context manager or start()/stop(). `url` is the HF_ENDPOINT to use."""
 
@@ -128,7 +138,7 @@ class FakeHub:
         self.sent: Counter = Counter()  # client address -> body bytes sent
         self.answers: list[tuple[str, str, str, int, int]] = []  # (client, method, path, status, body bytes)
         self._next_slot: dict[str, float] = {}
-        self.server = ThreadingHTTPServer((host, port), _handler(self))
+        self.server = _QuietServer((host, port), _handler(self))
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 

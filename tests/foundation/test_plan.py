@@ -140,3 +140,34 @@ def test_the_plan_shows_each_steps_node_side_deadline(capsys):
     deadlines = json.loads(capsys.readouterr().out)["step_deadline_minutes"]
     assert set(deadlines) == {"ready", "storage", "image", "weights", "check", "launch", "proxy", "readiness"}
     assert deadlines["weights"] == 240 + 30 and deadlines["readiness"] == 60 + 5  # the stack's own timeouts + slack
+
+
+def test_the_plan_models_the_time_to_an_endpoint_phase_by_phase(capsys):
+    assert plan.main(["--stack", "dev", "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["time_to_endpoint"]
+    names = [p["phase"] for p in b["phases"]]
+    assert names == ["VM boot and SSH", "image pull (alongside the weights)", "weights, every node pulls all",
+                     "weights, sharded over 4 nodes", "check", "load to GPU", "kernel warm-up, cold",
+                     "kernel warm-up, caches restored", "readiness and verification"]
+    assert all(p["source"] and p["assumes"] and 0 < p["low_s"] <= p["high_s"] for p in b["phases"])
+    by = {p["phase"]: p for p in b["phases"]}
+    # 1,561 GB at 1.1-1.8 GiB/s per node: 13.5-22 minutes; shared by 4 nodes it is bound by the disk instead.
+    assert (round(by["weights, every node pulls all"]["low_s"] / 60, 1),
+            round(by["weights, every node pulls all"]["high_s"] / 60, 1)) == (13.5, 22.0)
+    assert by["weights, sharded over 4 nodes"]["high_s"] < by["weights, every node pulls all"]["low_s"]
+    assert by["kernel warm-up, caches restored"]["high_s"] <= 180 <= by["kernel warm-up, cold"]["low_s"] / 3
+    assert not by["image pull (alongside the weights)"]["on_critical_path"]
+    totals = b["totals"]
+    naive, sharded, cached = (totals["every node pulls all, kernels cold"], totals["sharded weights, kernels cold"],
+                              totals["sharded weights, kernel caches restored"])
+    assert cached[1] < sharded[1] < naive[1] and cached[0] < sharded[0] < naive[0]
+    assert plan.main(["--stack", "dev"]) == 0
+    text = capsys.readouterr().out
+    assert "Time to a verified endpoint" in text and "total, sharded weights, kernels cold" in text
+
+
+def test_one_node_has_no_sharded_weights_phase(capsys):
+    assert plan.main(["--stack", "b300", "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["time_to_endpoint"]
+    assert not any("sharded" in p["phase"] for p in b["phases"])
+    assert set(b["totals"]) == {"every node pulls all, kernels cold", "weights, kernel caches restored"}
