@@ -36,7 +36,8 @@ class Cluster:
         self.port = free_port(self.hosts)
         (tmp / "peer_token").write_text(TOKEN + "\n")
         os.chmod(tmp / "peer_token", 0o600)
-        self.opts = {"--peer-timeout": "2", "--stall-seconds": "10", "--poll-seconds": "0.2", "--workers": "4", **opts}
+        # Long enough for every node to start on a busy machine (a peer not up yet would count as dead).
+        self.opts = {"--peer-timeout": "10", "--stall-seconds": "20", "--poll-seconds": "0.2", "--workers": "4", **opts}
         self.procs: dict[int, subprocess.Popen] = {}
 
     def dir(self, r: int) -> Path:
@@ -168,7 +169,7 @@ def test_a_peer_killed_mid_transfer_loses_its_files_to_the_hub_and_every_node_en
     files = synthetic_repo(16, 40_000)
     checkpoint = sum(len(f.data) for f in files)
     with FakeHub(REPO, REVISION, files, faults=Faults(client_bytes_per_second=200_000)) as hub:
-        c = cluster(hub, 3)
+        c = cluster(hub, 3, **{"--peer-timeout": "6"})
         c.start_all()
         victim = c.hosts[2]
         deadline = time.time() + 60
