@@ -299,7 +299,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if url.path == STATS_PATH:
                 # The fake's own counters (not a hub route): what a test reads of a hub running as a service.
                 with hub.lock:
-                    self._json({"requests": len(hub.requests), "body_bytes": hub.body_bytes})
+                    stats = {"requests": len(hub.requests), "body_bytes": hub.body_bytes}
+                self._json(stats)  # outside the lock: answering logs the answer, which takes it
                 return
             with hub.lock:
                 hub.requests.append((self.command, url.path, self.headers.get("Range", "")))

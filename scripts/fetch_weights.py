@@ -554,8 +554,10 @@ class Node:
                     recorded_complete = True
                     self._report()
                     log(f"all {len(self.manifest)} files verified")
-                # Keep serving until every peer has everything, gave up, or went away.
-                if all(p.complete or p.dead or not p.reachable for p in self.peers.values()):
+                # Keep serving until every peer has everything, was given up on, or went away after it was seen
+                # (one that has not answered yet may still be starting: it is waited for up to --peer-timeout).
+                if all(p.complete or p.dead or (p.last_ok is not None and not p.reachable)
+                       for p in self.peers.values()):
                     return
             if not inflight:
                 time.sleep(a.poll_seconds)
