@@ -23,7 +23,7 @@ MARK = re.compile(r"^KIMI-STEP rank=(?P<rank>\d+) step=(?P<step>[a-z0-9_-]+) (?P
                   r" (?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)(?: rc=(?P<rc>\d+))?$", re.M)
 COMMAND_TYPE = "command:remote:Command"
 # One colour per step, in chain order (the matplotlib "tab10" palette), so the same step looks the same on every row.
-STEP_ORDER = ("ready", "storage", "image", "kernel-cache", "weights", "check", "launch", "readiness")
+STEP_ORDER = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "readiness", "cache-save")
 
 
 @dataclass(frozen=True)
@@ -112,19 +112,20 @@ def draw(bars: list[Bar], out: str, title: str = "kimi-cluster bring-up") -> Non
     steps = [s for s in STEP_ORDER if any(b.step == s for b in bars)]
     steps += sorted({b.step for b in bars} - set(steps))
     colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(steps)}
-    # Steps that overlap on one node (image pull alongside weights) share the row in two lanes.
-    lanes = {"image": 1, "kernel-cache": 1}
+    # Steps that overlap on one node (image pull and kernel-cache restore alongside the weights) get their own lanes.
+    lanes = {"image": 1, "cache-restore": 2}
+    offsets = {0: 0.1, 1: -0.2, 2: -0.5}
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * len(ranks)))
     for b in bars:
         row = ranks.index(b.rank)
         lane = lanes.get(b.step, 0)
         left = (b.start - t0).total_seconds()
         width = max(((b.end or t_end) - b.start).total_seconds(), 0.05)
-        y = row + (0.05 if lane == 0 else -0.35)
-        ax.broken_barh([(left, width)], (y, 0.3), facecolors=colours[b.step],
+        y = row + offsets[lane]
+        ax.broken_barh([(left, width)], (y, 0.25), facecolors=colours[b.step],
                        edgecolor="red" if b.rc else "none", hatch="//" if b.end is None else None)
         if width > (t_end - t0).total_seconds() / 40:
-            ax.text(left + width / 2, y + 0.15, b.step, ha="center", va="center", fontsize=7)
+            ax.text(left + width / 2, y + 0.125, b.step, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"node {r}" + (" (head)" if r == 0 else "") for r in ranks])
     ax.invert_yaxis()

@@ -37,6 +37,13 @@ def record(tool: str, argv: list[str]) -> None:
 
 
 @contextmanager
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Readers poll these files while the monitor rewrites them: never let one see half a file."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
 def locked_json(path: Path, default: dict):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "a") as lock:
@@ -392,7 +399,7 @@ def _stop_unit(unit: str) -> None:
     if u["state"] not in ("active", "activating"):
         return
     u["state"] = "deactivating"
-    p.write_text(json.dumps(u))
+    write_json_atomic(p, u)
     _kill_group(u["pid"])
     deadline = time.time() + 10
     while p.exists() and time.time() < deadline:
@@ -428,7 +435,7 @@ def systemd_run(argv: list[str]) -> None:
     if p.exists():
         fail(f"Failed to start transient service unit: Unit {unit}.service was already loaded or has a fragment file.")
     UNITS.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"unit": unit, "state": "activating", "pid": None, "command": command}))
+    write_json_atomic(p, {"unit": unit, "state": "activating", "pid": None, "command": command})
     spec = {"unit": unit, "props": props, "setenv": setenv, "command": command}
     subprocess.Popen([sys.executable, __file__, "--monitor", json.dumps(spec)], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -458,15 +465,15 @@ def monitor(spec_json: str) -> None:
     with open(log_path, "a") as log:
         child = subprocess.Popen(spec["command"], env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
-        p.write_text(json.dumps({"unit": spec["unit"], "state": "active", "pid": child.pid, "monitor": os.getpid(),
-                                 "command": spec["command"]}))
+        write_json_atomic(p, {"unit": spec["unit"], "state": "active", "pid": child.pid, "monitor": os.getpid(),
+                              "command": spec["command"]})
         rc = child.wait()
     u = json.loads(p.read_text())
     if u["state"] == "deactivating" or rc == 0:
         p.unlink()  # a transient unit that stopped cleanly is unloaded, as systemd does
     else:
         u.update(state="failed", result="exit-code" if rc > 0 else "signal", status=abs(rc))
-        p.write_text(json.dumps(u))
+        write_json_atomic(p, u)
 
 
 # ---- the rest ----------------------------------------------------------------------------------------------------
