@@ -36,7 +36,6 @@ def record(tool: str, argv: list[str]) -> None:
         fh.write(json.dumps({"tool": tool, "argv": argv, "t": time.time()}) + "\n")
 
 
-@contextmanager
 def write_json_atomic(path: Path, data: dict) -> None:
     """Readers poll these files while the monitor rewrites them: never let one see half a file."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -44,6 +43,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+@contextmanager
 def locked_json(path: Path, default: dict):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "a") as lock:
