@@ -373,10 +373,9 @@ class Settings(BaseModel):
         if self.regions is not None and "region" in self.model_fields_set:
             raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
                              f"list); remove one with: pulumi config rm {NAMESPACE}:region")
-        if self.peer_port in (self.api_port, 20000):  # 20000: the SGLang rendezvous (components/launch.py)
-            raise ValueError(f"peerPort {self.peer_port} is taken by the "
-                             + ("inference API (apiPort)" if self.peer_port == self.api_port else "engine's rendezvous")
-                             + "; pick another, e.g. 20100")
+        if self.peer_port in (self.api_port, self.engine_port, 20000):  # 20000: SGLang's rendezvous (launch.py)
+            raise ValueError(f"peerPort {self.peer_port} collides with apiPort, enginePort or the rendezvous port "
+                             "20000; pick another, e.g. 20100")
         if self.ssh_public_key is None and self.keypair_name is None:
             raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
         if self.ssh_public_key is not None and self.keypair_name is not None:

@@ -15,6 +15,7 @@ CANARY_SSH = "-----BEGIN OPENSSH PRIVATE KEY-----canary-ssh-7f3a"
 CANARY_HF = "hf_canaryTOKEN9d2c"
 CANARY_HS = "hs-canary-api-key-55e1"
 CANARY_API = "endpoint-canary-key-b61d"
+CANARY_PEER = "peer-canary-token-77aa"
 CANARY_TLS = "tls-canary-private-key-0c7e"
 # One real CA and server certificate: the program parses the CA (its fingerprint is an output).
 CA_PEM, CA_KEY = tls.make_ca("test CA")
@@ -34,6 +35,8 @@ def outputs_for(typ: str, name: str, inputs: dict) -> dict:
     if typ.endswith(":Keypair"):
         return {"keypair_id": 8, "fingerprint": "ff:00"}
     if typ.endswith(":GeneratedSecret"):
+        if name.endswith("peer-token"):
+            return {"value": CANARY_PEER}
         # A new version is a new key, as the provider would make it.
         version = int(inputs.get("version") or 1)
         return {"value": CANARY_API if version == 1 else f"{CANARY_API}-v{version}"}
@@ -150,7 +153,7 @@ def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
     for rec in (dev, b300):
         for res in rec.resources:
             text = dumps(res.plain())
-            for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API, CANARY_TLS, CA_KEY):
+            for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API, CANARY_TLS, CA_KEY, CANARY_PEER):
                 assert canary not in text, f"{canary} in plain input of {res.typ} {res.name}"
         for key, value in rec.exports.items():
             if key not in rec.export_secrets:
