@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from components import catalog, sizing
@@ -133,6 +134,14 @@ def _bringup(settings: Settings) -> dict[str, Any]:
     rows = bringup.phases(settings, sharded=True, kernel_cache=False)
     naive = bringup.phases(settings, sharded=False)[2]
     cached = bringup.phases(settings, sharded=True, kernel_cache=True)[5]
+    # Which warm-up row is this stack's: restored only with kimi-cluster:kernelCache (and from the second bring-up
+    # with the same key on); without it, every bring-up compiles from scratch.
+    kept = settings.kernel_cache is not None
+    rows[5] = replace(rows[5], on_path=not kept, assumes=rows[5].assumes + (
+        " (this stack: only the first bring-up with a cache key)" if kept else " (this stack: every bring-up)"))
+    cached = replace(cached, on_path=kept, assumes=cached.assumes + (
+        f" (this stack: kept in {settings.kernel_cache.location})" if settings.kernel_cache is not None
+        else " (needs kimi-cluster:kernelCache)"))
     table = [rows[0], rows[1]] + ([naive] if settings.nodes > 1 else []) + [rows[2], rows[3], rows[4], rows[5],
                                                                                cached, rows[6]]
     return {
