@@ -10,13 +10,12 @@ import hashlib
 from typing import Sequence, Union
 
 from components.scripts import ShellExpr, shell_words
-from components.settings import Settings
+from components.settings import DIST_INIT_PORT, Settings
 
 Word = Union[str, ShellExpr]
 Item = Union[Word, tuple]
 
 CONTAINER_NAME = "kimi-engine"
-DIST_INIT_PORT = 20000
 PARSER = "kimi_k3"
 FINGERPRINT_LABEL = "kimi-cluster.fingerprint"
 # The engines find the weights where huggingface_hub puts them by default, under HF_HOME.
@@ -52,8 +51,37 @@ def needs_marlin(settings: Settings) -> bool:
     return settings.gpu.name.startswith(("H100", "H200"))
 
 
+# Other spellings of flags the program sets (SGLang's ServerArgs.add_cli_args, vLLM's make_arg_parser), and flags it
+# owns without always passing them: extraEngineArgs may set none of these.
+_OWNED_ALIASES = {
+    "sglang": ("--model", "--tensor-parallel-size", "--tp", "--expert-parallel-size", "--ep", "--api-key",
+               "--nnodes", "--node-rank", "--dist-init-addr", "--context-length"),
+    "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address"),
+}
+
+
+def flag_name(arg: str) -> str | None:
+    """`--tp_size=8` -> `--tp-size`; None for a value. vLLM's parser also takes underscores for dashes."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0]
+    dashes = len(name) - len(name.lstrip("-"))
+    return name[:dashes] + name[dashes:].replace("_", "-")
+
+
+def owned_flags(settings: Settings) -> frozenset[str]:
+    """Every flag the program's command line sets for this engine, with its aliases."""
+    argv = flatten(_program_argv(settings, 0, "<head>"))
+    return frozenset({w for w in argv if isinstance(w, str) and flag_name(w)} | set(_OWNED_ALIASES[settings.engine_name]))
+
+
 def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
-    """The engine's own command line inside the container; extra_engine_args come last so they can override."""
+    """The engine's own command line inside the container: the program's flags, then extraEngineArgs (which the
+    settings refuse if they name a flag the program owns)."""
+    return _program_argv(settings, rank, head_private_ip) + list(settings.extra_engine_args)
+
+
+def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
     port = str(settings.engine_port)
     if settings.engine_name == "vllm":
         items: list[Item] = [
@@ -102,7 +130,6 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Ite
         ]
         if settings.max_model_len:
             items.append(("--context-length", str(settings.max_model_len)))
-    items += list(settings.extra_engine_args)
     return items
 
 

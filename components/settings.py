@@ -10,8 +10,9 @@ import base64
 import binascii
 import ipaddress
 import json
+import posixpath
 import re
-from typing import Any, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,12 +21,55 @@ from components import catalog, sizing
 NAMESPACE = "kimi-cluster"
 SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey")
 
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_SSH_PUBLIC_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( .*)?$")
+# Every pattern is used with fullmatch: a `$` also matches before a trailing newline, which would let one through.
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_SSH_PUBLIC_KEY = re.compile(
+    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( [^\x00-\x1f\x7f]*)?")
 # The widest IPv6 operatorCidr accepted: a /48 is one site's allocation.
 IPV6_MIN_PREFIX = 48
-_REGION = re.compile(r"^[A-Z0-9][A-Z0-9-]{0,39}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,49}$")
+# The widest IPv4 operatorCidr accepted (a /8 is the largest block ever allocated to one holder); wider than
+# IPV4_WARN_PREFIX is accepted with a warning.
+IPV4_MIN_PREFIX = 8
+IPV4_WARN_PREFIX = 16
+# Hyperstack's limit on environment, keypair and VM names (CreateEnvironment / CreateInstancesPayload).
+NAME_MAX = 50
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,49}")
+_REGION = re.compile(r"[A-Z0-9][A-Z0-9-]{0,39}")
+_FLAVOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# A GPU model and a per-VM count in a flavor name, as Hyperstack names them: n3-H100x8-NVLink, n3-B300-SXM6x8.
+_FLAVOR_GPUS = re.compile(r"(?:^|-)(?P<gpu>[A-Z]\d{3})[A-Za-z0-9-]*?x(?P<count>\d+)(?:-|$)")
+# Printable text: no control characters (a newline would start a new shell line in a log or a script).
+_PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]+")
+_SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
+# A login name as Debian's adduser accepts it (NAME_REGEX), at most 32 characters.
+_SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# A container image reference: [registry[:port]/]path[:tag][@algorithm:hex] (distribution/reference's grammar).
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::\d+)?/)"
+_IMAGE = re.compile(rf"{_IMAGE_DOMAIN}?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+# Paths the node scripts write into: plain characters only, so a path is one shell word whatever the quoting.
+_PATH_CHARS = re.compile(r"[A-Za-z0-9._/-]+")
+# storagePath may not be, or lie under, these: the scripts create, chown and fill it (Docker's data-root goes there).
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                 "/sys", "/usr")
+_SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/snap", "/srv", "/tmp", "/var")
+_HF_ENDPOINT = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+                          r"(?::(?P<port>\d{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
+# Ports the program itself uses on the nodes; the inference API may not take one of them.
+SSH_PORT = 22
+DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
+RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)"}
+# Secrets that must be set with --secret; a plain value sits unencrypted in Pulumi.<stack>.yaml and the state.
+CREDENTIAL_KEYS = (f"{NAMESPACE}:hfToken", f"{NAMESPACE}:sshPrivateKey", f"{NAMESPACE}:kernelCacheCredentials",
+                   "hyperstack:apiKey")
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A value for an error message: repr (so control characters are visible), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 5] + "...'"
+
 
 # Examples in error messages: the value a user would type to fix each key (`--secret` is added for SECRET_KEYS).
 EXAMPLES: dict[str, str] = {
@@ -135,13 +179,15 @@ class Settings(BaseModel):
     gpus_per_node: int | None = Field(None, alias="gpusPerNode", ge=1, le=16)
     gpu_memory_gb: int | None = Field(None, alias="gpuMemoryGb")
     engine: Literal["sglang", "vllm"] | None = None
-    gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0)
+    gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0, le=1000, allow_inf_nan=False)
 
     region: str = catalog.DEFAULT_REGION
     # Ordered preference; the placement resource picks the first with stock for the whole cluster, once.
     regions: list[str] | None = None
     environment_name: str | None = Field(None, alias="environmentName")
     operator_cidr: str = Field(alias="operatorCidr")
+    # The operator reaches the VMs over a private network or loopback (a VPN into the cloud, the local sandbox).
+    allow_private_operator_cidr: bool = Field(False, alias="allowPrivateOperatorCidr")
     ssh_public_key: str | None = Field(None, alias="sshPublicKey")
     keypair_name: str | None = Field(None, alias="keypairName")
     ssh_user: str = Field("ubuntu", alias="sshUser")
@@ -162,24 +208,25 @@ class Settings(BaseModel):
     # is the secret tlsPrivateKey. Unset: the stack makes its own CA and a certificate for the head's address.
     tls_certificate: str | None = Field(None, alias="tlsCertificate")
     proxy_image: str | None = Field(None, alias="proxyImage")
-    max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024)
-    context_window: int = Field(131072, alias="contextWindow", ge=1024)
+    max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024, le=2**24)
+    context_window: int = Field(131072, alias="contextWindow", ge=1024, le=2**24)
     extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
 
     # node bring-up knobs
     node_root: str = Field("/", alias="nodeRoot")
     storage_path: str = Field("/ephemeral", alias="storagePath")
-    disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0)
+    # Bounded so the scripts' shell arithmetic (64-bit) never overflows: 1 PB of margin is far beyond any disk.
+    disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0, le=10**6)
     download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
-    download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1)
-    readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1)
+    download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1, le=7 * 24 * 60)
+    readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1, le=24 * 60)
     # Per-step override of the node-side deadline (components.node.Timing.deadline_s), e.g. {"image": 120}.
     step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
     # Free since every file is hashed while it is written (scripts/fetch_weights.py): the check compares records.
     verify_sha256: bool = Field(True, alias="verifySha256")
     # Where each node serves its finished weight files to its peers (private addresses only).
     peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
-    hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint", pattern=r"^https?://[^\s'\"]+$")
+    hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
     kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
 
     # secrets: presence only, the values stay in Pulumi's secret config
@@ -187,24 +234,31 @@ class Settings(BaseModel):
     ssh_private_key_set: bool = False
     kernel_cache_credentials_set: bool = False
     tls_private_key_set: bool = False
+    # credentials given as plain (unencrypted) config values: warned about
+    plain_credentials: tuple[str, ...] = ()
 
     @field_validator("operator_cidr")
     @classmethod
     def _operator_cidr(cls, v: str) -> str:
         try:
-            net = ipaddress.ip_network(v.strip(), strict=False)
+            net = ipaddress.ip_network(str(v).strip(), strict=False)
         except ValueError:
-            raise ValueError(f"{v!r} is not a CIDR such as 203.0.113.7/32") from None
+            raise ValueError(f"{_show(v)} is not a CIDR such as 203.0.113.7/32") from None
         if net.prefixlen == 0:
             raise ValueError(
-                f"{v!r} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
+                f"{_show(v)} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
             )
         if net.version == 6 and net.prefixlen < IPV6_MIN_PREFIX:
             # A /48 is one site; anything wider spans many customers of an ISP (RFC 6177).
             raise ValueError(
-                f"{v!r} is wider than one site (/{IPV6_MIN_PREFIX}) and opens SSH and the API to other networks; "
+                f"{_show(v)} is wider than one site (/{IPV6_MIN_PREFIX}) and opens SSH and the API to other networks; "
                 f"use your own address (/128) or at most your site's /{IPV6_MIN_PREFIX}, e.g. "
                 f"\"$(curl -4 -s https://ifconfig.me)/32\" for your IPv4 address"
+            )
+        if net.version == 4 and net.prefixlen < IPV4_MIN_PREFIX:
+            raise ValueError(
+                f"{_show(v)} opens SSH and the API to {2 ** (32 - net.prefixlen):,} addresses of other networks; "
+                "use your own address, e.g. \"$(curl -4 -s https://ifconfig.me)/32\""
             )
         return str(net)
 
@@ -257,7 +311,7 @@ class Settings(BaseModel):
     @field_validator("model_revision")
     @classmethod
     def _revision(cls, v: str) -> str:
-        if not _HEX40.match(v):
+        if not _HEX40.fullmatch(v):
             raise ValueError(
                 f"{v!r} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
                 "reproducible. Pin the commit shown on the model's hub page"
@@ -267,16 +321,77 @@ class Settings(BaseModel):
     @field_validator("ssh_public_key")
     @classmethod
     def _public_key(cls, v: str | None) -> str | None:
-        if v is not None and not _SSH_PUBLIC_KEY.match(v.strip()):
+        if v is not None and not _SSH_PUBLIC_KEY.fullmatch(v.strip()):
             raise ValueError("not an OpenSSH public key (expected e.g. 'ssh-ed25519 AAAA... comment')")
         return v.strip() if v else v
 
     @field_validator("environment_name", "keypair_name")
     @classmethod
     def _names(cls, v: str | None) -> str | None:
-        if v is not None and not _NAME.match(v):
+        if v is not None and not _NAME.fullmatch(v):
             raise ValueError("use 1-50 letters, digits, '-' or '_' (Hyperstack's limit is 50 characters)")
         return v
+
+    @field_validator("flavor")
+    @classmethod
+    def _flavor(cls, v: str | None) -> str | None:
+        if v is not None and not _FLAVOR.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a flavor name such as n3-H100x8-NVLink")
+        return v
+
+    @field_validator("os_image")
+    @classmethod
+    def _os_image(cls, v: str | None) -> str | None:
+        if v is not None and (not _PRINTABLE.fullmatch(v) or v != v.strip() or len(v) > 200):
+            raise ValueError(f"{_show(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
+                             "spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker'")
+        return v
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, v: str | None) -> str | None:
+        if v is not None and not _SERVED_NAME.fullmatch(v):
+            raise ValueError(f"{_show(v)}: use 1-128 letters, digits and . _ : / @ + - (it lands in clients' shell, "
+                             "TOML and JSON)")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 512 or not _IMAGE.fullmatch(v)):
+            raise ValueError(f"{_show(v)} is not a container image reference such as "
+                             "registry.example.com/org/name:tag@sha256:<64 hex>")
+        return v
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _ssh_user(cls, v: str) -> str:
+        if not _SSH_USER.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a login name: lower-case letters, digits, '_' and '-', "
+                             "at most 32, e.g. ubuntu")
+        return v
+
+    @field_validator("api_port")
+    @classmethod
+    def _api_port(cls, v: int) -> int:
+        if v in RESERVED_PORTS:
+            raise ValueError(f"port {v} is taken by {RESERVED_PORTS[v]}; choose another, e.g. 8000")
+        return v
+
+    @field_validator("hf_endpoint")
+    @classmethod
+    def _hf_endpoint(cls, v: str) -> str:
+        head = v.split("://", 1)[-1].split("/", 1)[0]
+        if "@" in head:
+            # Anything in the URL is rendered into the node scripts and stored in the state in plain text.
+            raise ValueError("holds credentials (user:password@); they would be written into every node script and "
+                             f"the state: give the token as a secret instead: pulumi config set --secret "
+                             f"{NAMESPACE}:hfToken ...")
+        match = _HF_ENDPOINT.fullmatch(v)
+        if not match or int(match["port"] or 1) not in range(1, 65536):
+            raise ValueError(f"{_show(v)} is not a hub URL such as https://huggingface.co (scheme, host, optional "
+                             "port and path; no query, no spaces)")
+        return v.rstrip("/") if match["path"] else v
 
     @field_validator("extra_engine_args", mode="before")
     @classmethod
@@ -300,7 +415,7 @@ class Settings(BaseModel):
         if isinstance(v, list):
             if not v:
                 raise ValueError("name at least one region")
-            if not all(isinstance(r, str) and _REGION.match(r) for r in v):
+            if not all(isinstance(r, str) and _REGION.fullmatch(r) for r in v):
                 raise ValueError("each region is a Hyperstack region name such as CANADA-1")
             if len(set(v)) != len(v):
                 raise ValueError("a region is listed twice")
@@ -309,7 +424,7 @@ class Settings(BaseModel):
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
-        if not _REGION.match(v):
+        if not _REGION.fullmatch(v):
             raise ValueError(f"{v!r} is not a Hyperstack region name such as CANADA-1")
         return v
 
@@ -346,11 +461,32 @@ class Settings(BaseModel):
                 raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
         return v
 
-    @field_validator("node_root", "storage_path")
+    @field_validator("extra_engine_args")
     @classmethod
-    def _paths(cls, v: str) -> str:
-        if not v or any(c in v for c in "'\"`$\\\n;&|<>"):
-            raise ValueError("must be a plain path without quotes or shell metacharacters")
+    def _engine_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not arg or len(arg) > 1000 or not _PRINTABLE.fullmatch(arg):
+                raise ValueError(f"{_show(arg)}: each argument must be 1-1000 printable characters")
+        return v
+
+    @field_validator("node_root")
+    @classmethod
+    def _node_root(cls, v: str) -> str:
+        if v not in ("/", ".") and (not _PATH_CHARS.fullmatch(v) or posixpath.normpath(v) != v
+                                    or ".." in v.split("/")):
+            raise ValueError(f"{_show(v)} must be / (a real VM) or a normalized path of letters, digits and . _ - /")
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_path(cls, v: str) -> str:
+        if not _PATH_CHARS.fullmatch(v) or not v.startswith("/") or posixpath.normpath(v) != v \
+                or ".." in v.split("/"):
+            raise ValueError(f"{_show(v)} must be a normalized absolute path of letters, digits and . _ - /, "
+                             "e.g. /ephemeral")
+        if v in _SYSTEM_DIRS or any(v == t or v.startswith(t + "/") for t in _SYSTEM_TREES):
+            raise ValueError(f"{v} is a system directory; the scripts fill it with weights and move Docker's data "
+                             "there: use the VM's large local disk, e.g. /ephemeral")
         return v
 
     @model_validator(mode="after")
@@ -366,6 +502,9 @@ class Settings(BaseModel):
                 raise ValueError(f"gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
             if self.engine == "vllm" and self.node_count != 1:
                 raise ValueError("engine vllm is supported on one node only (nodeCount 1); use sglang across nodes")
+            mismatch = self._flavor_matches()  # before sizing: a wrong GPU count would size the wrong cluster
+            if mismatch:
+                raise ValueError(mismatch)
         else:
             given = [k for k, v in custom_keys.items() if v is not None]
             if given:
@@ -403,6 +542,83 @@ class Settings(BaseModel):
                 f"{', '.join(fitting)}) or, for topology custom, nodeCount, gpusPerNode and gpuMemoryGb"
             )
         return self
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Settings":
+        """Rules across keys; every problem found is reported at once, each naming its key."""
+        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe())
+                    if p] + self._name_problems() + self._engine_arg_problems()
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    def _operator_scope(self) -> str | None:
+        net = ipaddress.ip_network(self.operator_cidr)
+        if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_V4_MAPPED):
+            return (f"{NAMESPACE}:operatorCidr {self.operator_cidr} is an IPv4-mapped IPv6 range, which no rule "
+                    "matches; give the IPv4 address itself, e.g. \"$(curl -4 -s https://ifconfig.me)/32\"")
+        kind = _non_public(net)
+        if kind is None or self.allow_private_operator_cidr:
+            return None
+        return (f"{NAMESPACE}:operatorCidr {self.operator_cidr} is {kind}: the VMs see your public address, so this "
+                "locks you out while they bill; use \"$(curl -4 -s https://ifconfig.me)/32\", or set "
+                f"{NAMESPACE}:allowPrivateOperatorCidr true if you reach the VMs over a private network (a VPN)")
+
+    def _flavor_matches(self) -> str | None:
+        if self.topology != "custom" or self.flavor is None:
+            return None
+        match = _FLAVOR_GPUS.search(self.flavor)
+        if not match:
+            return None
+        gpu, count = match["gpu"], int(match["count"])
+        problems = []
+        if count != self.gpus_per_node:
+            problems.append(f"{NAMESPACE}:gpusPerNode is {self.gpus_per_node}")
+        if not self.gpu.name.startswith(gpu + "-"):
+            problems.append(f"{NAMESPACE}:gpuMemoryGb {self.gpu_memory_gb} means {self.gpu.name}")
+        if not problems:
+            return None
+        return (f"{NAMESPACE}:flavor {self.flavor} has {count}x {gpu} per VM, but " + " and ".join(problems) +
+                "; make them agree (the sizing guard would size the wrong cluster)")
+
+    def _hf_endpoint_safe(self) -> str | None:
+        match = _HF_ENDPOINT.fullmatch(self.hf_endpoint)
+        if match is None or match["scheme"] != "http" or not self.hf_token_set:
+            return None
+        host = match["host"].strip("[]")
+        if host == "localhost" or _is_loopback(host):
+            return None  # the node's own loopback: the token never leaves the machine
+        return (f"{NAMESPACE}:hfEndpoint {self.hf_endpoint} would receive hfToken in clear text over http://; use an "
+                f"https:// mirror, or unset {NAMESPACE}:hfToken for a mirror that needs none")
+
+    def _name_problems(self) -> list[str]:
+        env = self.env_name
+        if not _NAME.fullmatch(env):
+            return [f"the default environment name {_show(env)} (kimi-<stack>) is not a Hyperstack name; set "
+                    f"{NAMESPACE}:environmentName to 1-50 letters, digits, '-' or '_'"]
+        longest = max((self.node_name(self.nodes - 1), f"{env}-key"), key=len)
+        if len(longest) <= NAME_MAX:
+            return []
+        room = NAME_MAX - (len(longest) - len(env))
+        where = f"{NAMESPACE}:environmentName" if self.environment_name else f"the stack name {self.stack!r}"
+        return [f"{where} makes the name {longest!r} {len(longest)} characters; Hyperstack allows {NAME_MAX} (cut "
+                f"short, every VM name would collide): set {NAMESPACE}:environmentName to at most {room} characters"]
+
+    def _engine_arg_problems(self) -> list[str]:
+        from components import launch  # launch builds the command line from these settings
+
+        owned = launch.owned_flags(self)
+        problems = []
+        for arg in self.extra_engine_args:
+            flag = launch.flag_name(arg)
+            if flag is None:
+                continue
+            # argparse also takes an unambiguous prefix (--tp-s for --tp-size) unless allow_abbrev is off.
+            hit = next((o for o in sorted(owned) if o == flag or (len(flag) > 3 and o.startswith(flag))), None)
+            if hit:
+                problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({_show(arg)}): the program owns it; "
+                                "set the matching key instead (apiPort, servedModelName, maxModelLen, topology ...)")
+        return problems
 
     # ---- derived values -------------------------------------------------------------------------
 
@@ -482,7 +698,7 @@ class Settings(BaseModel):
 
     @property
     def env_name(self) -> str:
-        return self.environment_name or f"kimi-{self.stack}"[:50]
+        return self.environment_name or f"kimi-{self.stack}"
 
     @property
     def served_name(self) -> str:
@@ -500,7 +716,7 @@ class Settings(BaseModel):
 
     def node_name(self, index: int) -> str:
         """Deterministic VM names let a re-run find a VM whose create answer was lost."""
-        return f"{self.env_name}-node{index}"[:50]
+        return f"{self.env_name}-node{index}"
 
     def warnings(self) -> list[str]:
         out = []
@@ -523,7 +739,40 @@ class Settings(BaseModel):
             out.append("hfToken is not set: anonymous hub downloads get tighter rate limits")
         if self.price is None:
             out.append(f"no price known for {self.gpu.name}; set {NAMESPACE}:gpuHourlyPriceUsd for a cost figure")
+        net = ipaddress.ip_network(self.operator_cidr)
+        if net.version == 4 and net.prefixlen < IPV4_WARN_PREFIX:
+            out.append(f"{NAMESPACE}:operatorCidr {self.operator_cidr} lets {net.num_addresses:,} addresses reach SSH "
+                       "and the API; narrow it to your own address if you can")
+        for key in self.plain_credentials:
+            out.append(f"{key} is set as a plain value: it sits unencrypted in Pulumi.{self.stack}.yaml and the "
+                       f"state; set it again with: pulumi config set --secret {key} ...")
         return out
+
+
+_V4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+# Ranges no public address is in, with the reason shown; documentation ranges are left to placeholders().
+_NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
+    ("127.0.0.0/8", "a loopback range"), ("::1/128", "the loopback address"),
+    ("169.254.0.0/16", "a link-local range"), ("fe80::/10", "a link-local range"),
+    ("10.0.0.0/8", "a private range"), ("172.16.0.0/12", "a private range"), ("192.168.0.0/16", "a private range"),
+    ("fc00::/7", "a private (unique local) range"), ("100.64.0.0/10", "a carrier-grade NAT range"),
+    ("224.0.0.0/4", "a multicast range"), ("ff00::/8", "a multicast range"), ("240.0.0.0/4", "a reserved range"),
+    ("0.0.0.0/8", "a 'this network' range"), ("::/128", "the unspecified address"),
+)]
+
+
+def _non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | None:
+    for other, why in _NON_PUBLIC:
+        if other.version == net.version and net.overlaps(other):  # type: ignore[arg-type]
+            return why
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _alias_of(field_name: str) -> str:
@@ -560,8 +809,9 @@ def _format_errors(err: ValidationError | None, extra: list[str] | None = None) 
 
 def config_keys() -> list[str]:
     """Every key a user may set under kimi-cluster:, secrets included."""
-    keys = [f.alias or name for name, f in Settings.model_fields.items() if name not in ("stack", "hf_token_set", "ssh_private_key_set",
-                                                                "kernel_cache_credentials_set", "tls_private_key_set")]
+    keys = [f.alias or name for name, f in Settings.model_fields.items()
+            if name not in ("stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set",
+                            "tls_private_key_set", "plain_credentials")]
     return keys + list(SECRET_KEYS)
 
 
@@ -596,7 +846,7 @@ def private_key_problem(text: str) -> str | None:
     passphrase-protected key would fail every node step after the VMs are billing.
     """
     stripped = text.strip()
-    if _SSH_PUBLIC_KEY.match(stripped.splitlines()[0] if stripped else ""):
+    if _SSH_PUBLIC_KEY.fullmatch(stripped.splitlines()[0] if stripped else ""):
         return "holds a public key (the .pub file); give the private half: --secret < ~/.ssh/kimi-deploy"
     if "\n" not in stripped and "PRIVATE KEY" not in stripped and stripped.startswith(("~", "/", "./", "$")):
         return ("looks like a file name, not the key itself: set the file's content with "
@@ -610,7 +860,7 @@ def private_key_problem(text: str) -> str | None:
     return None
 
 
-def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
+def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterable[str] = ()) -> Settings:
     """Validate raw config (keys without namespace). Secret keys count only as set or not set.
 
     A secret given as text (inside the program) is inspected for its shape, then dropped: it never enters the model.
@@ -622,15 +872,21 @@ def load_settings(raw: Mapping[str, Any], stack: str) -> Settings:
         if problem:
             secret_problems.append(f"{NAMESPACE}:sshPrivateKey {problem}")
     values: dict[str, Any] = {}
+    internal = {name for name, f in Settings.model_fields.items() if f.alias and f.alias != name} | \
+        {"stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
+         "plain_credentials"}
     for key, value in raw.items():
         if key in SECRET_KEYS:
             continue
+        if key in internal:  # a field's Python name is not a config key (populate_by_name would accept it)
+            key = f"{key} (not a config key)"
         values[key] = value
     values["stack"] = stack
     values["hf_token_set"] = bool(raw.get("hfToken"))
     values["ssh_private_key_set"] = bool(raw.get("sshPrivateKey"))
     values["kernel_cache_credentials_set"] = bool(raw.get("kernelCacheCredentials"))
     values["tls_private_key_set"] = bool(raw.get("tlsPrivateKey"))
+    values["plain_credentials"] = tuple(plain_credentials)
     try:
         settings = Settings.model_validate(values)
     except ValidationError as err:
@@ -670,14 +926,33 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """
     import yaml  # only the offline tools read stack files; the program gets config from the engine
 
-    with open(path, encoding="utf-8") as fh:
-        doc = yaml.safe_load(fh) or {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh) or {}
+    except IsADirectoryError:
+        raise SettingsError(f"{path} is a directory, not a stack config file (Pulumi.<stack>.yaml)") from None
+    except OSError as err:
+        raise SettingsError(f"cannot read {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{path} is not UTF-8 text") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "malformed YAML"
+        raise SettingsError(f"{path} is not valid YAML{where}: {problem}") from None
+    if not isinstance(doc, dict):
+        raise SettingsError(f"{path}: expected a mapping with a 'config' key, got {type(doc).__name__}")
     config = doc.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError(f"{path}: 'config' must be a mapping")
     ours = strip_namespace(config)
     others = {k: v for k, v in config.items() if not k.startswith(NAMESPACE + ":")}
     return ours, others
+
+
+def plain_credentials_in(config: Mapping[str, Any]) -> list[str]:
+    """Credential keys of a stack file's config written as plain values instead of `secure:` ciphertext."""
+    return [k for k in CREDENTIAL_KEYS if k in config and not isinstance(config[k], dict)]
 
 
 def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
@@ -697,7 +972,9 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
             else:
                 raw[key] = True if key in SECRET_KEYS else cfg.get(key)
     secrets = {key: cfg.get_secret(key) for key in SECRET_KEYS}
-    return load_settings(raw, pulumi.get_stack()), secrets
+    plain = [k for k in CREDENTIAL_KEYS
+             if pulumi.runtime.get_config(k) not in (None, "") and not pulumi.runtime.is_config_secret(k)]
+    return load_settings(raw, pulumi.get_stack(), plain), secrets
 
 
 def _stack_config_keys() -> list[str]:

@@ -20,7 +20,15 @@ from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from components.node import Timing, running_steps
 from components.pricing import Quote, catalog_quote, quote
-from components.settings import SECRET_KEYS, Settings, SettingsError, load_settings, placeholders, read_stack_file
+from components.settings import (
+    SECRET_KEYS,
+    Settings,
+    SettingsError,
+    load_settings,
+    placeholders,
+    plain_credentials_in,
+    read_stack_file,
+)
 
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -262,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         raw, other = read_stack_file(path)
-        settings = load_settings(raw, stack)
+        settings = load_settings(raw, stack, plain_credentials_in(
+            {**other, **{f"kimi-cluster:{k}": v for k, v in raw.items()}}))
     except SettingsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
