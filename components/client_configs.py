@@ -3,12 +3,17 @@ Pure; the key is only ever an env-var reference, since this becomes the plain `c
 serves TLS with a certificate from the stack's own CA, so each client is also told to trust that CA: Python clients
 (the OpenAI SDK, Kimi Code) through SSL_CERT_FILE or an explicit SSL context, Node clients (Claude Code, OpenClaw)
 through NODE_EXTRA_CA_CERTS, curl through --cacert.
+
+Every value is written into its snippet quoted for that snippet's language (shell: `shlex.quote`; TOML: a basic
+string; Python: `repr`; JSON: `json.dumps`), so a served model name or URL is always data when a person pastes it.
+The only text left for a shell to expand is the key's variable reference, whose name is checked to be a plain one.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from typing import Any
 
 GET_KEY_COMMAND = "pulumi stack output api_key --show-secrets"
@@ -36,11 +41,32 @@ def _env_name(api_key_ref: str) -> str:
     return name
 
 
+_ROOT_URL = re.compile(r"https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d{1,5})?")
+
+
 def _endpoint_root(endpoint_url: str) -> str:
-    url = endpoint_url.strip().rstrip("/")
-    if not re.match(r"^https?://[^/\s]+$", url.removesuffix("/v1")):
+    url = endpoint_url.strip().rstrip("/").removesuffix("/v1")
+    if not _ROOT_URL.fullmatch(url):
         raise ValueError(f"endpoint_url must look like http://HOST:PORT, got {endpoint_url!r}")
-    return url.removesuffix("/v1")
+    return url
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string: backslash, quote and every control character escaped (TOML v1.0.0, "String")."""
+    out = []
+    for ch in value:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _heredoc_literal(line: str) -> str:
+    """A line inside an unquoted heredoc that the shell leaves as it is: `\\`, `$` and backquote escaped."""
+    return line.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
 
 
 def _model_alias(served_model_name: str) -> str:
@@ -89,32 +115,38 @@ def build_client_configs(
     if tls:
         # Claude Code is a Node program: Node adds this file to its trusted CAs.
         claude_env["NODE_EXTRA_CA_CERTS"] = CA_PATH
-    claude_shell = "\n".join(f'export {k}="{v}"' for k, v in claude_env.items()) + "\nclaude"
+    claude_shell = "\n".join(
+        f'export {k}="{ref}"' if v == ref else f"export {k}={shlex.quote(v)}" for k, v in claude_env.items()
+    ) + "\nclaude"
 
     provider = "hyperstack"
     kimi_model_key = f"{provider}/{_model_alias(model)}"
+    api_key_line = f"api_key = {toml_string(ref)}"
     kimi_toml = "\n".join([
         "# ~/.kimi-code/config.toml",
-        f'default_model = "{kimi_model_key}"',
+        f"default_model = {toml_string(kimi_model_key)}",
         "",
         f"[providers.{provider}]",
         'type = "openai"',
-        f'base_url = "{base_v1}"',
+        f"base_url = {toml_string(base_v1)}",
         f"# the key itself: {GET_KEY_COMMAND}",
-        f'api_key = "{ref}"',
+        api_key_line,
         "",
-        f'[models."{kimi_model_key}"]',
-        f'provider = "{provider}"',
-        f'model = "{model}"',
+        f"[models.{toml_string(kimi_model_key)}]",
+        f"provider = {toml_string(provider)}",
+        f"model = {toml_string(model)}",
         f"max_context_size = {context_window}",
         'capabilities = ["thinking", "always_thinking", "image_in", "tool_use"]',
         'support_efforts = ["low", "high", "max"]',
         'default_effort = "high"',
     ])
-    # An unquoted heredoc lets the shell put the key into the file, so the snippet itself holds none.
+    # An unquoted heredoc lets the shell put the key into the file, so the snippet itself holds none; every other
+    # line is escaped so that the shell expands nothing else (no TOML line can equal the delimiter: strings are
+    # quoted and hold no raw newline).
+    heredoc = "\n".join(line if line == api_key_line else _heredoc_literal(line) for line in kimi_toml.splitlines())
     kimi_shell = (
         f"{export_key}\nmkdir -p ~/.kimi-code\n"
-        f"cat >> ~/.kimi-code/config.toml <<EOF\n{kimi_toml}\nEOF"
+        f"cat >> ~/.kimi-code/config.toml <<KIMI_CODE_CONFIG\n{heredoc}\nKIMI_CODE_CONFIG"
     )
     if tls:
         # Kimi Code is a Python program; its HTTP client takes the trusted CAs from SSL_CERT_FILE.
@@ -146,24 +178,25 @@ def build_client_configs(
 
     python = (
         "import os\nfrom openai import OpenAI\n"
-        f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"])\n'
-        f'client.chat.completions.create(model="{model}", '
+        f"client = OpenAI(base_url={base_v1!r}, api_key=os.environ[{env!r}])\n"
+        f"client.chat.completions.create(model={model!r}, "
         'messages=[{"role": "user", "content": "Hello"}], '
         'extra_body={"reasoning_effort": "low"})'
     )
-    curl = f'curl -s {base_v1}/models -H "Authorization: Bearer ${env}"'
+    curl = f'curl -s {shlex.quote(base_v1 + "/models")} -H "Authorization: Bearer ${{{env}}}"'
     if tls:
         python = (
             "import os, ssl\nfrom openai import DefaultHttpxClient, OpenAI\n"
             "# or: export SSL_CERT_FILE=~/.kimi-cluster/ca.pem and leave http_client out\n"
             'ca = ssl.create_default_context(cafile=os.path.expanduser("~/.kimi-cluster/ca.pem"))\n'
-            f'client = OpenAI(base_url="{base_v1}", api_key=os.environ["{env}"], '
+            f"client = OpenAI(base_url={base_v1!r}, api_key=os.environ[{env!r}], "
             "http_client=DefaultHttpxClient(verify=ca))\n"
-            f'client.chat.completions.create(model="{model}", '
+            f"client.chat.completions.create(model={model!r}, "
             'messages=[{"role": "user", "content": "Hello"}], '
             'extra_body={"reasoning_effort": "low"})'
         )
-        curl = f'curl -s --cacert "{CA_PATH}" {base_v1}/models -H "Authorization: Bearer ${env}"'
+        curl = (f'curl -s --cacert "{CA_PATH}" {shlex.quote(base_v1 + "/models")} '
+                f'-H "Authorization: Bearer ${{{env}}}"')
     openai_block: dict[str, Any] = {
         "base_url": base_v1,
         "model": model,
@@ -176,7 +209,7 @@ def build_client_configs(
         "provider_block": openclaw_block,
         "json": json.dumps(openclaw_block, indent=2),
         "env": env,
-        "set_model": f"openclaw models set {engine}/{model}",
+        "set_model": f"openclaw models set {shlex.quote(f'{engine}/{model}')}",
     }
     configs: dict[str, Any] = {
         "api_key": {

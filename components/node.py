@@ -20,7 +20,7 @@ import pulumi.dynamic as dyn
 from pulumi_command import remote
 
 from components import kernel_cache, launch, proxy, weights
-from components.scripts import ShellExpr, render
+from components.scripts import ShellExpr, Verbatim, render
 from components.settings import Settings
 
 GPU_NODE_TYPE = "kimi:cluster:GpuNode"
@@ -172,9 +172,10 @@ def _repo_folder(settings: Settings) -> str:
     return "models--" + settings.model.replace("/", "--")
 
 
-def _source(path: Path) -> str:
+def _source(path: Path) -> Verbatim:
+    """A program of this repository, as the body of a quoted heredoc (its delimiter never appears in it)."""
     text = path.read_text(encoding="utf-8")
-    return text if text.endswith("\n") else text + "\n"
+    return Verbatim(text if text.endswith("\n") else text + "\n")
 
 
 def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[str, Any]:
@@ -227,7 +228,7 @@ def _b64(text: str) -> str:
 def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
     return {
         "step": step,
-        "summary": SUMMARIES[step],
+        "summary": Verbatim(SUMMARIES[step]),  # a comment line
         "rank": rank,
         "node_root": settings.node_root,
         "storage_path": _storage_path(settings),
@@ -236,9 +237,6 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
     }
 
 
-def _source(path: Path) -> str:
-    text = path.read_text(encoding="utf-8")
-    return text if text.endswith("\n") else text + "\n"
 
 
 def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:

@@ -2,6 +2,8 @@
 
 StrictUndefined turns a missing value into an error at render time, so a typo never ships an empty flag to a node;
 every value reaches the shell through the `q` filter, so nothing a user configures is ever parsed as shell code.
+The rule is enforced, not hoped for: the environment's `finalize` refuses any `{{ value }}` that is neither quoted
+(`| q`, `| words`), nor a number, nor a plain word that no shell parses as code, nor program-owned `Verbatim` text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,27 @@ _SAFE_LITERAL = r"[A-Za-z0-9_=:./,@%+\-<>]*"
 _SHELL_EXPR = re.compile(rf"^{_SAFE_LITERAL}(\$\{{[A-Za-z_][A-Za-z0-9_]*\}}{_SAFE_LITERAL})*$")
 
 
+class Quoted(str):
+    """Text already quoted for the shell by `shell_quote` or `shell_words`."""
+
+
+class Verbatim(str):
+    """Program-owned text placed as it is: a comment, or the body of a quoted heredoc. Never a user's value."""
+
+
+# What may appear unquoted: no quote, `$`, backquote, backslash, glob, brace, redirection or command separator.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_.,:/@%+= -]*")
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ ... }}` passes here: an unquoted value that a shell could parse as code fails the render."""
+    if isinstance(value, (Quoted, Verbatim, bool, int, float)):
+        return value
+    if isinstance(value, str) and _PLAIN_WORD.fullmatch(value):
+        return value
+    raise ValueError(f"template value {value!r} would reach the shell unquoted; pass it through `| q`")
+
+
 class ShellExpr(str):
     """A word the node's shell must expand (a `${NAME}` only known at run time, such as the private interface).
 
@@ -35,10 +58,10 @@ class ShellExpr(str):
 def shell_quote(value: Any) -> str:
     """One shell word: run-time expressions double-quoted, everything else single-quoted literally."""
     if isinstance(value, ShellExpr):
-        return f'"{value}"'
+        return Quoted(f'"{value}"')
     if isinstance(value, bool):
         value = "true" if value else "false"
-    return shlex.quote(str(value))
+    return Quoted(shlex.quote(str(value)))
 
 
 def shell_words(argv: Iterable[Any], continuation: str = "") -> str:
@@ -50,7 +73,7 @@ def shell_words(argv: Iterable[Any], continuation: str = "") -> str:
             parts.append(" ".join(shell_quote(w) for w in item))
         else:
             parts.append(shell_quote(item))
-    return (continuation or " ").join(parts)
+    return Quoted((continuation or " ").join(parts))
 
 
 _ENV = Environment(
@@ -60,6 +83,7 @@ _ENV = Environment(
     keep_trailing_newline=True,
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=_finalize,
 )
 _ENV.filters["q"] = shell_quote
 _ENV.filters["words"] = shell_words
