@@ -496,19 +496,22 @@ class Settings(BaseModel):
         if self.topology == "custom":
             missing = [k for k, v in custom_keys.items() if v is None]
             if missing:
-                raise ValueError(f"topology custom needs {', '.join(missing)} as well")
+                raise ValueError(f"{NAMESPACE}:topology custom needs "
+                                 f"{', '.join(NAMESPACE + ':' + k for k in missing)} as well")
             if self.gpu_memory_gb not in catalog.GPU_BY_MEMORY_GB:
                 known = ", ".join(str(k) for k in sorted(catalog.GPU_BY_MEMORY_GB))
-                raise ValueError(f"gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
+                raise ValueError(f"{NAMESPACE}:gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
             if self.engine == "vllm" and self.node_count != 1:
-                raise ValueError("engine vllm is supported on one node only (nodeCount 1); use sglang across nodes")
+                raise ValueError(f"{NAMESPACE}:engine vllm is supported on one node only ({NAMESPACE}:nodeCount 1); "
+                                 "use sglang across nodes")
             mismatch = self._flavor_matches()  # before sizing: a wrong GPU count would size the wrong cluster
             if mismatch:
                 raise ValueError(mismatch)
         else:
             given = [k for k, v in custom_keys.items() if v is not None]
             if given:
-                raise ValueError(f"{', '.join(given)} only apply to topology custom (topology is {self.topology})")
+                raise ValueError(f"{', '.join(NAMESPACE + ':' + k for k in given)} only apply to topology custom "
+                                 f"({NAMESPACE}:topology is {self.topology})")
         if self.regions is not None and "region" in self.model_fields_set:
             raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
                              f"list); remove one with: pulumi config rm {NAMESPACE}:region")
@@ -516,9 +519,10 @@ class Settings(BaseModel):
             raise ValueError(f"peerPort {self.peer_port} collides with apiPort, enginePort or the rendezvous port "
                              "20000; pick another, e.g. 20100")
         if self.ssh_public_key is None and self.keypair_name is None:
-            raise ValueError("set sshPublicKey (a keypair is imported) or keypairName (an existing one is reused)")
+            raise ValueError(f"set {NAMESPACE}:sshPublicKey (a keypair is imported) or {NAMESPACE}:keypairName (an "
+                             "existing one is reused)")
         if self.ssh_public_key is not None and self.keypair_name is not None:
-            raise ValueError("set only one of sshPublicKey and keypairName")
+            raise ValueError(f"set only one of {NAMESPACE}:sshPublicKey and {NAMESPACE}:keypairName")
         if self.kernel_cache is not None and not self.kernel_cache_credentials_set:
             raise ValueError(
                 f"{NAMESPACE}:kernelCacheCredentials is required with {NAMESPACE}:kernelCache (the bucket's access "
@@ -531,15 +535,16 @@ class Settings(BaseModel):
             raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
                              "own certificate) or neither (the stack makes its own CA)")
         if self.model not in catalog.MODELS:
-            raise ValueError(f"model {self.model!r} has no sizing data; known: {', '.join(catalog.MODELS)}")
+            raise ValueError(f"{NAMESPACE}:model {_show(self.model)} has no sizing data; known: "
+                             f"{', '.join(catalog.MODELS)}")
         fit = self.fit
         if not fit.fits:
             fitting = [t.name for t in catalog.TOPOLOGIES.values()
                        if sizing.check_fit(self.model_spec, catalog.GPUS[t.gpu], t.node_count, t.gpus_per_node,
                                            t.node_count * t.gpus_per_node).fits]
             raise ValueError(
-                f"the cluster cannot serve {self.model}: {fit.summary()}. Change topology (presets that fit: "
-                f"{', '.join(fitting)}) or, for topology custom, nodeCount, gpusPerNode and gpuMemoryGb"
+                f"the cluster cannot serve {self.model}: {fit.summary()}. Change {NAMESPACE}:topology (presets that "
+                f"fit: {', '.join(fitting)}) or, for topology custom, nodeCount, gpusPerNode and gpuMemoryGb"
             )
         return self
 

@@ -23,6 +23,10 @@ from typing import Any, Callable, Literal, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
 DEFAULT_API_KEY = "emulator-key"
+# A request body larger than any the API takes (a create with user_data is a few KB) is refused unread.
+MAX_BODY_BYTES = 1 << 20
+# How long a client may take to send its request line, headers or body before its connection is dropped.
+SOCKET_TIMEOUT_S = 30.0
 # Test-only read access to the emulator's own bookkeeping, outside the API's /v1 prefix and off unless asked for.
 ADMIN_PREFIX = "/_emulator/"
 
@@ -355,8 +359,11 @@ class Emulator:
         first_floating_ip: Optional[str] = None,
         vm_names_unique: bool = False,
         admin: bool = False,
+        socket_timeout: float = SOCKET_TIMEOUT_S,
     ) -> None:
         self.host, self.port = host, port
+        # No client holds a handler thread longer than this while it sends its request (or sends nothing).
+        self.socket_timeout = socket_timeout
         # GET /_emulator/inventory and /_emulator/requests, for a test that runs the emulator in another process.
         self.admin = admin
         self.lifecycle = lifecycle or Lifecycle()
@@ -379,7 +386,7 @@ class Emulator:
     # -- life of the server --
 
     def start(self) -> "Emulator":
-        handler = type("Handler", (_Handler,), {"emulator": self})
+        handler = type("Handler", (_Handler,), {"emulator": self, "timeout": self.socket_timeout})
         self._server = ThreadingHTTPServer((self.host, self.port), handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -606,7 +613,7 @@ class Emulator:
         query = parse_qs(parts.query)
         try:
             body = json.loads(raw_body) if raw_body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser goes
             body = ...
         authorized = headers.get("api_key") in self._api_keys
         record = RecordedRequest(method, path, query, None if body is ... else body, authorized)
@@ -958,14 +965,36 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw_length = self.headers.get("Content-Length") or "0"
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._refuse(411, "length_required", "send the body with a Content-Length, not chunked")
+        if not raw_length.isdigit():
+            return self._refuse(400, "bad_request", "Content-Length is not a non-negative integer")
+        length = int(raw_length)
+        if length > MAX_BODY_BYTES:
+            return self._refuse(413, "payload_too_large", f"the body may be at most {MAX_BODY_BYTES} bytes")
+        try:
+            raw = self.rfile.read(length) if length else b""
+        except OSError:  # the socket timeout (TimeoutError) or a reset: drop this client, keep serving others
+            self.close_connection = True
+            return
+        if len(raw) < length:  # the client closed before sending what it announced
+            self.close_connection = True
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         try:
             status, payload = self.emulator.handle(self.command, self.path, headers, raw)
         except _Drop:
             self.close_connection = True
             return
+        self._answer(status, payload)
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        # The body may not have been read: the connection cannot be reused.
+        self.close_connection = True
+        self._answer(status, {"status": False, "message": message, "error_reason": reason})
+
+    def _answer(self, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status, HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "")
         self.send_header("Content-Type", "application/json")

@@ -31,6 +31,8 @@ CLUSTER_REF = f"organization/kimi-cluster/{STACK}"
 VERIFY_NS = "kimi-cluster-verification"
 TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "custom")  # custom: its shape keys come with --config
 DEFAULT_WORKDIR = ".sandbox"
+# Written into a workdir the sandbox created; without it a non-empty directory is someone else's and is refused.
+MARKER = ".kimi-sandbox"
 
 # The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
 EMULATOR_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
@@ -92,8 +94,61 @@ class Workdir:
         """The kernel-cache bucket's objects while its server is stopped; kept by destroy, like a team's bucket."""
         return self.root / "kernel-store"
 
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    def claim(self, create: bool) -> None:
+        """Own the workdir, or refuse it: a file, or a non-empty directory the sandbox did not create (whose
+        secrets/ or nodes/ a destroy would delete). `create` makes it (an up); verify and destroy never do."""
+        if self.root.exists() and not self.root.is_dir():
+            raise SandboxUsageError(f"--workdir {self.root} is a file; give a directory the sandbox may own "
+                                    f"(new or empty; default {DEFAULT_WORKDIR})")
+        if self.marker.exists():
+            return
+        if self.root.exists() and any(self.root.iterdir()):
+            if self.record_path.exists():  # made by a sandbox from before the marker: its own files
+                self._mark()
+                return
+            foreign = " (its state.json is another engine's)" if self.state_path.exists() else ""
+            raise SandboxUsageError(f"--workdir {self.root} holds files the sandbox did not create{foreign}; it "
+                                    "would own and later delete parts of it: give a new or empty directory")
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._mark()
+
+    def _mark(self) -> None:
+        self.marker.write_text("created by python -m scripts.sandbox; destroy deletes only what the sandbox made here\n")
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """One sandbox command at a time per workdir: a second `up` (or a destroy during an up) is refused."""
+        if not self.root.is_dir():
+            yield
+            return
+        with open(self.root / ".command.lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                raise SandboxUsageError(f"another sandbox command ({holder}) is running in {self.root}; wait for "
+                                        "it to finish, or use another --workdir") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}\n")
+            handle.flush()
+            yield
+
+    def _json(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            raise SandboxUsageError(f"{path} is not valid JSON (edited or cut short?); move it away or use another "
+                                    "--workdir") from None
+
     def record(self) -> dict[str, Any]:
-        return json.loads(self.record_path.read_text()) if self.record_path.exists() else {}
+        return self._json(self.record_path) if self.record_path.exists() else {}
 
     def save_record(self, record: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -118,7 +173,9 @@ class Workdir:
         """What the cluster's state holds (the stack itself excluded)."""
         if not self.state_path.exists():
             return []
-        doc = json.loads(self.state_path.read_text())
+        doc = self._json(self.state_path)
+        if not isinstance(doc, dict):
+            raise SandboxUsageError(f"{self.state_path} is not a sandbox engine state file")
         return [r for r in doc.get("resources", []) if r.get("type") != "pulumi:pulumi:Stack"]
 
     def outputs(self) -> tuple[dict[str, Any], frozenset[str]]:
@@ -368,6 +425,12 @@ class Sandbox:
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
            hub_bytes_per_second: float | None = None) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir."""
+        self.dir.claim(create=True)
+        with self.dir.exclusive():
+            return self._up(topology, echo, config, hub_bytes_per_second)
+
+    def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
+            hub_bytes_per_second: float | None) -> int:
         started = time.monotonic()
         self._ensure_idle()
         record = self.dir.record()
@@ -444,6 +507,11 @@ class Sandbox:
     # -- verify --
 
     def verify(self, echo: bool = False) -> int:
+        self.dir.claim(create=False)
+        with self.dir.exclusive():
+            return self._verify(echo)
+
+    def _verify(self, echo: bool) -> int:
         started = time.monotonic()
         outputs, _ = self.dir.outputs()
         if not outputs.get("endpoint_url"):
@@ -506,6 +574,11 @@ class Sandbox:
     # -- destroy --
 
     def destroy(self, echo: bool = True) -> int:
+        self.dir.claim(create=False)
+        with self.dir.exclusive():
+            return self._destroy(echo)
+
+    def _destroy(self, echo: bool) -> int:
         started = time.monotonic()
         self._ensure_idle()
         record = self.dir.record()

@@ -23,10 +23,16 @@ def parse_fault(spec: str) -> Fault:
     return FAULTS[kind](name=name or None)
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8700)
+    parser.add_argument("--port", type=_port, default=8700, help="TCP port, 0 for any free one (default 8700)")
     parser.add_argument("--api-key", action="append", dest="api_keys",
                         help=f"accepted key (repeatable; default: $HYPERSTACK_API_KEY or {DEFAULT_API_KEY})")
     parser.add_argument("--creating-seconds", type=float, default=1.0, help="time in CREATING")
@@ -60,12 +66,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (region and flavor and vms.isdigit()):
             parser.error(f"--capacity expects REGION:FLAVOR=VMS, got {spec!r}")
         emulator.set_capacity(flavor, int(vms), region=region)
-    emulator.start()
+    try:
+        emulator.start()
+    except OSError as err:  # busy port, an address not on this machine, a privileged port
+        print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        return 2
     # Never print the key itself: say where it came from.
     source = "--api-key" if args.api_keys else ("$HYPERSTACK_API_KEY" if os.environ.get("HYPERSTACK_API_KEY")
                                                  else f"the default key {DEFAULT_API_KEY!r}")
-    print(f"Hyperstack emulator on {emulator.base_url} (accepting {source}); Ctrl-C stops it", flush=True)
-    emulator.run_until_interrupted()
+    try:  # a Ctrl-C right after the banner, before serving began, still ends with exit 0
+        print(f"Hyperstack emulator on {emulator.base_url} (accepting {source}); Ctrl-C stops it", flush=True)
+        emulator.run_until_interrupted()
+    except KeyboardInterrupt:
+        emulator.stop()
     return 0
 
 

@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.exists(path):
         print(f"error: no stack config at {path}", file=sys.stderr)
         return 2
+    if args.render_dir and os.path.exists(args.render_dir) and not os.path.isdir(args.render_dir):
+        print(f"error: --render-dir {args.render_dir} is a file; give a directory (it is created if missing)",
+              file=sys.stderr)
+        return 2
     try:
         raw, other = read_stack_file(path)
         settings = load_settings(raw, stack, plain_credentials_in(
@@ -278,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = build_plan(settings, other, os.path.relpath(path))
     if args.render_dir:
-        plan["rendered"] = render_scripts(settings, args.render_dir)
+        try:
+            plan["rendered"] = render_scripts(settings, args.render_dir)
+        except OSError as err:
+            print(f"error: --render-dir {args.render_dir}: {err.strerror or err} (give a directory, new or existing)",
+                  file=sys.stderr)
+            return 2
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
     if args.render_dir and not args.json:
         print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")

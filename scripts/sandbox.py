@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SandboxUsageError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a workdir that cannot be created or written
+        print(f"error: {exc.filename or args.workdir}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

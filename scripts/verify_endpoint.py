@@ -54,6 +54,9 @@ def _resolve_key(args: argparse.Namespace) -> Optional[str]:
                 key = handle.read().strip()
         if not key:
             raise ValueError(f"--api-key-file {args.api_key_file} holds no key")
+        if len(key.splitlines()) > 1:  # a key file with a second line (a comment, a second key): shown nowhere
+            raise ValueError(f"--api-key-file {args.api_key_file} holds {len(key.splitlines())} lines; it must hold "
+                             "only the key (its content is not shown)")
         return key
     if args.api_key:
         print("warning: --api-key is visible to other users in ps; prefer "

@@ -80,7 +80,7 @@ def test_two_node_b200_custom_cluster_accepted_without_price():
 
 
 def test_custom_needs_all_shape_keys():
-    refused("topology custom needs nodeCount, gpusPerNode, gpuMemoryGb, engine", topology="custom", flavor="x")
+    refused("topology custom needs kimi-cluster:nodeCount, kimi-cluster:gpusPerNode, kimi-cluster:gpuMemoryGb, kimi-cluster:engine", topology="custom", flavor="x")
 
 
 def test_custom_unknown_gpu_size_refused():
@@ -94,7 +94,7 @@ def test_vllm_multi_node_refused():
 
 
 def test_shape_keys_refused_on_a_preset():
-    refused("nodeCount only apply to topology custom", nodeCount=2)
+    refused("kimi-cluster:nodeCount only apply to topology custom", nodeCount=2)
 
 
 def test_unknown_topology_and_key_refused():
@@ -104,7 +104,7 @@ def test_unknown_topology_and_key_refused():
 
 
 def test_keypair_choice():
-    refused("set sshPublicKey .* or keypairName", sshPublicKey=None)
+    refused("set kimi-cluster:sshPublicKey .* or kimi-cluster:keypairName", sshPublicKey=None)
     refused("set only one of", keypairName="mine", sshPublicKey=KEY)
     assert settings(keypairName="mine", sshPublicKey=None).keypair_name == "mine"
     refused("kimi-cluster:sshPublicKey: not an OpenSSH public key", sshPublicKey="hello")

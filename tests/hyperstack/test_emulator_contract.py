@@ -291,3 +291,57 @@ def test_command_line_emulator_serves_until_interrupted():
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) == 0
+
+
+# --- hostile clients: 4xx for malformed requests, a socket timeout for slow ones -----------------------------------
+
+def _raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@pytest.mark.parametrize("headers,body,status", [
+    ("Content-Length: abc", b"", b"400"),
+    ("Content-Length: -5", b"", b"400"),
+    (f"Content-Length: {10**9}", b"", b"413"),
+    ("Transfer-Encoding: chunked", b"5\r\nhello\r\n0\r\n\r\n", b"411"),
+    ("Content-Length: 200000", b"[" * 200000, b"400"),  # nested deeper than the JSON parser goes
+    ("Content-Length: 4", b"\xff\xfe{}", b"400"),
+])
+def test_malformed_requests_get_a_4xx(headers, body, status):
+    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+
+    with Emulator() as emu:
+        head = (f"POST /v1/core/environments HTTP/1.1\r\nHost: x\r\napi_key: {DEFAULT_API_KEY}\r\n{headers}\r\n"
+                "Connection: close\r\n\r\n").encode()
+        answer = _raw_request(emu.port, head + body)
+        assert answer.split(b" ", 2)[1] == status, answer[:200]
+
+
+def test_a_client_that_stops_sending_is_dropped_and_others_are_served():
+    import socket
+    import time
+
+    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+    from components.hyperstack.api import HyperstackClient
+
+    with Emulator(socket_timeout=0.5) as emu:
+        slow = socket.create_connection(("127.0.0.1", emu.port), timeout=5)
+        slow.sendall(b"POST /v1/core/environments HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")  # and then nothing
+        assert HyperstackClient(emu.base_url, DEFAULT_API_KEY).list_regions()  # served meanwhile
+        started = time.monotonic()
+        assert slow.recv(100) == b""  # closed by the emulator, not by us
+        assert time.monotonic() - started < 3
+        slow.close()
