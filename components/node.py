@@ -237,8 +237,6 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
     }
 
 
-
-
 def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
     """Every node's private address and peer port, in rank order; empty when this node fetches alone."""
     if settings.nodes < 2 or not peer_ips:

@@ -338,3 +338,14 @@ def test_a_multi_node_stack_generates_one_peer_token_and_a_single_node_none(dev,
     assert [s.name.rsplit("-", 1)[1] for s in b300.of_type(":GeneratedSecret")] == ["key"]
     weights = [c for c in dev.of_type("command:remote:Command") if c.name.endswith("-weights")]
     assert len(weights) == 4 and all("stdin" in c.secret_paths() for c in weights)
+def test_a_credential_set_without_secret_is_warned_never_shown(monkeypatch):
+    import pulumi
+
+    seen: list[str] = []
+    monkeypatch.setattr(pulumi, "warn", lambda message, *args, **kwargs: seen.append(str(message)))
+    cfg, secret = config()
+    secret.remove("kimi-cluster:hfToken")
+    run_program(cfg, secret, outputs_for)
+    warned = [w for w in seen if "plain value" in w]
+    assert warned == [w for w in warned if "kimi-cluster:hfToken" in w] and len(warned) == 1
+    assert "--secret kimi-cluster:hfToken" in warned[0] and CANARY_HF not in " ".join(seen)

@@ -37,7 +37,8 @@ KEY = "sandbox-api-key-canary-3f9c"
 
 
 def _settings(topology: str, port: int = 18000):
-    return load_settings({"operatorCidr": "127.0.0.1/32", "topology": topology, "enginePort": str(port),
+    return load_settings({"operatorCidr": "127.0.0.1/32", "allowPrivateOperatorCidr": True,
+                          "topology": topology, "enginePort": str(port),
                           "apiPort": "8443",
                           "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
 
