@@ -188,7 +188,7 @@ def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[
         "engine": settings.engine_name, "key": key.id, "key_fields": key.fields_json, "location": cfg.location,
         "bucket": cfg.bucket, "prefix": cfg.prefix, "endpoint_url": cfg.endpoint_url or "", "region": cfg.region,
         "addressing_style": cfg.addressing_style, "boto3_version": BOTO3_VERSION,
-        "program_source": _source(KERNEL_CACHE_SOURCE),
+        "program_source": Verbatim(_source(KERNEL_CACHE_SOURCE)),  # the body of a quoted heredoc
         "give_up": "starting cold" if restoring else "WARNING: not saved",
         "timeout_s": timing.kernel_cache_transfer_s(step, settings), "pip_timeout_s": PIP_BUDGET_S // 2,
         "timeout_key": "restoreTimeoutMinutes" if restoring else "saveTimeoutMinutes",
