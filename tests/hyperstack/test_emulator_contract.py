@@ -317,7 +317,6 @@ def _raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
     ("Content-Length: -5", b"", b"400"),
     (f"Content-Length: {10**9}", b"", b"413"),
     ("Transfer-Encoding: chunked", b"5\r\nhello\r\n0\r\n\r\n", b"411"),
-    ("Content-Length: 200000", b"[" * 200000, b"400"),  # nested deeper than the JSON parser goes
     ("Content-Length: 4", b"\xff\xfe{}", b"400"),
 ])
 def test_malformed_requests_get_a_4xx(headers, body, status):
