@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Iterable
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, Undefined
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 
@@ -36,8 +36,8 @@ _PLAIN_WORD = re.compile(r"[A-Za-z0-9_.,:/@%+= -]*")
 
 def _finalize(value: Any) -> Any:
     """Every `{{ ... }}` passes here: an unquoted value that a shell could parse as code fails the render."""
-    if isinstance(value, (Quoted, Verbatim, bool, int, float)):
-        return value
+    if isinstance(value, (Quoted, Verbatim, bool, int, float, Undefined)):
+        return value  # an Undefined raises (StrictUndefined) when the template engine prints it
     if isinstance(value, str) and _PLAIN_WORD.fullmatch(value):
         return value
     raise ValueError(f"template value {value!r} would reach the shell unquoted; pass it through `| q`")
@@ -76,19 +76,28 @@ def shell_words(argv: Iterable[Any], continuation: str = "") -> str:
     return Quoted((continuation or " ").join(parts))
 
 
-_ENV = Environment(
-    loader=FileSystemLoader(str(TEMPLATES_DIR)),
-    undefined=StrictUndefined,
-    autoescape=False,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    finalize=_finalize,
-)
-_ENV.filters["q"] = shell_quote
-_ENV.filters["words"] = shell_words
+def _environment(finalize: Any = None) -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=finalize,
+    )
+    env.filters["q"] = shell_quote
+    env.filters["words"] = shell_words
+    return env
+
+
+# Shell scripts (*.sh.j2) under the quoting rule; other templates (a Caddyfile) have their own syntax and their
+# values are checked where they are made.
+_ENV = _environment(_finalize)
+_TEXT_ENV = _environment()
 
 
 def render(template: str, **values: Any) -> str:
     """Render templates/<template> (e.g. "storage.sh.j2") with `values`; a missing value raises."""
-    return _ENV.get_template(template).render(**values)
+    env = _ENV if template.endswith(".sh.j2") else _TEXT_ENV
+    return env.get_template(template).render(**values)
