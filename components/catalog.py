@@ -6,6 +6,7 @@ Adding a model, a GPU or a preset is adding a row here; sizing.py and settings.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 GIB = 1024**3
 GB = 1000**3
@@ -126,7 +127,7 @@ TOPOLOGIES: dict[str, Topology] = {
     ),
 }
 
-DEFAULT_TOPOLOGY = "h100x4-sglang"
+DEFAULT_TOPOLOGY: Final = "h100x4-sglang"
 DEFAULT_REGION = "CANADA-1"
 DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
 ENGINES = ("sglang", "vllm")

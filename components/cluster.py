@@ -6,7 +6,7 @@ certificate and proxy, the readiness wait through it, and the outputs other team
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 
@@ -48,6 +48,7 @@ class InferenceCluster(pulumi.ComponentResource):
         if settings.keypair_name:
             key_name: pulumi.Input[str] = settings.keypair_name
         else:
+            assert settings.ssh_public_key is not None  # Settings requires sshPublicKey when keypairName is unset
             keypair = Keypair(
                 f"{name}-keypair",
                 name=f"{settings.env_name}-key",
@@ -61,7 +62,7 @@ class InferenceCluster(pulumi.ComponentResource):
         # apiKeyVersion makes a new one.
         api_key = GeneratedSecret(f"{name}-api-key", version=settings.api_key_version, opts=child)
         # Wrapped explicitly so the key stays secret however the engine treats additional_secret_outputs.
-        api_key_value = pulumi.Output.secret(api_key.value)
+        api_key_value: pulumi.Output[str] = pulumi.Output.secret(api_key.value)
 
         vms: list[VirtualMachine] = []
         host_keys: list[pulumi.Output[str]] = []
@@ -91,6 +92,8 @@ class InferenceCluster(pulumi.ComponentResource):
                       if settings.nodes > 1 else None)
         head_private_ip = vms[0].private_ip
         chain, ca_pem, tls_key = self._tls(name, settings, vms[0], tls_private_key)
+        # With assign_floating_ip=True a VM's create returns only once its floating IP is attached: never None.
+        public_ips = [cast(pulumi.Output[str], vm.public_ip) for vm in vms]
 
         nodes: list[GpuNode] = []
         for rank, vm in enumerate(vms):
@@ -99,7 +102,7 @@ class InferenceCluster(pulumi.ComponentResource):
                     f"{name}-node{rank}",
                     settings=settings,
                     rank=rank,
-                    public_ip=vm.public_ip,
+                    public_ip=public_ips[rank],
                     private_ip=vm.private_ip,
                     head_private_ip=head_private_ip,
                     ssh_private_key=ssh_private_key,
@@ -126,7 +129,7 @@ class InferenceCluster(pulumi.ComponentResource):
         ready = Readiness(
             f"{name}-ready",
             settings=settings,
-            public_ip=vms[0].public_ip,
+            public_ip=public_ips[0],
             ssh_private_key=ssh_private_key,
             api_key=api_key_value,
             tls_cert_chain=chain,
@@ -141,7 +144,7 @@ class InferenceCluster(pulumi.ComponentResource):
             KernelCacheSave(
                 f"{name}-kernel-cache",
                 settings=settings,
-                public_ip=vms[0].public_ip,
+                public_ip=public_ips[0],
                 ssh_private_key=ssh_private_key,
                 credentials=kernel_cache_credentials,
                 host_key=host_keys[0],

@@ -702,7 +702,7 @@ class Emulator:
             models: dict[str, int] = {}
             for flavor in FLAVORS:
                 if flavor["region_name"] == region["name"] and flavor["gpu_count"]:
-                    gpus = self._vms_left(region["name"], flavor) * flavor["gpu_count"]
+                    gpus = self._vms_left(str(region["name"]), flavor) * flavor["gpu_count"]
                     models[flavor["gpu"]] = max(models.get(flavor["gpu"], 0), gpus)
             out.append({"region": region["name"], "stock-type": "GPU", "models": [
                 {"model": model, "available": f"{gpus}+" if gpus else "0", "planned_7_days": None,
@@ -835,9 +835,9 @@ class Emulator:
                                      port_range_max=rule.get("port_range_max"),
                                      **{k: rule[k] for k in ("direction", "ethertype", "protocol",
                                                              "remote_ip_prefix")})
-            if (fault := self._take_fault(VmError, lambda f, n=name: f.name in (None, n))):
+            if (fault := self._take_fault(VmError, lambda f: f.name in (None, name))):
                 vm.fate, vm.error_reason = "error", fault.reason
-            elif self._take_fault(StuckInBuild, lambda f, n=name: f.name in (None, n)):
+            elif self._take_fault(StuckInBuild, lambda f: f.name in (None, name)):
                 vm.fate = "stuck"
             vm.events.append(self._event(vm, "info", "CREATING", "Virtual machine creation accepted"))
             self.state.vms[vm.id] = vm
@@ -905,31 +905,30 @@ class Emulator:
         return {"status": True, "message": "Security rule deleted"}
 
 
-_ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [
-    (m, re.compile(p), f) for m, p, f in [
-        ("GET", r"/core/regions", Emulator.regions),
-        ("GET", r"/core/sg-rules-protocols", Emulator.protocols),
-        ("GET", r"/core/flavors", Emulator.flavors),
-        ("GET", r"/core/images", Emulator.images),
-        ("GET", r"/core/stocks", Emulator.stocks),
-        ("GET", r"/pricebook", Emulator.pricebook),
-        ("POST", r"/core/environments", Emulator.create_environment),
-        ("GET", r"/core/environments", Emulator.list_environments),
-        ("GET", r"/core/environments/(\d+)", Emulator.get_environment),
-        ("DELETE", r"/core/environments/(\d+)", Emulator.delete_environment),
-        ("POST", r"/core/keypairs", Emulator.import_keypair),
-        ("GET", r"/core/keypairs", Emulator.list_keypairs),
-        ("DELETE", r"/core/keypair/(\d+)", Emulator.delete_keypair),
-        ("POST", r"/core/virtual-machines", Emulator.create_vms),
-        ("GET", r"/core/virtual-machines", Emulator.list_vms),
-        ("GET", r"/core/virtual-machines/(\d+)", Emulator.get_vm),
-        ("DELETE", r"/core/virtual-machines/(\d+)", Emulator.delete_vm),
-        ("PUT", r"/core/virtual-machines/(\d+)/label", Emulator.set_labels),
-        ("GET", r"/core/virtual-machines/(\d+)/events", Emulator.vm_events),
-        ("POST", r"/core/virtual-machines/(\d+)/sg-rules", Emulator.add_rule),
-        ("DELETE", r"/core/virtual-machines/(\d+)/sg-rules/(\d+)", Emulator.delete_rule),
-    ]
+_ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
+    ("GET", r"/core/regions", Emulator.regions),
+    ("GET", r"/core/sg-rules-protocols", Emulator.protocols),
+    ("GET", r"/core/flavors", Emulator.flavors),
+    ("GET", r"/core/images", Emulator.images),
+    ("GET", r"/core/stocks", Emulator.stocks),
+    ("GET", r"/pricebook", Emulator.pricebook),
+    ("POST", r"/core/environments", Emulator.create_environment),
+    ("GET", r"/core/environments", Emulator.list_environments),
+    ("GET", r"/core/environments/(\d+)", Emulator.get_environment),
+    ("DELETE", r"/core/environments/(\d+)", Emulator.delete_environment),
+    ("POST", r"/core/keypairs", Emulator.import_keypair),
+    ("GET", r"/core/keypairs", Emulator.list_keypairs),
+    ("DELETE", r"/core/keypair/(\d+)", Emulator.delete_keypair),
+    ("POST", r"/core/virtual-machines", Emulator.create_vms),
+    ("GET", r"/core/virtual-machines", Emulator.list_vms),
+    ("GET", r"/core/virtual-machines/(\d+)", Emulator.get_vm),
+    ("DELETE", r"/core/virtual-machines/(\d+)", Emulator.delete_vm),
+    ("PUT", r"/core/virtual-machines/(\d+)/label", Emulator.set_labels),
+    ("GET", r"/core/virtual-machines/(\d+)/events", Emulator.vm_events),
+    ("POST", r"/core/virtual-machines/(\d+)/sg-rules", Emulator.add_rule),
+    ("DELETE", r"/core/virtual-machines/(\d+)/sg-rules/(\d+)", Emulator.delete_rule),
 ]
+_ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [(m, re.compile(p), f) for m, p, f in _ROUTE_TABLE]
 
 
 def _q(query: dict[str, list[str]], name: str) -> Optional[str]:

@@ -374,7 +374,7 @@ def _answer_from_tools(
         )
     lines = []
     for result in tool_results:
-        call = calls[result.get("tool_call_id")]
+        call = calls[result["tool_call_id"]]  # present: checked above
         name = call["function"]["name"]
         try:
             payload = json.loads(result.get("content") or "{}")
@@ -792,7 +792,7 @@ class FakeInferenceServer:
 
     @property
     def url(self) -> str:
-        host = self.httpd.server_address[0]
+        host = str(self.httpd.server_address[0])
         scheme = "https" if self.httpd.tls is not None else "http"
         return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
 

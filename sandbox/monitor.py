@@ -51,10 +51,10 @@ def make_urn(stack: str, project: str, parent_urn: str, type_: str, name: str) -
 class _NoMocks(Mocks):
     """MockMonitor wants a Mocks; every answer here comes from the Deployment, so these are never consulted."""
 
-    def call(self, args):  # type: ignore[override]
+    def call(self, args):
         raise NotImplementedError("the sandbox monitor answers invokes itself")
 
-    def new_resource(self, args):  # type: ignore[override]
+    def new_resource(self, args):
         raise NotImplementedError("the sandbox monitor answers registrations itself")
 
 

@@ -73,7 +73,10 @@ def run_program(
         os.chdir(project.program_dir)
         sys.argv = [str(project.program_dir)]
         program_dir = str(project.program_dir)
-        run = run_in_stack(lambda: runpy.run_path(program_dir, run_name="__main__"))
+        def program() -> None:
+            runpy.run_path(program_dir, run_name="__main__")
+
+        run = run_in_stack(program)
         try:
             loop.run_until_complete(asyncio.wait_for(run, timeout=deadline))
         except asyncio.TimeoutError:

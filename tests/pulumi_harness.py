@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
@@ -186,6 +187,7 @@ def run_program(
     _install(recording, outputs_for, stack, project)
     pulumi.runtime.set_all_config(config, secret_keys)
     root = pulumi.runtime.get_root_resource()
+    assert isinstance(root, Stack)
     root.outputs.clear()  # the mock runtime keeps one root stack per process
 
     @pulumi.runtime.test

@@ -88,8 +88,8 @@ def _present(name: str, stack: str) -> Callable[[Any], Any]:
     return check
 
 
-def _secret_present(name: str, stack: str) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
+def _secret_present(name: str, stack: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
         if value in (None, ""):
             # A StackReference drops the secret outputs it cannot decrypt ("eliding undecryptable secrets"), so a
             # missing secret beside present plain outputs means another passphrase, not another version.
@@ -97,7 +97,7 @@ def _secret_present(name: str, stack: str) -> Callable[[Any], Any]:
                 f"cluster stack {stack} gave no {name}: cannot decrypt the cluster stack's secrets: same passphrase? "
                 "Run this stack with the PULUMI_CONFIG_PASSPHRASE (or _FILE) the cluster stack was created with"
             )
-        return value
+        return str(value)
 
     return check
 
@@ -111,7 +111,7 @@ def build(settings: StackSettings) -> dict[str, Any]:
     # The CA clients must trust; a cluster from before TLS has none, and the tls check then says it is plain HTTP.
     ca_certificate = cluster.get_output("ca_certificate").apply(lambda value: value or "")
     # secret whatever the cluster stack declared, so it can never surface in plain state
-    api_key = pulumi.Output.secret(
+    api_key: pulumi.Output[str] = pulumi.Output.secret(
         cluster.get_output("api_key").apply(_secret_present("api_key", settings.cluster_stack)))
 
     run = checks_resource.EndpointVerification(

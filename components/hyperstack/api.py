@@ -314,8 +314,8 @@ class HyperstackClient:
         return HyperstackError(message, status=status, error_reason=reason, method=method, path=path)
 
     def _paged(self, path: str, key: str, params: Mapping[str, Any], size_param: str = "pageSize",
-               flatten: Optional[Callable[[Any], list[dict]]] = None) -> list[dict]:
-        items: list[dict] = []
+               flatten: Optional[Callable[[Any], list[Any]]] = None) -> list[Any]:
+        items: list[Any] = []  # JSON objects; each caller names the record type
         seen: set[Any] = set()
         for page in range(1, _MAX_PAGES + 1):
             body = self.request("GET", path, params={**params, "page": page, size_param: _PAGE_SIZE})
@@ -340,7 +340,7 @@ class HyperstackClient:
         return [f for g in groups for f in (g.get("flavors") or []) if f.get("region_name", region) == region]
 
     def list_images(self, region: str) -> list[ImageRecord]:
-        def flatten(groups: Any) -> list[dict]:
+        def flatten(groups: Any) -> list[Any]:
             return [i for g in groups for i in (g.get("images") or [])]
 
         images = self._paged("/core/images", "images", {"region": region}, size_param="per_page", flatten=flatten)

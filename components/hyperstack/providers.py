@@ -174,9 +174,11 @@ def _diff(olds: Mapping[str, Any], news: Mapping[str, Any], replace: tuple[str, 
                       delete_before_replace=delete_before_replace if replaces else None)
 
 
-def _timings(spec: type, props: Mapping[str, Any]) -> dict[str, float]:
-    """The `*_seconds` inputs of `spec` (a dataclass) from `props`; a missing or empty one takes the spec's default."""
-    return {f.name: float(props.get(f.name) or f.default) for f in fields(spec) if f.name.endswith("_seconds")}
+def _timings(spec: Any, props: Mapping[str, Any]) -> dict[str, float]:
+    """The `*_seconds` inputs of `spec` (a dataclass) from `props`; a missing or empty one takes the spec's default
+    (a dataclass keeps each field's default as a class attribute)."""
+    return {f.name: float(props.get(f.name) or getattr(spec, f.name)) for f in fields(spec)
+            if f.name.endswith("_seconds")}
 
 
 class _Provider(ResourceProvider):
@@ -718,11 +720,11 @@ class SecurityRuleProvider(_Provider):
                     failures.append(CheckFailure("remote_ip_prefix", f"{prefix} does not match {get('ethertype')}"))
             except ValueError:
                 failures.append(CheckFailure("remote_ip_prefix", f"{prefix!r} is not a CIDR like 203.0.113.7/32"))
-        ports = [get("port_range_min"), get("port_range_max")]
-        for key, value in zip(("port_range_min", "port_range_max"), ports):
+        low, high = get("port_range_min"), get("port_range_max")
+        for key, value in zip(_RULE_PORT_INPUTS, (low, high), strict=True):
             if _known(value) and not (isinstance(value, (int, float)) and 1 <= value <= 65535):
                 failures.append(CheckFailure(key, f"{key} must be a port between 1 and 65535"))
-        if all(isinstance(p, (int, float)) for p in ports) and ports[0] > ports[1]:
+        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
             failures.append(CheckFailure("port_range_min", "port_range_min is greater than port_range_max"))
         return CheckResult(news, failures)
 

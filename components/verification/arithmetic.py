@@ -27,7 +27,7 @@ def safe_arithmetic(expression: str) -> float | int:
         raise ValueError("expression must be a string of at most 200 characters")
 
     def walk(node: ast.AST) -> float | int:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             left, right = walk(node.left), walk(node.right)

@@ -105,7 +105,8 @@ class _WatchedHTTPConnection(HTTPConnection):
         super().connect()
         _watch_active(self.sock)
 
-    def getresponse(self) -> HTTPResponse:
+    # urllib3's own getresponse narrows http.client's return type the same way, with the same marker.
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]
         _watch_active(self.sock)  # a kept-alive connection does not connect again
         return super().getresponse()
 
@@ -115,7 +116,7 @@ class _WatchedHTTPSConnection(HTTPSConnection):
         super().connect()
         _watch_active(self.sock)
 
-    def getresponse(self) -> HTTPResponse:
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as above
         _watch_active(self.sock)
         return super().getresponse()
 

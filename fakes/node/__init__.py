@@ -39,6 +39,7 @@ class FakeNode:
         proc = subprocess.Popen(["bash", self._write(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env={**self.env, **env}, cwd=self.root,
                                 start_new_session=True)
+        assert proc.stdin is not None  # stdin=PIPE
         proc.stdin.write(stdin)
         proc.stdin.close()
         proc.stdin = None  # so communicate() only reads

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -68,7 +68,7 @@ class Scripted:
 
 
 @pytest.fixture
-def scripted() -> Iterator[callable]:
+def scripted() -> Iterator[Callable[..., Scripted]]:
     servers: list[Scripted] = []
 
     def start(*answers: tuple[int, object, float]) -> Scripted:
@@ -108,7 +108,11 @@ def test_the_key_goes_in_the_api_key_header(scripted):
 def test_429_storm_backs_off_five_tries_then_fails_clearly(emu):
     emu.inject(RateLimit(count=100))
     sleeps: list[float] = []
-    client = make_client(emu.base_url, retry_base_seconds=0.01, sleep=lambda s: (sleeps.append(s), time.sleep(s)))
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        time.sleep(seconds)
+
+    client = make_client(emu.base_url, retry_base_seconds=0.01, sleep=sleep)
     started = time.monotonic()
     with pytest.raises(HyperstackError) as info:
         client.list_regions()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pulumi
 import pytest
@@ -38,7 +39,7 @@ from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, env_props, keyp
 pytestmark = pytest.mark.timeout(20)
 
 OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG90aGVyLWtleS1vdGhlci1rZXktb3RoZXIta2V5ISE="
-EMPTY = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}
+EMPTY: dict[str, list[Any]] = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}
 
 
 def raw(emu, key: str = DEFAULT_API_KEY) -> HyperstackClient:

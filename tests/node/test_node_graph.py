@@ -33,7 +33,7 @@ def build_cluster(topology: str = "h100x4-sglang"):
 
     def program():
         head_ip = "10.0.0.10"
-        nodes = []
+        nodes: list[GpuNode] = []
         for rank in range(settings.nodes):
             nodes.append(GpuNode(
                 f"kimi-node{rank}", settings=settings, rank=rank,

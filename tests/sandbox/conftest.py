@@ -13,7 +13,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -197,4 +197,4 @@ def wait_for(what: str, predicate, timeout: float, interval: float = 0.1):
         time.sleep(interval)
 
 
-EMPTY = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}
+EMPTY: dict[str, list[Any]] = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}

@@ -65,7 +65,7 @@ def deployment(tmp_path: Path, fake: FakeProvider) -> tuple[Deployment, StateFil
 
 
 def reg(name: str, deps: tuple[str, ...] = (), **fields: Any) -> Registration:
-    values = {"type": "pulumi-python:dynamic:Resource", "custom": True, "inputs": {"v": 1}}
+    values: dict[str, Any] = {"type": "pulumi-python:dynamic:Resource", "custom": True, "inputs": {"v": 1}}
     values.update(fields)
     return Registration(urn=f"urn:{name}", name=name, dependencies=[f"urn:{d}" for d in deps], **values)
 

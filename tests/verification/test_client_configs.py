@@ -3,6 +3,7 @@ only ever a reference to an environment variable.
 """
 
 import json
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_no_secret_material_in_any_value(configs):
 @pytest.mark.parametrize("bad", [dict(context_window=0), dict(context_window=True), dict(served_model_name=" "),
                                  dict(endpoint_url="203.0.113.7:8000"), dict(engine="tgi")])
 def test_validation(bad):
-    args = dict(endpoint_url=URL, served_model_name=MODEL, context_window=4096)
+    args: dict[str, Any] = dict(endpoint_url=URL, served_model_name=MODEL, context_window=4096)
     args.update(bad)
     with pytest.raises(ValueError):
         build_client_configs(**args)

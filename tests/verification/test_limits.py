@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -27,25 +28,35 @@ TRICKLE_FOR_S = 8.0
 TRICKLE_GAP_S = 0.05
 
 
+class _HostileServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, mode: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Hostile)
+        self.mode = mode
+        self.log: dict[str, Any] = {}
+
+
 class _Hostile(BaseHTTPRequestHandler):
     """Answers every GET as the server's `mode` says; records how far it got in `server.log`."""
 
     protocol_version = "HTTP/1.1"
+    server: _HostileServer
 
     def do_GET(self) -> None:  # noqa: N802  (http.server dispatches on this name)
-        getattr(self, "_" + self.server.mode)()  # type: ignore[attr-defined]
+        getattr(self, "_" + self.server.mode)()
 
     def _trickle(self, data: bytes) -> None:
         stop = time.monotonic() + TRICKLE_FOR_S
         for i in range(len(data)):
             if time.monotonic() > stop:
-                self.server.log["gave_up"] = True  # type: ignore[attr-defined]
+                self.server.log["gave_up"] = True
                 return
             try:
                 self.wfile.write(data[i:i + 1])
                 self.wfile.flush()
             except OSError:
-                self.server.log["cut_off_after"] = i  # type: ignore[attr-defined]
+                self.server.log["cut_off_after"] = i
                 return
             time.sleep(TRICKLE_GAP_S)
 
@@ -70,7 +81,7 @@ class _Hostile(BaseHTTPRequestHandler):
                 self.wfile.write(block)
             except OSError:
                 return
-            self.server.log["sent"] = self.server.log.get("sent", 0) + len(block)  # type: ignore[attr-defined]
+            self.server.log["sent"] = self.server.log.get("sent", 0) + len(block)
 
     def _huge_announced(self) -> None:
         self.send_response(200)
@@ -99,15 +110,12 @@ class _Hostile(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def hostile(mode: str) -> Iterator[tuple[str, dict]]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
-    server.daemon_threads = True
-    server.mode = mode  # type: ignore[attr-defined]
-    server.log = {}  # type: ignore[attr-defined]
+def hostile(mode: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    server = _HostileServer(mode)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server.log  # type: ignore[attr-defined]
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.log
     finally:
         server.shutdown()
         server.server_close()

@@ -8,6 +8,7 @@ import gc
 import json
 import logging
 import os
+from typing import Any
 import runpy
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def _run_build(mocks, settings, sink):
 
 
 def test_outputs_when_checks_pass(fake):
-    sink = {}
+    sink: dict[str, Any] = {}
     with fake() as server:
         mocks = ClusterMocks(_cluster_outputs(server.url))
         _run_build(mocks, verification_stack.StackSettings(CLUSTER, run_id="1", timeout_seconds=5), sink)
@@ -106,7 +107,7 @@ def test_outputs_when_checks_pass(fake):
 
 
 def test_outputs_stay_plain_and_key_input_secret_even_if_cluster_forgot(fake):
-    sink = {}
+    sink: dict[str, Any] = {}
     with fake() as server:
         mocks = ClusterMocks(_cluster_outputs(server.url), secret_names=())
         _run_build(mocks, verification_stack.StackSettings(CLUSTER, timeout_seconds=5, only=("models", "auth"),
@@ -125,7 +126,7 @@ def test_up_fails_naming_the_failed_required_check(fake):
 
 
 def test_a_failed_optional_check_is_reported_not_fatal(fake):
-    sink = {}
+    sink: dict[str, Any] = {}
     with fake(faults=["no_image"]) as server:
         mocks = ClusterMocks(_cluster_outputs(server.url))
         settings = verification_stack.StackSettings(
@@ -162,9 +163,9 @@ def test_main_program_exports_under_mocks(fake, monkeypatch):
             "kimi-cluster-verification:only": "models,auth,chat",
             "kimi-cluster-verification:timeoutSeconds": "5",
         })
-        exported = {}
+        exported: dict[str, Any] = {}
         monkeypatch.setattr(pulumi, "export", lambda name, value: exported.__setitem__(name, value))
-        sink = {}
+        sink: dict[str, Any] = {}
 
         @pulumi.runtime.test
         def program():

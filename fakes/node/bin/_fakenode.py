@@ -18,6 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, NoReturn
 
 # A test names the root; under the sandbox engine each node's directory is its root (one value cannot serve many
 # nodes, so the engine's per-node variable is the fallback).
@@ -68,7 +69,7 @@ def boot() -> None:
         (ROOT / disk).mkdir(parents=True, exist_ok=True)
 
 
-def fail(msg: str, code: int = 1) -> None:
+def fail(msg: str, code: int = 1) -> NoReturn:
     print(msg, file=sys.stderr)
     sys.exit(code)
 
@@ -279,7 +280,7 @@ def _docker_run(args: list[str]) -> None:
     cid = f"{counter('container-id'):012x}"
     log = CONTAINERS / f"{name}.log"
     crash = os.environ.get("FAKE_RUN_EXITS") == "1"
-    c = {"id": cid, "name": name, "image": args[image_at], "args": args[image_at + 1:],
+    c: dict[str, Any] = {"id": cid, "name": name, "image": args[image_at], "args": args[image_at + 1:],
          "argv": ["docker", "run", *args], "env_file": env_file, "env": env, "labels": labels,
          "status": "exited" if crash else "running", "hook_pid": None,
          "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -378,9 +379,9 @@ def systemctl(argv: list[str]) -> None:
         return
     if cmd == "reset-failed":
         for unit in rest:
-            p = unit_file(unit)
-            if p.exists() and json.loads(p.read_text())["state"] == "failed":
-                p.unlink()
+            path = unit_file(unit)
+            if path.exists() and json.loads(path.read_text())["state"] == "failed":
+                path.unlink()
         return
     if cmd == "status":
         for unit in rest:
