@@ -82,19 +82,23 @@ MODELS: dict[str, ModelSpec] = {KIMI_K31_PRO.repo: KIMI_K31_PRO}
 # Usable memory: only the H100 figure is measured (PyTorch counts 79.19 GiB on n3-H100x8-NVLink, as Hyperstack's
 # Kimi K3.1 Pro deployment guide reports; nvidia-smi shows 81,559 MiB per card).
 # For the others no measured figure exists in our sources, so the as-sold capacity is used and the plan says so.
+_AS_SOLD = "as sold ({} GB); no measured usable figure, real usable is a little lower"
 GPUS: dict[str, GpuSpec] = {
     "H100-80G": GpuSpec("H100-80G", 80, int(79.19 * GIB), "79.19 GiB usable as PyTorch counts it on Hyperstack"),
-    "H200-141G": GpuSpec("H200-141G", 141, 141 * GB, "as sold (141 GB); no measured usable figure, real usable is a little lower"),
-    "B200-192G": GpuSpec("B200-192G", 192, 192 * GB, "as sold (192 GB); no measured usable figure, real usable is a little lower"),
-    "B300-288G": GpuSpec("B300-288G", 288, 288 * GB, "as sold (288 GB); no measured usable figure, real usable is a little lower"),
+    "H200-141G": GpuSpec("H200-141G", 141, 141 * GB, _AS_SOLD.format(141)),
+    "B200-192G": GpuSpec("B200-192G", 192, 192 * GB, _AS_SOLD.format(192)),
+    "B300-288G": GpuSpec("B300-288G", 288, 288 * GB, _AS_SOLD.format(288)),
 }
 
 # A custom topology names memory as sold per GPU; this maps it to a GPU row.
 GPU_BY_MEMORY_GB: dict[int, str] = {g.memory_gb_as_sold: g.name for g in GPUS.values()}
 
 PRICES: dict[str, Price] = {
-    "H100-80G": Price(2.60, "on demand", "Hyperstack GPU pricing quoted in its Kimi K3.1 Pro deployment guide", "2026-11"),
-    "B300-288G": Price(7.40, "on demand", "Hyperstack pricing page (https://www.hyperstack.cloud/gpu-pricing) as transcribed 2026-08-26", "2026-08-26"),
+    "H100-80G": Price(2.60, "on demand", "Hyperstack GPU pricing quoted in its Kimi K3.1 Pro deployment guide",
+                      "2026-11"),
+    "B300-288G": Price(7.40, "on demand",
+                       "Hyperstack pricing page (https://www.hyperstack.cloud/gpu-pricing) as transcribed 2026-08-26",
+                       "2026-08-26"),
 }
 
 SGLANG_H100_IMAGE = "lmsysorg/sglang:dev-kimi-k31-pro"
@@ -112,7 +116,8 @@ TOPOLOGIES: dict[str, Topology] = {
         engine="sglang",
         image=SGLANG_H100_IMAGE,
         os_image=OS_IMAGE_CUDA_12_8,
-        description="4 x 8x H100 80G PCIe NVLink, SGLang, tensor parallel 32 / expert parallel 32, Marlin W4A16 MoE kernel",
+        description=("4 x 8x H100 80G PCIe NVLink, SGLang, tensor parallel 32 / expert parallel 32, "
+                     "Marlin W4A16 MoE kernel"),
     ),
     "b300x1-vllm": Topology(
         name="b300x1-vllm",

@@ -7,13 +7,13 @@ is the command a node runs. Items are words or (flag, value) pairs that stay on 
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from components.scripts import ShellExpr, shell_words
 from components.settings import DIST_INIT_PORT, Settings
 
-Word = Union[str, ShellExpr]
-Item = Union[Word, tuple]
+Word = str | ShellExpr
+Item = Word | tuple
 
 CONTAINER_NAME = "kimi-engine"
 PARSER = "kimi_k3"

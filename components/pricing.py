@@ -6,9 +6,10 @@ blocks a deployment: the quote falls back to the catalog and says why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, HyperstackClient, HyperstackError
 from components.hyperstack.api import Settings as ApiSettings
@@ -88,7 +89,7 @@ def quote(settings: Settings, config: Mapping[str, Any] | None = None, *,
             book = get_pricebook(api)
     except (HyperstackError, ValueError) as err:
         return catalog_quote(settings, f"pricebook not read: {err}")
-    read_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    read_at = datetime.now(UTC).isoformat(timespec="seconds")
     live = price_for_flavor(book, settings.flavor_name, gpu_model, gpus)
     if live is None:
         return catalog_quote(settings, f"the pricebook read at {read_at} has no entry for {settings.flavor_name}"

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, Undefined
 
@@ -49,7 +50,7 @@ class ShellExpr(str):
     Only `${NAME}` references and plain characters are allowed, so double-quoting it is always safe.
     """
 
-    def __new__(cls, value: str) -> "ShellExpr":
+    def __new__(cls, value: str) -> ShellExpr:
         if not _SHELL_EXPR.match(value):
             raise ValueError(f"{value!r} is not a plain word with ${{NAME}} references")
         return super().__new__(cls, value)

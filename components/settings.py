@@ -12,7 +12,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -164,6 +164,16 @@ class KernelCacheSettings(BaseModel):
     def location(self) -> str:
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
         return f"s3://{self.bucket}/{self.prefix}{where}"
+
+
+T = TypeVar("T")
+
+
+def _custom(value: T | None, key: str) -> T:
+    """A custom topology's own value: Settings refuses a custom topology without it, so None here is a bug."""
+    if value is None:
+        raise SettingsError(f"{NAMESPACE}:{key} is required for topology custom")
+    return value
 
 
 class Settings(BaseModel):
@@ -490,7 +500,7 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "Settings":
+    def _shape(self) -> Settings:
         custom_keys = {"flavor": self.flavor, "nodeCount": self.node_count, "gpusPerNode": self.gpus_per_node,
                        "gpuMemoryGb": self.gpu_memory_gb, "engine": self.engine}
         if self.topology == "custom":
@@ -633,24 +643,24 @@ class Settings(BaseModel):
 
     @property
     def flavor_name(self) -> str:
-        return self.preset.flavor if self.preset else self.flavor  # type: ignore[return-value]
+        return self.preset.flavor if self.preset else _custom(self.flavor, "flavor")
 
     @property
     def nodes(self) -> int:
-        return self.preset.node_count if self.preset else self.node_count  # type: ignore[return-value]
+        return self.preset.node_count if self.preset else _custom(self.node_count, "nodeCount")
 
     @property
     def gpus_per_node_count(self) -> int:
-        return self.preset.gpus_per_node if self.preset else self.gpus_per_node  # type: ignore[return-value]
+        return self.preset.gpus_per_node if self.preset else _custom(self.gpus_per_node, "gpusPerNode")
 
     @property
     def gpu(self) -> catalog.GpuSpec:
-        name = self.preset.gpu if self.preset else catalog.GPU_BY_MEMORY_GB[self.gpu_memory_gb]  # type: ignore[index]
+        name = self.preset.gpu if self.preset else catalog.GPU_BY_MEMORY_GB[_custom(self.gpu_memory_gb, "gpuMemoryGb")]
         return catalog.GPUS[name]
 
     @property
     def engine_name(self) -> str:
-        return self.preset.engine if self.preset else self.engine  # type: ignore[return-value]
+        return self.preset.engine if self.preset else _custom(self.engine, "engine")
 
     @property
     def total_gpus(self) -> int:
@@ -915,6 +925,7 @@ def placeholders(settings: Settings) -> list[str]:
     """Values still at the shipped placeholders; `pulumi up` refuses them, the offline plan only warns."""
     out = []
     net = ipaddress.ip_network(settings.operator_cidr)
+    # typeshed types subnet_of per address family; the version test before it keeps the call within one.
     if any(net.version == d.version and net.subnet_of(d) for d in _DOC_NETS):  # type: ignore[arg-type]
         out.append(f"{NAMESPACE}:operatorCidr {settings.operator_cidr} is a documentation range (the shipped "
                    f"placeholder): set your own public address, e.g. pulumi config set {NAMESPACE}:operatorCidr "

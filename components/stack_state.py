@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 SIG_KEY = "4dabf18193072939515e22adb298388d"
 SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"

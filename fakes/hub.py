@@ -150,7 +150,7 @@ class FakeHub:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
         return self
@@ -159,7 +159,7 @@ class FakeHub:
         self.server.shutdown()
         self.server.server_close()
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -291,10 +291,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         # ---- routes -------------------------------------------------------------------------------------
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self.do_GET()
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             url = urlsplit(self.path)
             if url.path == STATS_PATH:
                 # The fake's own counters (not a hub route): what a test reads of a hub running as a service.

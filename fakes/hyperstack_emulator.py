@@ -15,11 +15,12 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 DEFAULT_API_KEY = "emulator-key"
@@ -110,8 +111,8 @@ class RateLimit:
     """The next `count` matching requests answer 429."""
 
     count: int
-    method: Optional[str] = None
-    path: Optional[str] = None  # glob on the path after /v1, e.g. "/core/virtual-machines*"
+    method: str | None = None
+    path: str | None = None  # glob on the path after /v1, e.g. "/core/virtual-machines*"
 
 
 @dataclass
@@ -120,15 +121,15 @@ class ServerError:
 
     count: int
     status: int = 500
-    method: Optional[str] = None
-    path: Optional[str] = None
+    method: str | None = None
+    path: str | None = None
 
 
 @dataclass
 class VmError:
     """The next created VM (or the one with this name) ends its build in ERROR."""
 
-    name: Optional[str] = None
+    name: str | None = None
     reason: str = "No valid host was found. There are not enough hosts available."
 
 
@@ -136,7 +137,7 @@ class VmError:
 class StuckInBuild:
     """The next created VM (or the one with this name) never leaves BUILD."""
 
-    name: Optional[str] = None
+    name: str | None = None
 
 
 @dataclass
@@ -159,7 +160,7 @@ class RevokeKey:
     key: str
 
 
-Fault = Union[RateLimit, ServerError, VmError, StuckInBuild, LostCreateResponse, OutOfStock, RevokeKey]
+Fault = RateLimit | ServerError | VmError | StuckInBuild | LostCreateResponse | OutOfStock | RevokeKey
 
 
 @dataclass
@@ -181,8 +182,8 @@ class Rule:
     ethertype: str
     protocol: str
     remote_ip_prefix: str
-    port_range_min: Optional[int]
-    port_range_max: Optional[int]
+    port_range_min: int | None
+    port_range_max: int | None
     created_at: str
 
     def fields(self) -> dict[str, Any]:
@@ -197,18 +198,18 @@ class Vm:
     name: str
     environment_id: int
     flavor: dict[str, Any]
-    image_name: Optional[str]
+    image_name: str | None
     key_name: str
     labels: list[str]
-    user_data: Optional[str]
+    user_data: str | None
     assign_floating_ip: bool
     fixed_ip: str
-    floating_ip: Optional[str]
+    floating_ip: str | None
     created: float
     created_at: str
     fate: Literal["active", "error", "stuck"] = "active"
     error_reason: str = ""
-    deleting_since: Optional[float] = None
+    deleting_since: float | None = None
     rules: dict[int, Rule] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -235,7 +236,7 @@ class _Drop(Exception):
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # --- payload validation mirroring the SDK's request models ------------------------------------------------------
@@ -244,7 +245,7 @@ def _now_iso() -> str:
 class _F:
     kind: Literal["str", "int", "bool", "strlist", "object", "objlist", "number"]
     required: bool = False
-    max_length: Optional[int] = None
+    max_length: int | None = None
 
 
 _RULE = {"direction": _F("str", True), "ethertype": _F("str", True), "protocol": _F("str", True),
@@ -354,9 +355,9 @@ class Emulator:
         host: str = "127.0.0.1",
         port: int = 0,
         api_keys: tuple[str, ...] = (DEFAULT_API_KEY,),
-        lifecycle: Optional[Lifecycle] = None,
+        lifecycle: Lifecycle | None = None,
         first_ip: str = "127.0.0.2",
-        first_floating_ip: Optional[str] = None,
+        first_floating_ip: str | None = None,
         vm_names_unique: bool = False,
         admin: bool = False,
         socket_timeout: float = SOCKET_TIMEOUT_S,
@@ -380,8 +381,8 @@ class Emulator:
         self._faults: list[Fault] = []
         self._requests: list[RecordedRequest] = []
         self._ids = itertools.count(1000)
-        self._server: Optional[ThreadingHTTPServer] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
 
     # -- life of the server --
 
@@ -414,7 +415,7 @@ class Emulator:
         finally:
             self.stop()
 
-    def __enter__(self) -> "Emulator":
+    def __enter__(self) -> Emulator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -463,7 +464,7 @@ class Emulator:
         with self.lock:
             return list(self._requests)
 
-    def calls(self, method: Optional[str] = None, path: Optional[str] = None) -> list[RecordedRequest]:
+    def calls(self, method: str | None = None, path: str | None = None) -> list[RecordedRequest]:
         return [r for r in self.requests if _matches(r.method, r.path, method, path)]
 
     def clear_requests(self) -> None:
@@ -496,7 +497,7 @@ class Emulator:
     def _next_id(self) -> int:
         return next(self._ids)
 
-    def _take_fault(self, kind: type, predicate: Callable[[Any], bool] = lambda f: True) -> Optional[Any]:
+    def _take_fault(self, kind: type, predicate: Callable[[Any], bool] = lambda f: True) -> Any | None:
         for fault in self._faults:
             if isinstance(fault, kind) and predicate(fault):
                 if isinstance(fault, (RateLimit, ServerError)):
@@ -514,7 +515,7 @@ class Emulator:
             if vm.deleting_since is not None and now - vm.deleting_since >= self.lifecycle.deleting_seconds:
                 del self.state.vms[vm.id]
 
-    def _status(self, vm: Vm) -> tuple[str, Optional[str], Optional[str]]:
+    def _status(self, vm: Vm) -> tuple[str, str | None, str | None]:
         """(status, floating_ip_status, floating_ip) derived from the clock, so no background thread is needed."""
         life = self.lifecycle
         if vm.deleting_since is not None:
@@ -590,7 +591,7 @@ class Emulator:
             "volume_attachments": [],
         }
 
-    def _find_env(self, name: str) -> Optional[dict[str, Any]]:
+    def _find_env(self, name: str) -> dict[str, Any] | None:
         return next((e for e in self.state.environments.values() if e["name"] == name), None)
 
     def _get_vm(self, vm_id: str) -> Vm:
@@ -648,7 +649,7 @@ class Emulator:
             except _Drop:
                 record.status = -1
                 raise
-            except Exception as exc:  # an emulator bug must surface as an answer, not a silently closed socket
+            except Exception as exc:  # noqa: BLE001 - an emulator bug must surface as an answer, not a closed socket
                 record.status = 500
                 return 500, {"status": False, "message": f"emulator error: {exc!r}", "error_reason": "server_error"}
 
@@ -835,9 +836,9 @@ class Emulator:
                                      port_range_max=rule.get("port_range_max"),
                                      **{k: rule[k] for k in ("direction", "ethertype", "protocol",
                                                              "remote_ip_prefix")})
-            if (fault := self._take_fault(VmError, lambda f: f.name in (None, name))):
+            if (fault := self._take_fault(VmError, _for_vm(name))):
                 vm.fate, vm.error_reason = "error", fault.reason
-            elif self._take_fault(StuckInBuild, lambda f: f.name in (None, name)):
+            elif self._take_fault(StuckInBuild, _for_vm(name)):
                 vm.fate = "stuck"
             vm.events.append(self._event(vm, "info", "CREATING", "Virtual machine creation accepted"))
             self.state.vms[vm.id] = vm
@@ -905,6 +906,11 @@ class Emulator:
         return {"status": True, "message": "Security rule deleted"}
 
 
+def _for_vm(name: str) -> Callable[[Any], bool]:
+    """A fault predicate: the fault names this VM, or no VM at all."""
+    return lambda fault: fault.name in (None, name)
+
+
 _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
     ("GET", r"/core/regions", Emulator.regions),
     ("GET", r"/core/sg-rules-protocols", Emulator.protocols),
@@ -931,13 +937,13 @@ _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
 _ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [(m, re.compile(p), f) for m, p, f in _ROUTE_TABLE]
 
 
-def _q(query: dict[str, list[str]], name: str) -> Optional[str]:
+def _q(query: dict[str, list[str]], name: str) -> str | None:
     values = query.get(name)
     return values[0] if values else None
 
 
 def _page(items: list, query: dict[str, list[str]], size_param: str,
-          default_size: Optional[int]) -> tuple[list, Optional[int], Optional[int]]:
+          default_size: int | None) -> tuple[list, int | None, int | None]:
     """Slice like the API: 1-based `page`; without paging parameters the page fields echo null."""
     page_raw, size_raw = _q(query, "page"), _q(query, size_param)
     try:
@@ -953,7 +959,7 @@ def _page(items: list, query: dict[str, list[str]], size_param: str,
     return items[start:start + size], page or 1, size
 
 
-def _matches(method: str, path: str, want_method: Optional[str], want_path: Optional[str]) -> bool:
+def _matches(method: str, path: str, want_method: str | None, want_path: str | None) -> bool:
     return (want_method is None or want_method == method) and (want_path is None or fnmatch.fnmatch(path, want_path))
 
 
@@ -1003,5 +1009,5 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # the request log lives in Emulator.requests

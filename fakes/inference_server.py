@@ -23,9 +23,10 @@ import time
 import uuid
 import zlib
 from base64 import b64decode
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
 ENGINES = ("sglang", "vllm")
@@ -58,7 +59,7 @@ class FakeSettings:
 
     engine: str = "sglang"
     served_model_names: tuple[str, ...] = (DEFAULT_MODEL,)
-    api_key: Optional[str] = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
     max_model_len: int = 1048576
     faults: frozenset[str] = frozenset()
     slow_seconds: float = 30.0
@@ -95,7 +96,7 @@ class FakeSettings:
 @dataclass
 class Reply:
     reasoning: str
-    content: Optional[str]
+    content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -177,7 +178,7 @@ def _unfilter(kind: int, line: bytearray, prev: bytearray, bpp: int) -> None:
 
 
 def colour_name(rgb: Sequence[float]) -> str:
-    return min(_PALETTE, key=lambda n: sum((a - b) ** 2 for a, b in zip(rgb, _PALETTE[n])))
+    return min(_PALETTE, key=lambda n: sum((a - b) ** 2 for a, b in zip(rgb, _PALETTE[n], strict=True)))
 
 
 def half_colours(png: bytes) -> tuple[str, str]:
@@ -193,7 +194,7 @@ def half_colours(png: bytes) -> tuple[str, str]:
             for i in range(3):
                 sums[side][i] += px[i]
             counts[side] += 1
-    left, right = ([s / max(n, 1) for s in side] for side, n in zip(sums, counts))
+    left, right = ([s / max(n, 1) for s in side] for side, n in zip(sums, counts, strict=True))
     return colour_name(left), colour_name(right)
 
 
@@ -253,7 +254,7 @@ def _scripted_answer(prompt: str) -> str:
     return f"(scripted fake) You said: {prompt[:80]}"
 
 
-def _tool_call_args(name: str, prompt: str) -> Optional[dict[str, Any]]:
+def _tool_call_args(name: str, prompt: str) -> dict[str, Any] | None:
     if name == "calculate":
         match = re.search(r"(-?\d+(?:\.\d+)?)\s*([*x×+\-/])\s*(-?\d+(?:\.\d+)?)", prompt)
         if match:
@@ -408,7 +409,7 @@ def _answer_image(images: list[str], prompt: str, effort: str, settings: FakeSet
     try:
         left, right = half_colours(b64decode(match.group(1), validate=False))
     except (ValueError, zlib.error) as exc:
-        raise HttpError(400, f"could not decode the image: {exc}")
+        raise HttpError(400, f"could not decode the image: {exc}") from exc
     if left == right:
         content = f"The image is a single solid {left} block."
     else:
@@ -442,7 +443,7 @@ def _stream_chunks(reply: Reply, settings: FakeSettings, model: str, include_usa
                    usage: dict[str, int]) -> Iterator[dict[str, Any]]:
     ident, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
             "id": ident,
             "object": "chat.completion.chunk",
@@ -606,7 +607,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
-            raise HttpError(400, "request body is not JSON")
+            raise HttpError(400, "request body is not JSON") from None
         if not isinstance(body, dict):
             raise HttpError(400, "request body must be a JSON object")
         return body
@@ -623,7 +624,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- routes
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/health_generate", "/ping"):
             self.send_response(200)
@@ -660,7 +661,7 @@ class _Handler(BaseHTTPRequestHandler):
             })
         self._send_json(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         try:
             if not self._authorized(path):
@@ -755,7 +756,8 @@ def _anthropic_events(message: dict[str, Any]) -> Iterator[bytes]:
     yield event("message_start", {"type": "message_start", "message": start})
     for index, block in enumerate(message["content"]):
         if block["type"] == "thinking":
-            empty, delta = {"type": "thinking", "thinking": ""}, {"type": "thinking_delta", "thinking": block["thinking"]}
+            empty = {"type": "thinking", "thinking": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
             empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         yield event("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty})
@@ -784,7 +786,7 @@ class FakeInferenceServer:
         self.httpd.served = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self.httpd.served_lock = threading.Lock()
         self.httpd.verbose = verbose
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -796,7 +798,7 @@ class FakeInferenceServer:
         scheme = "https" if self.httpd.tls is not None else "http"
         return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
 
-    def start(self) -> "FakeInferenceServer":
+    def start(self) -> FakeInferenceServer:
         # a short poll keeps stop() quick, which matters when tests start dozens of servers
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-inference", daemon=True
@@ -811,7 +813,7 @@ class FakeInferenceServer:
         if self._thread:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "FakeInferenceServer":
+    def __enter__(self) -> FakeInferenceServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -853,7 +855,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_key(args: argparse.Namespace) -> Optional[str]:
+def _read_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file:
         with open(args.api_key_file, encoding="utf-8") as handle:
             key = handle.read().strip()
@@ -863,7 +865,7 @@ def _read_key(args: argparse.Namespace) -> Optional[str]:
     return args.api_key or os.environ.get("KIMI_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
-def settings_from_args(argv: Optional[Sequence[str]] = None) -> tuple[FakeSettings, argparse.Namespace, list[str]]:
+def settings_from_args(argv: Sequence[str] | None = None) -> tuple[FakeSettings, argparse.Namespace, list[str]]:
     """Parse real-engine style flags into settings; returns the ignored flags too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
@@ -971,7 +973,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"fake-inference: cannot listen: {exc}", file=sys.stderr)
         return 1
-    where = ", ".join(f"{host}:{server.port}" for (host, _), server in zip(addresses, servers))
+    where = ", ".join(f"{host}:{server.port}" for (host, _), server in zip(addresses, servers, strict=True))
     print(
         f"fake-inference: {settings.engine} shape on {where} serving "
         f"{list(settings.model_ids)}; key {'required' if settings.api_key else 'NOT set (open)'}; "

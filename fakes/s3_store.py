@@ -45,7 +45,7 @@ class S3Store:
     def stop(self) -> None:
         self.server.stop()
 
-    def __enter__(self) -> "S3Store":
+    def __enter__(self) -> S3Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:

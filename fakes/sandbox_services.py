@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ class Service:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "Service":
+    def from_json(cls, data: Mapping) -> Service:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
     @property

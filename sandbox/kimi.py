@@ -11,9 +11,10 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TextIO
+from typing import Any, TextIO
 
 from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
 from fakes import sandbox_services as services
@@ -298,7 +299,9 @@ class Sandbox:
             )
             record.setdefault("services", {})["emulator"] = service.to_json()
             self.say(f"started the Hyperstack emulator on {service.url}/v1 (pid {service.pid}, log {service.log})")
-        record["emulator_url"] = f"{_service(record, 'emulator').url}/v1"  # type: ignore[union-attr]
+        else:
+            service = previous
+        record["emulator_url"] = f"{service.url}/v1"
         record["external_emulator"] = False
         return record["emulator_url"], key
 
@@ -319,7 +322,9 @@ class Sandbox:
             record.setdefault("services", {})["hub"] = service.to_json()
             self.say(f"started the fake Hugging Face hub on {service.url} serving {settings.model}@"
                      f"{settings.model_revision[:12]} (pid {service.pid}, token required)")
-        return _service(record, "hub").url  # type: ignore[union-attr]
+        else:
+            service = previous
+        return service.url
 
     def _ensure_kernel_store(self, record: dict[str, Any]) -> str:
         """The kernel-cache bucket: moto's S3 server, loaded from kernel-store/ (what the last destroy kept)."""
@@ -671,7 +676,7 @@ class Sandbox:
             self.say(f"deleting {what}: an interrupted up created it but never recorded it")
             try:
                 delete_vm_and_wait(api, vm["id"], what, 120.0, 0.5)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - one VM that will not go must not keep the rest alive
                 problems.append(f"{what} could not be deleted: {exc}")
         return problems
 
@@ -689,7 +694,7 @@ class Sandbox:
                     self.say(f"deleting environment {env['name']!r}: an interrupted up created it but never "
                              "recorded it")
                     api.delete_environment(env["id"])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - destroy reports what it could not clean up and goes on
             problems.append(f"cannot clean up {settings.env_name}: {exc}")
         return problems
 
@@ -699,7 +704,7 @@ class Sandbox:
             envs = api.list_environments()
             keypairs = api.list_keypairs()
             vms = api.list_vms()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - an emulator that cannot answer is a finding, not a crash
             return [f"the emulator cannot be asked ({exc})"]
         if external:
             envs = [e for e in envs if e.get("name") == settings.env_name]

@@ -87,7 +87,7 @@ class SandboxMonitor(MockMonitor):
                     found[op] = seconds
         return found
 
-    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+    def RegisterResource(self, request):
         urn = self.make_urn(request.parent, request.type, request.name)
         dependencies = set(request.dependencies)
         for deps in request.propertyDependencies.values():
@@ -120,11 +120,11 @@ class SandboxMonitor(MockMonitor):
             urn=urn, id=res.id, object=props.json_to_struct(res.outputs if reg.custom else res.inputs),
         )
 
-    def RegisterResourceOutputs(self, request):  # noqa: N802
+    def RegisterResourceOutputs(self, request):
         self._deployment.set_outputs(request.urn, props.struct_to_json(request.outputs))
         return empty_pb2.Empty()
 
-    def ReadResource(self, request):  # noqa: N802
+    def ReadResource(self, request):
         urn = self.make_urn(request.parent, request.type, request.name)
         if request.type != STACK_REFERENCE:
             id_, outputs = self._deployment.read(
@@ -148,7 +148,7 @@ class SandboxMonitor(MockMonitor):
         }
         return resource_pb2.ReadResourceResponse(urn=urn, properties=props.json_to_struct(result))
 
-    def Invoke(self, request):  # noqa: N802
+    def Invoke(self, request):
         args = props.struct_to_json(request.args)
         if request.tok == "pulumi:pulumi:getResource":
             res = self._deployment.lookup(str(args.get("urn", "")))
@@ -158,7 +158,7 @@ class SandboxMonitor(MockMonitor):
             return resource_pb2.ResourceInvokeResponse(**{"return": props.json_to_struct(found)})
         raise RuntimeError(f"invoke {request.tok!r} is not supported by the sandbox engine")
 
-    def Call(self, request):  # noqa: N802
+    def Call(self, request):
         raise RuntimeError(f"resource method call {request.tok!r} is not supported by the sandbox engine")
 
 
@@ -174,7 +174,7 @@ class EngineLog:
         self._lock = threading.Lock()
         self.errors: list[str] = []
 
-    def Log(self, request):  # noqa: N802
+    def Log(self, request):
         level = self._LEVELS.get(request.severity, "info")
         if level == "debug" and not self._show_debug:
             return empty_pb2.Empty()
@@ -188,8 +188,8 @@ class EngineLog:
             self._console.line(f"  {prefix}{line}{where}" if i == 0 else f"    {line}")
         return empty_pb2.Empty()
 
-    def GetRootResource(self, request):  # noqa: N802
+    def GetRootResource(self, request):
         return engine_pb2.GetRootResourceResponse(urn="")
 
-    def SetRootResource(self, request):  # noqa: N802
+    def SetRootResource(self, request):
         return engine_pb2.SetRootResourceResponse()

@@ -79,7 +79,7 @@ def run_program(
         run = run_in_stack(program)
         try:
             loop.run_until_complete(asyncio.wait_for(run, timeout=deadline))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ProgramTimeout(f"the program did not finish within {deadline:.0f}s") from None
     finally:
         os.chdir(previous_cwd)

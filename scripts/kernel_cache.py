@@ -22,8 +22,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ARCHIVE_NAME = "cache.tar.gz"
 MANIFEST_NAME = "manifest.json"

@@ -55,7 +55,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
     fit = settings.fit
     price = settings.price
     peers = [_head_ip_placeholder(r) for r in range(settings.nodes)]
-    secret_state = {f"kimi-cluster:{k}": ("set" if getattr(settings, _secret_flag(k)) else "not set") for k in SECRET_KEYS}
+    secret_state = {f"kimi-cluster:{k}": ("set" if getattr(settings, _secret_flag(k)) else "not set")
+                    for k in SECRET_KEYS}
     api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
     secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
     dl_low, dl_high = sizing.download_minutes(settings.model_spec)
@@ -67,7 +68,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "region": settings.region,
         "regions": settings.region_choices,
         "environment": settings.env_name,
-        "api_url": other_config.get("hyperstack:apiUrl") or os.environ.get("HYPERSTACK_API_URL") or catalog.DEFAULT_API_URL,
+        "api_url": (other_config.get("hyperstack:apiUrl") or os.environ.get("HYPERSTACK_API_URL")
+                    or catalog.DEFAULT_API_URL),
         "keypair": settings.keypair_name or f"{settings.env_name}-key (imported from sshPublicKey)",
         "nodes": [
             {
@@ -110,7 +112,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "hourly_cost_usd": price_quote.usd_per_hour,
         "cost": price_quote.to_json() | {"summary": price_quote.summary()},
         "price": None if price is None else {
-            "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source, "as_of": price.as_of,
+            "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source,
+            "as_of": price.as_of,
         },
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
@@ -264,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     stack = args.stack
     if args.config:
         base = os.path.basename(args.config)
-        stack = base[len("Pulumi."):-len(".yaml")] if base.startswith("Pulumi.") and base.endswith(".yaml") else "custom"
+        named = base.startswith("Pulumi.") and base.endswith(".yaml")
+        stack = base[len("Pulumi."):-len(".yaml")] if named else "custom"
     if not os.path.exists(path):
         print(f"error: no stack config at {path}", file=sys.stderr)
         return 2

@@ -17,8 +17,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from components.cluster_status import Sample, gather, samples
 from components.hyperstack.api import API_URL_CONFIG, HyperstackClient, HyperstackError

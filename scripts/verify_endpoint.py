@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from components.verification import (
     API_KEY_ENV,
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve_key(args: argparse.Namespace) -> Optional[str]:
+def _resolve_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file:
         if args.api_key_file == "-":
             key = sys.stdin.readline().strip()
@@ -65,7 +65,7 @@ def _resolve_key(args: argparse.Namespace) -> Optional[str]:
     return os.environ.get(args.api_key_env) or None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         key = _resolve_key(args)

@@ -10,9 +10,10 @@ import base64
 import json
 import re
 import runpy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 from google.protobuf import json_format
@@ -117,12 +118,12 @@ def default_outputs(typ: str, name: str, inputs: dict) -> dict:
 
 
 class _Monitor(pulumi_mocks.MockMonitor):
-    def __init__(self, mocks: "_Mocks", recording: Recording) -> None:
+    def __init__(self, mocks: _Mocks, recording: Recording) -> None:
         super().__init__(mocks)
         self.recording = recording
         self.pending: dict[str, Res] = {}
 
-    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+    def RegisterResource(self, request):
         t = request.customTimeouts
         self.pending[request.name] = Res(
             typ=request.type, name=request.name, raw=json_format.MessageToDict(request.object),

@@ -226,7 +226,7 @@ def test_dev_chain_per_node_and_the_order_across_nodes(dev):
         # SSH must be open before the first dial; every rule of the node precedes its chain
         assert f"kimi-node{rank}-ssh" in ready.deps
         assert ready.values()["connection"]["host"] == f"198.51.100.{10 + rank}"
-        assert "kimi-node{}-check".format(rank) in res[f"kimi-node{rank}-launch"].deps
+        assert f"kimi-node{rank}-check" in res[f"kimi-node{rank}-launch"].deps
     for rank in range(1, 4):
         assert "kimi-node0-launch" in res[f"kimi-node{rank}-launch"].deps
         # workers join the head's rendezvous on its private address

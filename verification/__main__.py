@@ -9,9 +9,9 @@ import sys
 # the dynamic provider host will use to unpickle the provider.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import pulumi  # noqa: E402
+import pulumi
 
-import verification_stack  # noqa: E402
+import verification_stack
 
 for name, value in verification_stack.build(verification_stack.load_settings(pulumi.Config())).items():
     pulumi.export(name, value)

@@ -5,7 +5,8 @@ runs the endpoint checks; a failed required check raises, so `pulumi up` fails n
 from __future__ import annotations
 
 import uuid
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pulumi
 import pulumi.dynamic as dynamic
@@ -104,7 +105,7 @@ class EndpointVerification(dynamic.Resource, module="kimi-verification", name="E
     verified: pulumi.Output[bool]
     all_passed: pulumi.Output[bool]
     failed_checks: pulumi.Output[list]
-    verified_endpoint_url: pulumi.Output[Optional[str]]
+    verified_endpoint_url: pulumi.Output[str | None]
     checked_at: pulumi.Output[str]
 
     def __init__(
@@ -120,7 +121,7 @@ class EndpointVerification(dynamic.Resource, module="kimi-verification", name="E
         only: Sequence[str] = CHECK_NAMES,
         required_checks: Sequence[str] = CHECK_NAMES,
         timeout_seconds: float = DEFAULT_TIMEOUT_S,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
             "endpoint_url": endpoint_url,

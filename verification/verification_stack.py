@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pulumi
 
@@ -30,7 +31,7 @@ class StackSettings:
     required_checks: tuple[str, ...] = CHECK_NAMES
 
 
-def _names(key: str, raw: Optional[str]) -> Optional[tuple[str, ...]]:
+def _names(key: str, raw: str | None) -> tuple[str, ...] | None:
     if raw is None or not raw.strip():
         return None
     text = raw.strip()
@@ -42,7 +43,7 @@ def _names(key: str, raw: Optional[str]) -> Optional[tuple[str, ...]]:
         raise ValueError(f"{PROJECT}:{key}: {exc}") from None
 
 
-def settings_from_config(get: Callable[[str], Optional[str]]) -> StackSettings:
+def settings_from_config(get: Callable[[str], str | None]) -> StackSettings:
     """Build settings from a `get(key) -> str | None` lookup such as pulumi.Config().get."""
     cluster_stack = (get("clusterStack") or "").strip()
     if not _STACK_NAME.fullmatch(cluster_stack):
@@ -75,7 +76,7 @@ def settings_from_config(get: Callable[[str], Optional[str]]) -> StackSettings:
     )
 
 
-def load_settings(config: Optional[pulumi.Config] = None) -> StackSettings:
+def load_settings(config: pulumi.Config | None = None) -> StackSettings:
     return settings_from_config((config or pulumi.Config()).get)
 
 

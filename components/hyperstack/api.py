@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, TypedDict
+from typing import Any, TypedDict
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -44,7 +45,7 @@ class HyperstackError(Exception):
         self,
         message: str,
         *,
-        status: Optional[int] = None,
+        status: int | None = None,
         error_reason: str = "bad_request",
         method: str = "",
         path: str = "",
@@ -93,8 +94,8 @@ class SecurityRuleRecord(TypedDict, total=False):
     ethertype: str
     protocol: str
     remote_ip_prefix: str
-    port_range_min: Optional[int]
-    port_range_max: Optional[int]
+    port_range_min: int | None
+    port_range_max: int | None
     status: str
 
 
@@ -104,9 +105,9 @@ class VmRecord(TypedDict, total=False):
     status: str
     vm_state: str
     power_state: str
-    fixed_ip: Optional[str]
-    floating_ip: Optional[str]
-    floating_ip_status: Optional[str]
+    fixed_ip: str | None
+    floating_ip: str | None
+    floating_ip_status: str | None
     labels: list[str]
     environment: dict[str, Any]
     flavor: dict[str, Any]
@@ -151,13 +152,13 @@ class Settings:
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
 
     @classmethod
-    def resolve(cls, config: Optional[Mapping[str, Any]] = None) -> "Settings":
+    def resolve(cls, config: Mapping[str, Any] | None = None) -> Settings:
         """The key: the environment first, then stack config; the URL and backoff: stack config first (a stack file
         that pins a loopback URL keeps a real key in the environment away from the real API). Fails before any
         request if no key is found."""
         config = config or {}
 
-        def pick(config_key: str, env_key: str, env_first: bool = False) -> Optional[str]:
+        def pick(config_key: str, env_key: str, env_first: bool = False) -> str | None:
             sources = (os.environ.get(env_key), config.get(config_key))
             for value in sources if env_first else reversed(sources):
                 if value not in (None, ""):
@@ -237,13 +238,13 @@ class HyperstackClient:
         self._session.mount("https://", adapter)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: Any) -> "HyperstackClient":
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> HyperstackClient:
         return cls(settings.api_url, settings.api_key, retry_base_seconds=settings.retry_base_seconds, **kwargs)
 
     def close(self) -> None:
         self._session.close()
 
-    def __enter__(self) -> "HyperstackClient":
+    def __enter__(self) -> HyperstackClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -259,8 +260,8 @@ class HyperstackClient:
         method: str,
         path: str,
         *,
-        params: Optional[Mapping[str, Any]] = None,
-        json: Optional[Mapping[str, Any]] = None,
+        params: Mapping[str, Any] | None = None,
+        json: Mapping[str, Any] | None = None,
     ) -> Any:
         """Send one call; returns the decoded JSON body or raises HyperstackError."""
         url = self.api_url + path
@@ -308,13 +309,13 @@ class HyperstackClient:
             raise self._error(message, response.status_code, reason or "bad_request", method, path)
         return body
 
-    def _error(self, message: str, status: Optional[int], reason: str, method: str, path: str) -> HyperstackError:
+    def _error(self, message: str, status: int | None, reason: str, method: str, path: str) -> HyperstackError:
         # The server (or a proxy) could echo the header back; the key must never reach a log or a state file.
         message = message.replace(self._api_key, "***")
         return HyperstackError(message, status=status, error_reason=reason, method=method, path=path)
 
     def _paged(self, path: str, key: str, params: Mapping[str, Any], size_param: str = "pageSize",
-               flatten: Optional[Callable[[Any], list[Any]]] = None) -> list[Any]:
+               flatten: Callable[[Any], list[Any]] | None = None) -> list[Any]:
         items: list[Any] = []  # JSON objects; each caller names the record type
         seen: set[Any] = set()
         for page in range(1, _MAX_PAGES + 1):
@@ -351,7 +352,7 @@ class HyperstackClient:
     def create_environment(self, name: str, region: str) -> EnvironmentRecord:
         return self.request("POST", "/core/environments", json={"name": name, "region": region})["environment"]
 
-    def list_environments(self, search: Optional[str] = None) -> list[EnvironmentRecord]:
+    def list_environments(self, search: str | None = None) -> list[EnvironmentRecord]:
         return self._paged("/core/environments", "environments", {"search": search} if search else {})
 
     def get_environment(self, environment_id: int) -> EnvironmentRecord:
@@ -366,7 +367,7 @@ class HyperstackClient:
         body = {"name": name, "environment_name": environment_name, "public_key": public_key}
         return self.request("POST", "/core/keypairs", json=body)["keypair"]
 
-    def list_keypairs(self, search: Optional[str] = None) -> list[KeypairRecord]:
+    def list_keypairs(self, search: str | None = None) -> list[KeypairRecord]:
         return self._paged("/core/keypairs", "keypairs", {"search": search} if search else {})
 
     def delete_keypair(self, keypair_id: int) -> None:
@@ -383,7 +384,7 @@ class HyperstackClient:
         image_name: str,
         key_name: str,
         labels: Iterable[str] = (),
-        user_data: Optional[str] = None,
+        user_data: str | None = None,
         assign_floating_ip: bool = True,
     ) -> VmRecord:
         """Create exactly one VM. Never retried here: on an unknown outcome the caller looks it up by name."""
@@ -408,7 +409,7 @@ class HyperstackClient:
                                   method="POST", path="/core/virtual-machines")
         return instances[0]
 
-    def list_vms(self, search: Optional[str] = None, environment: Optional[str] = None) -> list[VmRecord]:
+    def list_vms(self, search: str | None = None, environment: str | None = None) -> list[VmRecord]:
         params: dict[str, Any] = {}
         if search:
             params["search"] = search
@@ -437,8 +438,8 @@ class HyperstackClient:
         protocol: str,
         ethertype: str,
         remote_ip_prefix: str,
-        port_range_min: Optional[int] = None,
-        port_range_max: Optional[int] = None,
+        port_range_min: int | None = None,
+        port_range_max: int | None = None,
     ) -> SecurityRuleRecord:
         body: dict[str, Any] = {
             "direction": direction,

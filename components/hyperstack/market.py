@@ -11,8 +11,9 @@ against the same models.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .api import FlavorRecord, HyperstackClient
 

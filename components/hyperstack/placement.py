@@ -20,8 +20,9 @@ There is no cloud object behind a placement: read echoes the state and delete ha
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 import pulumi
 import pulumi.dynamic

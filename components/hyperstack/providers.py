@@ -11,8 +11,8 @@ partial failure could detach protection from a running VM. Per-VM rules cost one
 dozen calls for a cluster, well inside the 500 requests/minute budget.
 
 Stable names: state records each provider pickled by reference (module path + class name), and `destroy`
-of an existing stack unpickles it from there. Never rename or move this module (`components.hyperstack.providers`) or its
-`*Provider` classes.
+of an existing stack unpickles it from there. Never rename or move this module (`components.hyperstack.providers`) or
+its `*Provider` classes.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Generic, Mapping, Optional, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pulumi
 from pulumi.dynamic import (
@@ -40,8 +41,8 @@ from .api import (
     API_KEY_CONFIG,
     API_URL_CONFIG,
     RETRY_BASE_CONFIG,
-    HyperstackClient,
     EnvironmentRecord,
+    HyperstackClient,
     HyperstackError,
     KeypairRecord,
     SecurityRuleRecord,
@@ -109,7 +110,8 @@ def poll(subject: str, what: str, timeout: float, interval: float, probe: Callab
             return look.value
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ProvisioningError(f"gave up after {timeout:g} s waiting for {what} (last seen: {look.seen or look.state})")
+            raise ProvisioningError(
+                f"gave up after {timeout:g} s waiting for {what} (last seen: {look.seen or look.state})")
         time.sleep(min(wait, remaining))
         wait = min(wait * 2, interval)
 
@@ -201,7 +203,7 @@ class EnvironmentSpec:
     poll_interval_seconds: float = 5.0
 
     @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> "EnvironmentSpec":
+    def from_props(cls, props: Mapping[str, Any]) -> EnvironmentSpec:
         return cls(name=props["name"], region=props["region"], **_timings(cls, props))
 
 
@@ -394,14 +396,14 @@ class VmSpec:
     image_name: str
     key_name: str
     labels: tuple[str, ...] = ()
-    user_data: Optional[str] = None
+    user_data: str | None = None
     assign_floating_ip: bool = True
     create_timeout_seconds: float = 1800.0
     poll_interval_seconds: float = 10.0
     delete_timeout_seconds: float = 900.0
 
     @classmethod
-    def from_props(cls, props: Mapping[str, Any]) -> "VmSpec":
+    def from_props(cls, props: Mapping[str, Any]) -> VmSpec:
         return cls(
             name=props["name"], environment_name=props["environment_name"], region=props["region"],
             flavor_name=props["flavor_name"], image_name=props["image_name"], key_name=props["key_name"],
@@ -416,7 +418,7 @@ class VmSpec:
                 for k in _VM_INPUTS if k != "user_data"}
 
 
-def _user_data_digest(props: Mapping[str, Any]) -> Optional[str]:
+def _user_data_digest(props: Mapping[str, Any]) -> str | None:
     """user_data may carry secrets (a host key): outputs keep only its SHA-256, enough to detect a change."""
     value = props.get("user_data")
     if value == _UNKNOWN:
@@ -426,7 +428,7 @@ def _user_data_digest(props: Mapping[str, Any]) -> Optional[str]:
     return props.get("user_data_sha256")
 
 
-def _vm_outs(spec: VmSpec, vm: Mapping[str, Any], user_data_sha256: Optional[str]) -> dict[str, Any]:
+def _vm_outs(spec: VmSpec, vm: Mapping[str, Any], user_data_sha256: str | None) -> dict[str, Any]:
     return {
         **spec.echoed_inputs(),
         "user_data_sha256": user_data_sha256,
@@ -559,7 +561,7 @@ class VirtualMachineProvider(_Provider):
                 and (vm.get("environment") or {}).get("name") == spec.environment_name
                 and vm.get("status") not in _GONE]
 
-    def _adopt(self, api: HyperstackClient, spec: VmSpec) -> Optional[VmRecord]:
+    def _adopt(self, api: HyperstackClient, spec: VmSpec) -> VmRecord | None:
         """A VM with our name and labels is one an earlier run created and never recorded: take it over."""
         found = self._find(api, spec)
         if not found:
@@ -788,7 +790,7 @@ def _rule_inputs(props: Mapping[str, Any]) -> dict[str, Any]:
             **{k: _opt_int(props.get(k)) for k in _RULE_PORT_INPUTS}}
 
 
-def _opt_int(value: Any) -> Optional[int]:
+def _opt_int(value: Any) -> int | None:
     return None if value is None else _int(value)
 
 

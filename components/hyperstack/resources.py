@@ -29,7 +29,7 @@ provider never echoes it, outputs keep only `user_data_sha256`. The public key i
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pulumi
 import pulumi.dynamic
@@ -59,7 +59,7 @@ class Environment(pulumi.dynamic.Resource, module="hyperstack", name="Environmen
         region: pulumi.Input[str],
         delete_timeout_seconds: pulumi.Input[float] = EnvironmentSpec.delete_timeout_seconds,
         poll_interval_seconds: pulumi.Input[float] = EnvironmentSpec.poll_interval_seconds,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
             "name": name,
@@ -87,7 +87,7 @@ class Keypair(pulumi.dynamic.Resource, module="hyperstack", name="Keypair"):
         name: pulumi.Input[str],
         environment_name: pulumi.Input[str],
         public_key: pulumi.Input[str],
-        opts: Optional[pulumi.ResourceOptions] = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
             "name": name,
@@ -103,7 +103,7 @@ class VirtualMachine(pulumi.dynamic.Resource, module="hyperstack", name="Virtual
     """One VM; create returns only once it is ACTIVE (with its floating IP), or deletes it and fails."""
 
     vm_id: pulumi.Output[str]
-    public_ip: pulumi.Output[Optional[str]]
+    public_ip: pulumi.Output[str | None]
     private_ip: pulumi.Output[str]
     status: pulumi.Output[str]
     flavor_name: pulumi.Output[str]
@@ -121,12 +121,12 @@ class VirtualMachine(pulumi.dynamic.Resource, module="hyperstack", name="Virtual
         image_name: pulumi.Input[str],
         key_name: pulumi.Input[str],
         labels: pulumi.Input[Sequence[pulumi.Input[str]]] = (),
-        user_data: Optional[pulumi.Input[str]] = None,
+        user_data: pulumi.Input[str] | None = None,
         assign_floating_ip: pulumi.Input[bool] = True,
         create_timeout_seconds: pulumi.Input[float] = VmSpec.create_timeout_seconds,
         poll_interval_seconds: pulumi.Input[float] = VmSpec.poll_interval_seconds,
         delete_timeout_seconds: pulumi.Input[float] = VmSpec.delete_timeout_seconds,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
             "name": name,
@@ -164,9 +164,9 @@ class SecurityRule(pulumi.dynamic.Resource, module="hyperstack", name="SecurityR
         direction: pulumi.Input[str] = "ingress",
         protocol: pulumi.Input[str] = "tcp",
         ethertype: pulumi.Input[str] = "IPv4",
-        port_range_min: Optional[pulumi.Input[int]] = None,
-        port_range_max: Optional[pulumi.Input[int]] = None,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        port_range_min: pulumi.Input[int] | None = None,
+        port_range_max: pulumi.Input[int] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {
             "vm_id": vm_id,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

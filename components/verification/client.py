@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import requests
 
@@ -134,6 +135,7 @@ class Api:
             f"no complete answer from {method} {path} within the {self.target.timeout:g}s timeout of the check"
         )
 
+    # Raised `from None`: the cause (requests' own error) may quote the key, in a header it refused.
     def _failure(self, method: str, path: str, what: str, exc: BaseException) -> CheckFailed:
         if self.deadline.expired or isinstance(exc, requests.Timeout):
             return self._too_late(method, path)
@@ -167,9 +169,9 @@ class Api:
         except requests.exceptions.SSLError as exc:
             raise CheckFailed(f"TLS to {url} failed: {tls_reason(exc)}")
         except requests.ConnectionError as exc:
-            raise self._failure(method, path, f"could not connect for {method} {url}", exc)
+            raise self._failure(method, path, f"could not connect for {method} {url}", exc) from None
         except requests.RequestException as exc:
-            raise self._failure(method, path, f"{method} {url} failed", exc)
+            raise self._failure(method, path, f"{method} {url} failed", exc) from None
         if self.deadline.cut_off:
             resp.close()
             raise self._too_late(method, path)
@@ -186,7 +188,7 @@ class Api:
                 if len(body) > MAX_ANSWER_BYTES:
                     raise CheckFailed(f"{method} {path} answered more than {MAX_ANSWER_BYTES} bytes; {_cap()}")
         except requests.RequestException as exc:
-            raise self._failure(method, path, f"{method} {path} broke off its answer", exc)
+            raise self._failure(method, path, f"{method} {path} broke off its answer", exc) from None
         if self.deadline.cut_off:
             raise self._too_late(method, path)
         return bytes(body)
@@ -211,7 +213,8 @@ class Api:
         try:
             data = answer.json()
         except ValueError:
-            raise CheckFailed(f"{method} {path} answered 200 with a body that is not JSON: {short(answer.text)!r}")
+            raise CheckFailed(
+                f"{method} {path} answered 200 with a body that is not JSON: {short(answer.text)!r}") from None
         if not isinstance(data, dict):
             raise CheckFailed(f"{method} {path} answered 200 with JSON that is not an object: {short(answer.text)!r}")
         return data
@@ -265,12 +268,13 @@ class Stream:
             for piece in self.resp.iter_content(_STREAM_CHUNK):
                 received += len(piece)
                 if received > MAX_ANSWER_BYTES:
-                    raise CheckFailed(f"the stream of {self.method} {self.path} ran past {MAX_ANSWER_BYTES} bytes; {_cap()}")
+                    raise CheckFailed(
+                        f"the stream of {self.method} {self.path} ran past {MAX_ANSWER_BYTES} bytes; {_cap()}")
                 *lines, pending = (pending + piece).split(b"\n")
                 for line in lines:
                     yield redact(line.decode("utf-8", "replace").strip(), secret)
         except requests.RequestException as exc:
-            raise self.api._failure(self.method, self.path, "the stream broke", exc)
+            raise self.api._failure(self.method, self.path, "the stream broke", exc) from None
         if self.api.deadline.cut_off:
             raise self.api._too_late(self.method, self.path)
         if pending:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # SGLang names the thinking `reasoning_content`, vLLM names it `reasoning`; both accept either
 # name on the way back in, so a client has to look for both.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import requests
 
@@ -47,7 +47,7 @@ def run_check(name: str, target: Target, session: requests.Session | None = None
         passed = True
     except CheckFailed as exc:
         passed, detail, metrics = False, exc.reason, exc.metrics
-    except Exception as exc:  # a bug or an unexpected shape must not stop the other checks
+    except Exception as exc:  # noqa: BLE001 - a bug or an unexpected shape must not stop the other checks
         message = short(redact(str(exc), target.api_key), 200)
         passed, detail, metrics = False, f"check raised {type(exc).__name__}: {message}", {}
     finally:

@@ -72,9 +72,11 @@ def test_json_plan_and_secrets_shown_as_set(tmp_path, capsys):
     [
         ("  kimi-cluster:operatorCidr: 0.0.0.0/0\n", "kimi-cluster:operatorCidr"),
         ("  kimi-cluster:operatorCidr: not-a-cidr\n", "kimi-cluster:operatorCidr: 'not-a-cidr' is not a CIDR"),
-        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:modelRevision: main\n", "kimi-cluster:modelRevision"),
-        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:topology: custom\n  kimi-cluster:flavor: n3-B200x8\n"
-         "  kimi-cluster:nodeCount: 1\n  kimi-cluster:gpusPerNode: 8\n  kimi-cluster:gpuMemoryGb: 192\n"
+        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:modelRevision: main\n",
+         "kimi-cluster:modelRevision"),
+        ("  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:topology: custom\n"
+         "  kimi-cluster:flavor: n3-B200x8\n  kimi-cluster:nodeCount: 1\n  kimi-cluster:gpusPerNode: 8\n"
+         "  kimi-cluster:gpuMemoryGb: 192\n"
          "  kimi-cluster:engine: vllm\n", "25.29 GB (23.6 GiB) short"),
     ],
 )

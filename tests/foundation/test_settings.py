@@ -183,7 +183,8 @@ def test_unencrypted_ssh_key_accepted(tmp_path):
     ("~/.ssh/id_ed25519", "looks like a file name"),
     ("-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nAAAA\n"
      "-----END RSA PRIVATE KEY-----\n", "is protected by a passphrase"),
-    ("-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n", "is protected by a passphrase"),
+    ("-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+     "is protected by a passphrase"),
 ])
 def test_ssh_private_key_mistakes_refused_without_echoing_it(value, reason):
     msg = refused(f"kimi-cluster:sshPrivateKey {reason}", sshPrivateKey=value)

@@ -6,7 +6,8 @@ Lifecycle phases last milliseconds so the whole suite stays well under a minute.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -6,7 +6,7 @@ import base64
 
 import pulumi
 
-from components.node import (DIAL_ERROR_LIMIT, GpuNode, Readiness, STEPS, host_key_cloud_config, host_key_user_data)
+from components.node import DIAL_ERROR_LIMIT, STEPS, GpuNode, Readiness, host_key_cloud_config, host_key_user_data
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 

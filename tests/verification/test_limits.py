@@ -43,7 +43,7 @@ class _Hostile(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HostileServer
 
-    def do_GET(self) -> None:  # noqa: N802  (http.server dispatches on this name)
+    def do_GET(self) -> None:
         getattr(self, "_" + self.server.mode)()
 
     def _trickle(self, data: bytes) -> None:

@@ -8,10 +8,10 @@ import gc
 import json
 import logging
 import os
-from typing import Any
 import runpy
 import subprocess
 import sys
+from typing import Any
 
 import dill
 import pulumi
@@ -85,7 +85,7 @@ def _run_build(mocks, settings, sink):
         outputs = verification_stack.build(settings)
         names = sorted(outputs)
         values = pulumi.Output.all(*[pulumi.Output.from_input(outputs[n]) for n in names])
-        return values.apply(lambda resolved: sink.update(zip(names, resolved)))
+        return values.apply(lambda resolved: sink.update(zip(names, resolved, strict=True)))
 
     program()
 
@@ -172,7 +172,7 @@ def test_main_program_exports_under_mocks(fake, monkeypatch):
             runpy.run_path(VERIFICATION_DIR, run_name="__main__")
             names = sorted(exported)
             return pulumi.Output.all(*[pulumi.Output.from_input(exported[n]) for n in names]).apply(
-                lambda values: sink.update(zip(names, values)))
+                lambda values: sink.update(zip(names, values, strict=True)))
 
         try:
             program()
@@ -213,7 +213,8 @@ def test_cluster_stack_must_be_qualified_and_the_error_names_both_backends(name)
         verification_stack.settings_from_config({"clusterStack": name}.get)
     text = str(caught.value)
     assert "kimi-cluster-verification:clusterStack" in text
-    assert "organization/kimi-cluster/dev on a local backend" in text and "<your-org>/kimi-cluster/dev on Pulumi Cloud" in text
+    assert "organization/kimi-cluster/dev on a local backend" in text
+    assert "<your-org>/kimi-cluster/dev on Pulumi Cloud" in text
 
 
 # ---------------------------------------------------------------- the dynamic provider

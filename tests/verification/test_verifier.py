@@ -105,7 +105,7 @@ def test_a_check_that_raises_is_a_failure_not_a_crash(monkeypatch, fake, session
 class _EchoKeyHandler(BaseHTTPRequestHandler):
     """A careless server that echoes the Authorization header into its errors."""
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         body = json.dumps({"error": "bad request from " + self.headers.get("Authorization", "")}).encode()
         self.send_response(400)
         self.send_header("Content-Length", str(len(body)))

@@ -6,7 +6,8 @@ wraps it. A new check is one module plus one line in CHECKS.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from components.verification.checks.anthropic import check_anthropic
 from components.verification.checks.auth import check_auth

@@ -52,7 +52,7 @@ def check_effort(api: Api) -> tuple[str, dict[str, Any]]:
         try:
             reply = api.chat([{"role": "user", "content": BILL_PROMPT}], effort=effort, max_tokens=LONG_BUDGET)
         except CheckFailed as exc:
-            raise CheckFailed(f"reasoning_effort={effort}: {exc.reason}", metrics)
+            raise CheckFailed(f"reasoning_effort={effort}: {exc.reason}", metrics) from exc
         if not reply.content and not reasoning_of(reply.message)[1]:
             raise CheckFailed(f"reasoning_effort={effort} answered with neither content nor reasoning", metrics)
         metrics[f"{effort}_completion_tokens"] = reply.usage.get("completion_tokens")

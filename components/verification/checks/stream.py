@@ -43,7 +43,7 @@ def check_stream(api: Api) -> tuple[str, dict[str, Any]]:
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
-                    raise CheckFailed(f"an SSE chunk is not JSON: {short(payload, 120)!r}", metrics)
+                    raise CheckFailed(f"an SSE chunk is not JSON: {short(payload, 120)!r}", metrics) from None
                 chunks += 1
                 if isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
@@ -57,7 +57,7 @@ def check_stream(api: Api) -> tuple[str, dict[str, Any]]:
                     if isinstance(delta.get("content"), str):
                         content.append(delta["content"])
         except CheckFailed as exc:
-            raise CheckFailed(f"{exc.reason} (after {chunks} chunks)", dict(metrics, chunks=chunks))
+            raise CheckFailed(f"{exc.reason} (after {chunks} chunks)", dict(metrics, chunks=chunks)) from exc
         end = time.monotonic()
     metrics["chunks"] = chunks
     if first is None:

@@ -30,12 +30,12 @@ def _run_call(turn: int, call: Any, metrics: dict[str, Any]) -> tuple[str, str, 
             f"turn {turn}: arguments of {name} are not JSON: {short(str(raw), 120)!r} "
             "(is the server started with --tool-call-parser kimi_k3?)",
             metrics,
-        )
+        ) from None
     if not isinstance(args, dict):
         raise CheckFailed(f"turn {turn}: arguments of {name} are not a JSON object: {short(str(raw), 120)!r}", metrics)
     try:
         result = TOOL_IMPLS[name](**args)
-    except Exception as exc:  # the model sees the error, as a real agent loop would show it
+    except Exception as exc:  # noqa: BLE001 - the model sees the error, as an agent loop would show it
         result = {"error": f"{type(exc).__name__}: {exc}"}
     return call.get("id") or name, name, result
 

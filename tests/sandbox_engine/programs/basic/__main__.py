@@ -4,9 +4,8 @@ import os
 
 import pulumi
 import pulumi_command
-from pulumi_command import local, remote
-
 import toyprov
+from pulumi_command import local, remote
 
 cfg = pulumi.Config()
 toy_dir = cfg.require("toyDir")

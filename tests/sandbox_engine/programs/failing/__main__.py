@@ -1,9 +1,8 @@
 """Sandbox engine test program: a file that succeeds, a flaky file, optionally a failing node command or a crash."""
 
 import pulumi
-from pulumi_command import remote
-
 import toyprov
+from pulumi_command import remote
 
 cfg = pulumi.Config()
 toy_dir = cfg.require("toyDir")

@@ -1,7 +1,6 @@
 """Sandbox engine test program: a provider relying on a module global the program sets (works only in-process)."""
 
 import pulumi
-
 import toyprov
 
 toyprov.PROGRAM_TOKEN = "set-by-the-program"

@@ -1,9 +1,8 @@
 """Sandbox engine test program: a node command and a dynamic resource that each run past their customTimeouts."""
 
 import pulumi
-from pulumi_command import remote
-
 import toyprov
+from pulumi_command import remote
 
 cfg = pulumi.Config()
 toy_dir = cfg.require("toyDir")

@@ -1,9 +1,8 @@
 """Sandbox engine test program: two files, then a slow remote command, then a file that waits for it."""
 
 import pulumi
-from pulumi_command import remote
-
 import toyprov
+from pulumi_command import remote
 
 cfg = pulumi.Config()
 toy_dir = cfg.require("toyDir")
