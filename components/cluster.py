@@ -1,7 +1,8 @@
 """InferenceCluster: the whole deployment as one component, from environment to a ready endpoint.
 
 Environment and keypair, one VM per rank, least-privilege rules, the per-node bring-up chain, the head's TLS
-certificate and proxy, the readiness wait through it, and the outputs other teams consume. The graph only: behaviour lives in the providers and templates.
+certificate and proxy, the readiness wait through it, and the outputs other teams consume. The graph only: behaviour
+lives in the providers and templates.
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ class InferenceCluster(pulumi.ComponentResource):
         peer_token = (pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
                       if settings.nodes > 1 else None)
         head_private_ip = vms[0].private_ip
-        chain, ca_pem, tls_key = self._tls(name, settings, vms[0], tls_private_key)
         # With assign_floating_ip=True a VM's create returns only once its floating IP is attached: never None.
         public_ips = [cast(pulumi.Output[str], vm.public_ip) for vm in vms]
+        chain, ca_pem, tls_key = self._tls(name, settings, public_ips[0], tls_private_key)
 
         nodes: list[GpuNode] = []
         for rank, vm in enumerate(vms):
@@ -126,6 +127,7 @@ class InferenceCluster(pulumi.ComponentResource):
             )
 
         # The head answers only once every rank has joined the rendezvous, so wait on all launches and the proxy.
+        head_proxy = [nodes[0].proxy] if nodes[0].proxy is not None else []
         ready = Readiness(
             f"{name}-ready",
             settings=settings,
@@ -135,7 +137,7 @@ class InferenceCluster(pulumi.ComponentResource):
             tls_cert_chain=chain,
             tls_ca=ca_pem,
             host_key=host_keys[0],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*(n.launched for n in nodes), nodes[0].proxy]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*(n.launched for n in nodes), *head_proxy]),
         )
 
         if settings.kernel_cache is not None and kernel_cache_credentials is not None:
@@ -190,7 +192,7 @@ class InferenceCluster(pulumi.ComponentResource):
         }
         self.register_outputs(self.outputs)
 
-    def _tls(self, name: str, settings: Settings, head: VirtualMachine, own_key: pulumi.Output[str] | None
+    def _tls(self, name: str, settings: Settings, head_public_ip: pulumi.Output[str], own_key: pulumi.Output[str] | None
              ) -> tuple[pulumi.Input[str], pulumi.Input[str], pulumi.Output[str]]:
         """(server certificate chain, CA certificate clients trust, server private key as a secret).
 
@@ -213,7 +215,7 @@ class InferenceCluster(pulumi.ComponentResource):
 
             return "".join(blocks), blocks[-1], pulumi.Output.secret(own_key.apply(checked))
         ca = tls.CertificateAuthority(f"{name}-ca", common_name=f"kimi-cluster {settings.stack} CA", opts=child)
-        cert = tls.ServerCertificate(f"{name}-tls", ca, head.public_ip.apply(lambda ip: [ip]), opts=child)
+        cert = tls.ServerCertificate(f"{name}-tls", ca, head_public_ip.apply(lambda ip: [ip]), opts=child)
         return cert.cert_pem, ca.cert_pem, pulumi.Output.secret(cert.key_pem)
 
     def _rules(self, name: str, settings: Settings, rank: int, vms: list[VirtualMachine]) -> list[SecurityRule]:

@@ -67,7 +67,7 @@ def vm_states(api: HyperstackClient | None, nodes: list[NodeRecord]) -> dict[str
             continue
         try:
             vm = api.get_vm(int(node.vm_id))
-            out[node.name] = {"status": vm.get("status"), "created_at": vm.get("created_at"),  # type: ignore[misc]
+            out[node.name] = {"status": vm.get("status"), "created_at": vm.get("created_at"),
                               "floating_ip": vm.get("floating_ip")}
         except (HyperstackError, ValueError) as err:
             out[node.name] = {"status": "gone (404)" if getattr(err, "not_found", False) else f"unknown ({err})",
@@ -123,7 +123,8 @@ def step_in_progress(probe: Mapping[str, Any]) -> str:
     if not steps:
         return "none yet"
     last = max(steps, key=lambda s: s.get("started_at") or 0)["step"]
-    if last in ("launch", "readiness", "cache-save") and (probe.get("engine") or {}).get("state") in ("running", "restarting"):
+    engine_state = (probe.get("engine") or {}).get("state")
+    if last in ("launch", "readiness", "cache-save") and engine_state in ("running", "restarting"):
         return "done"
     return f"idle after {last} (failed or interrupted: pulumi up runs it again)"
 
@@ -220,7 +221,7 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     per_node = hourly / max(len(state.nodes), 1) if isinstance(hourly, (int, float)) else None
     nodes: list[dict[str, Any]] = []
     cost, oldest = 0.0, None
-    for node, probe in zip(state.nodes, probes):
+    for node, probe in zip(state.nodes, probes, strict=False):
         vm = vms.get(node.name, {})
         created = _parse_time(vm.get("created_at"))
         uptime = now - created if created else None

@@ -481,7 +481,7 @@ def _proxy_stdin(api_key: pulumi.Input[str] | None, tls_private_key: pulumi.Inpu
         lambda a: f"{a[0] or ''}\n{base64.b64encode((a[1] or '').encode()).decode()}\n"))
 
 
-def _stdin_secret(value: pulumi.Input[str]) -> pulumi.Output[str]:
+def _stdin_secret(value: pulumi.Input[str] | None) -> pulumi.Output[str]:
     """A secret as one line of stdin: the newline lets the script's `read` return without waiting for EOF."""
     return pulumi.Output.secret(pulumi.Output.from_input(value).apply(lambda v: (v or "") + "\n"))
 

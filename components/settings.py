@@ -539,8 +539,8 @@ class Settings(BaseModel):
                 f"key); set it with: pulumi config set --secret {NAMESPACE}:kernelCacheCredentials "
                 "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
         if self.engine_port == self.api_port or self.engine_port in _RESERVED_ENGINE_PORTS:
-            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort or the rendezvous port 20000; "
-                             f"pick another, e.g. {NAMESPACE}:enginePort 30000")
+            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort or the rendezvous "
+                             f"port 20000; pick another, e.g. {NAMESPACE}:enginePort 30000")
         if (self.tls_certificate is not None) != self.tls_private_key_set:
             raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
                              "own certificate) or neither (the stack makes its own CA)")

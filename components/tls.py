@@ -15,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import ipaddress
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pulumi
 import pulumi.dynamic as dyn
@@ -30,7 +31,7 @@ RENEW_DAYS = 60
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:

@@ -83,7 +83,7 @@ class ProxiedEngine:
         os.replace(tmp, self.dir / proxy.KEY_FILE)
         self.api_key = key
 
-    def start(self) -> "ProxiedEngine":
+    def start(self) -> ProxiedEngine:
         self.engine.start()
         self._engine_started = True
         ca, ca_key = self._ca or tls.make_ca("kimi-cluster fake head CA")
@@ -130,7 +130,7 @@ class ProxiedEngine:
             self._engine_started = False
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "ProxiedEngine":
+    def __enter__(self) -> ProxiedEngine:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

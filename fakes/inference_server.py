@@ -507,7 +507,7 @@ class _Server(ThreadingHTTPServer):
     served: dict[str, int]
     served_lock: threading.Lock
     verbose: bool = False
-    tls: Optional[ssl.SSLContext] = None
+    tls: ssl.SSLContext | None = None
 
     def get_request(self) -> Any:
         sock, address = super().get_request()
@@ -534,7 +534,7 @@ class _Server(ThreadingHTTPServer):
             values = (self.served["requests"], self.served["prompt_tokens"], self.served["generation_tokens"])
         model = self.settings.model_ids[0]
         return "".join(f"# TYPE {name} counter\n{name}{{model_name=\"{model}\"}} {float(value)}\n"
-                       for name, value in zip(names, values))
+                       for name, value in zip(names, values, strict=False))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that gave up (the verifier's timeout) is expected, not worth a traceback
@@ -772,7 +772,7 @@ class FakeInferenceServer:
     """The fake on a background thread: `with FakeInferenceServer(settings) as fake: fake.url`."""
 
     def __init__(self, settings: FakeSettings, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
-                 tls: Optional[tuple[str, str]] = None, ca_certificate: Optional[str] = None) -> None:
+                 tls: tuple[str, str] | None = None, ca_certificate: str | None = None) -> None:
         """`tls` (certificate chain file, key file) serves https; `ca_certificate` is the PEM a client should trust."""
         self.settings = settings
         self.ca_certificate = ca_certificate
@@ -952,7 +952,7 @@ def warm_up(engine: str, args: argparse.Namespace, ignored: Sequence[str], env: 
     print(f"fake-inference: compiled {len(missing)} kernels", file=sys.stderr, flush=True)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings, args, ignored = settings_from_args(argv)
     except ValueError as exc:

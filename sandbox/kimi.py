@@ -352,7 +352,9 @@ class Sandbox:
             kept = sum(1 for p in self.dir.kernel_store.rglob("*") if p.is_file())
             self.say(f"started the kernel-cache bucket s3://{KERNEL_BUCKET} (moto's S3 server) on {service.url} "
                      f"with {kept} objects kept from earlier runs (pid {service.pid}, signed requests only)")
-        return _service(record, "kernel-store").url  # type: ignore[union-attr]
+        else:
+            service = previous
+        return service.url
 
     def _stop_services(self, record: dict[str, Any]) -> list[str]:
         problems = []

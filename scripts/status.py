@@ -91,7 +91,7 @@ def format_report(report: Mapping[str, Any]) -> str:
                      _weights(n.get("weights")), _engine(n.get("engine"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
     ep = report["endpoint"]
     text = f"endpoint {ep.get('url') or '-'}: health {ep.get('health')}"
     if "serves_model" in ep:

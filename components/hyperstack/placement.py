@@ -21,7 +21,7 @@ There is no cloud object behind a placement: read echoes the state and delete ha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pulumi
@@ -83,7 +83,7 @@ class PlacementProvider(_Provider):
             pulumi.log.info(f"placement: {region} chosen for {count} x {flavor} (first of {', '.join(regions)} "
                             "with stock); later ups keep it")
         outs = {"regions": regions, "flavor_name": flavor, "count": count, "environment_name": env_name,
-                "region": region, "chosen_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "region": region, "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "stock_at_choice": seen}
         return CreateResult(f"placement-{region}", outs)
 
@@ -121,8 +121,8 @@ class Placement(pulumi.dynamic.Resource, module="hyperstack", name="Placement"):
         regions: Sequence[str],
         flavor_name: pulumi.Input[str],
         count: pulumi.Input[int],
-        environment_name: Optional[pulumi.Input[str]] = None,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        environment_name: pulumi.Input[str] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         props = {"regions": list(regions), "flavor_name": flavor_name, "count": count,
                  "environment_name": environment_name, "region": None,

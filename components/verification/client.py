@@ -167,7 +167,7 @@ class Api:
                 verify=self.target.verify,
             )
         except requests.exceptions.SSLError as exc:
-            raise CheckFailed(f"TLS to {url} failed: {tls_reason(exc)}")
+            raise CheckFailed(f"TLS to {url} failed: {tls_reason(exc)}") from None
         except requests.ConnectionError as exc:
             raise self._failure(method, path, f"could not connect for {method} {url}", exc) from None
         except requests.RequestException as exc:

@@ -47,7 +47,7 @@ def test_the_ca_never_changes_and_the_server_certificate_follows_the_address_and
     short, _ = tls.make_server_certificate(ca, ca_key, ["1.2.3.4"], days=tls.RENEW_DAYS - 1)
     due = tls._ServerCertProvider().diff("id", {**olds, "cert_pem": short}, same)
     assert due.replaces == ["cert_pem"]
-    assert tls.not_after(olds["cert_pem"]) - dt.datetime.now(dt.timezone.utc) > dt.timedelta(days=800)
+    assert tls.not_after(olds["cert_pem"]) - dt.datetime.now(dt.UTC) > dt.timedelta(days=800)
 
 
 def test_api_cidrs_default_to_the_operator_and_wide_ones_are_warned_about():

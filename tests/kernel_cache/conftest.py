@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fakes.s3_store import S3Store
+from tests.node.conftest import node_factory  # noqa: F401 - a fixture: imported so pytest finds it for these tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "kimi-test-kernels"
@@ -57,5 +58,3 @@ def store(tmp_path_factory):
     yield s
     s.stop()
 
-
-from tests.node.conftest import node_factory  # noqa: E402,F401 - the fake nodes of the node tests

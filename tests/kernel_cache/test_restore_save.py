@@ -107,7 +107,7 @@ def test_save_then_restore_on_a_fresh_node_and_no_canary_travels(node_factory, s
     assert manifest["fields"] == kernel_cache.cache_key(s1).fields
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert sorted(tar.getnames()) == sorted(kernels)
-        raw = b"".join(tar.extractfile(m).read() for m in tar.getmembers())  # type: ignore[union-attr]
+        raw = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
     assert HF_TOKEN.encode() not in data + raw and API_KEY.encode() not in data + raw
 
     s2 = settings_for(second, store, "roundtrip")

@@ -54,7 +54,7 @@ def _status(url: str, key: str | None = None, ca: str | None = None, data: bytes
     import ssl
 
     request = urllib.request.Request(url, data=data, headers={"Authorization": f"Bearer {key}"} if key else {})
-    handlers = [urllib.request.ProxyHandler({})]
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if ca:
         handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca)))
     try:

@@ -191,9 +191,8 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 
 def test_the_probe_knows_every_step_the_nodes_run():
     from components.node import SUMMARIES
-    from scripts import node_status
-
     from components.weights import PROGRESS_FILE
+    from scripts import node_status
 
     assert set(node_status.STEPS) == set(SUMMARIES)
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package

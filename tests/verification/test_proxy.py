@@ -62,14 +62,14 @@ def test_health_is_open_but_only_as_itself(session):
 
 def test_a_new_key_file_rotates_the_key_without_restarting_anything():
     with ProxiedEngine(FakeSettings(engine="sglang"), api_key=KEY) as head:
-        pid = head._proc.pid  # type: ignore[union-attr]
+        pid = head._proc.pid
         models = head.url + "/v1/models"
         assert HTTP.get(models, headers={"Authorization": f"Bearer {KEY}"}, verify=head.ca_file).ok
         head.set_key("rotated-" + KEY)
         assert HTTP.get(models, headers={"Authorization": f"Bearer {KEY}"},
                             verify=head.ca_file).status_code == 401
         assert HTTP.get(models, headers={"Authorization": f"Bearer rotated-{KEY}"}, verify=head.ca_file).ok
-        assert head._proc.poll() is None and head._proc.pid == pid  # type: ignore[union-attr]
+        assert head._proc.poll() is None and head._proc.pid == pid
 
 
 def test_tls_check_names_a_certificate_from_another_ca_and_plain_http(session):

@@ -222,7 +222,8 @@ def test_cluster_stack_must_be_qualified_and_the_error_names_both_backends(name)
 
 def _props(url, **extra):
     props = {"endpoint_url": url, "served_model_name": MODEL, "model_revision": "rev-1", "api_key": KEY,
-             "ca_certificate": tls_material()["ca"], "run_id": "1", "only": list(CHECK_NAMES), "required_checks": list(CHECK_NAMES), "timeout_seconds": 5.0}
+             "ca_certificate": tls_material()["ca"], "run_id": "1", "only": list(CHECK_NAMES),
+             "required_checks": list(CHECK_NAMES), "timeout_seconds": 5.0}
     props.update(extra)
     return props
 

@@ -71,7 +71,8 @@ def test_slow_server_fails_within_the_timeout(fake, session):
 
 def test_specific_reasons(fake, session):
     with fake(faults=["no_reasoning", "bad_tool_args", "no_auth"]) as server:
-        results = {r.name: r for r in v.run_checks(v.Target(server.url, MODEL, KEY, 5, server.ca_certificate), session=session)}
+        target = v.Target(server.url, MODEL, KEY, 5, server.ca_certificate)
+        results = {r.name: r for r in v.run_checks(target, session=session)}
     assert "--reasoning-parser" in results["chat"].detail
     assert "not JSON" in results["tool_calls"].detail and "calculate" in results["tool_calls"].detail
     assert "not protected" in results["auth"].detail
@@ -97,7 +98,8 @@ def test_a_check_that_raises_is_a_failure_not_a_crash(monkeypatch, fake, session
 
     monkeypatch.setitem(v.CHECKS, "chat", boom)
     with fake() as server:
-        results = v.run_checks(v.Target(server.url, MODEL, KEY, 5, server.ca_certificate), only="models,chat", session=session)
+        target = v.Target(server.url, MODEL, KEY, 5, server.ca_certificate)
+        results = v.run_checks(target, only="models,chat", session=session)
     assert [(r.name, r.passed) for r in results] == [("models", True), ("chat", False)]
     assert results[1].detail == "check raised RuntimeError: unexpected shape"
 
@@ -137,7 +139,8 @@ def test_models_lists_exactly_the_expected_id(fake, session):
 
 def test_required_subset_decides_verified(fake, session):
     with fake(faults=["no_image"]) as server:
-        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, required="models,auth,chat", timeout=5, session=session)
+        outcome = v.verify(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, required="models,auth,chat",
+                           timeout=5, session=session)
     assert outcome.verified and not outcome.all_passed
     assert [r.name for r in outcome.failed] == ["image"]
     assert {row["name"]: row["required"] for row in outcome.report()}["image"] is False
@@ -146,7 +149,8 @@ def test_required_subset_decides_verified(fake, session):
 def test_run_stack_checks_raises_naming_failed_required_checks(fake, session):
     with fake(faults=["no_auth"]) as server:
         with pytest.raises(v.VerificationFailed) as caught:
-            v.run_stack_checks(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, only="models,auth", timeout_seconds=5, session=session)
+            v.run_stack_checks(server.url, MODEL, KEY, ca_certificate=server.ca_certificate, only="models,auth",
+                               timeout_seconds=5, session=session)
     message = str(caught.value)
     assert "required checks failed: auth" in message and "not protected" in message
     assert KEY not in message
@@ -154,8 +158,9 @@ def test_run_stack_checks_raises_naming_failed_required_checks(fake, session):
 
 def test_run_stack_checks_outputs(fake, session):
     with fake(engine="vllm", proxied=True) as server:
-        outs = v.run_stack_checks(server.url + "/v1", MODEL, KEY, ca_certificate=server.ca_certificate, model_revision="r1", run_id="7",
-                                  only=["auth", "models"], timeout_seconds=5, session=session)
+        outs = v.run_stack_checks(server.url + "/v1", MODEL, KEY, ca_certificate=server.ca_certificate,
+                                  model_revision="r1", run_id="7", only=["auth", "models"], timeout_seconds=5,
+                                  session=session)
     assert outs["verified"] is True and outs["verified_endpoint_url"] == server.url + "/v1"
     assert outs["only"] == ["models", "auth"] and outs["required_checks"] == ["models", "auth"]
     assert [row["name"] for row in outs["report"]] == ["models", "auth"]

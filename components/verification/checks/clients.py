@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import json
 import ssl
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import anthropic
 import openai
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from components.verification.client import Api
 from components.verification.messages import assistant_turn
-from components.verification.prompts import ANTHROPIC_PROMPT, LONG_BUDGET, MAX_TOOL_TURNS, SHORT_BUDGET, \
-    STREAM_PROMPT, TOOL_TASK, WHO_PROMPT
+from components.verification.prompts import (
+    ANTHROPIC_PROMPT,
+    LONG_BUDGET,
+    MAX_TOOL_TURNS,
+    SHORT_BUDGET,
+    STREAM_PROMPT,
+    TOOL_TASK,
+    WHO_PROMPT,
+)
 from components.verification.results import CheckFailed
 from components.verification.text import short
 from components.verification.tools import TOOL_IMPLS, TOOLS
@@ -32,7 +41,8 @@ def _ssl_context(api: Api) -> ssl.SSLContext:
 
 def openai_client(api: Api) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=api.target.base_url + "/v1", api_key=api.target.api_key or "none", timeout=max(0.1, api.deadline.remaining()),
+        base_url=api.target.base_url + "/v1", api_key=api.target.api_key or "none",
+        timeout=max(0.1, api.deadline.remaining()),
         max_retries=0, http_client=openai.DefaultHttpxClient(verify=_ssl_context(api)))
 
 
@@ -50,9 +60,9 @@ def _step(name: str, metrics: dict[str, Any], run: Callable[[], str]) -> None:
         raise
     except (openai.APIConnectionError, anthropic.APIConnectionError) as exc:
         cause = exc.__cause__ or exc
-        raise CheckFailed(f"{name}: could not connect: {short(str(cause), 240)}", metrics)
+        raise CheckFailed(f"{name}: could not connect: {short(str(cause), 240)}", metrics) from None
     except (openai.OpenAIError, anthropic.AnthropicError) as exc:
-        raise CheckFailed(f"{name}: the SDK raised {type(exc).__name__}: {short(str(exc), 240)}", metrics)
+        raise CheckFailed(f"{name}: the SDK raised {type(exc).__name__}: {short(str(exc), 240)}", metrics) from None
 
 
 def _chat(client: openai.OpenAI, model: str) -> str:
@@ -68,6 +78,7 @@ def _tool_round_trip(client: openai.OpenAI, model: str) -> str:
     messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
     called: list[str] = []
     for _ in range(MAX_TOOL_TURNS):
+        # TOOLS is plain JSON shared with the requests-based checks; the SDK types it as its own TypedDicts.
         reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
                                                max_tokens=LONG_BUDGET, extra_body={"reasoning_effort": "high"})
         message = reply.choices[0].message
@@ -79,14 +90,16 @@ def _tool_round_trip(client: openai.OpenAI, model: str) -> str:
         # The whole turn goes back, reasoning included: the SDK keeps the engine's extra fields on the message.
         messages.append(assistant_turn(message.model_dump(exclude_none=True)))
         for call in message.tool_calls:
-            name = call.function.name  # type: ignore[union-attr]
+            if not isinstance(call, ChatCompletionMessageFunctionToolCall):
+                raise CheckFailed(f"openai tool round trip: the model made a {call.type!r} tool call, not a function")
+            name = call.function.name
             if name not in TOOL_IMPLS:
                 raise CheckFailed(f"openai tool round trip: the model called {name!r}")
             try:
-                args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+                args = json.loads(call.function.arguments)
             except ValueError:
                 raise CheckFailed(f"openai tool round trip: the arguments of {name} are not JSON: "
-                                  f"{short(call.function.arguments, 80)!r}") from None  # type: ignore[union-attr]
+                                  f"{short(call.function.arguments, 80)!r}") from None
             result = TOOL_IMPLS[name](**args)
             called.append(name)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})

@@ -50,12 +50,13 @@ def check_tls(api: Api) -> tuple[str, dict[str, Any]]:
                 der = conn.getpeercert(binary_form=True) or b""
                 version = conn.version()
     except ssl.SSLCertVerificationError as exc:
-        raise CheckFailed(f"TLS to {host}:{port} failed: {_verify_failure(exc, host, bool(ca_file))}")
+        raise CheckFailed(f"TLS to {host}:{port} failed: {_verify_failure(exc, host, bool(ca_file))}") from None
     except ssl.SSLError as exc:
-        raise CheckFailed(f"TLS handshake with {host}:{port} failed: {exc.reason or exc}")
+        raise CheckFailed(f"TLS handshake with {host}:{port} failed: {exc.reason or exc}") from None
     except OSError as exc:
-        raise CheckFailed(f"could not connect to {host}:{port}: {exc}")
-    names = [value for _, value in cert.get("subjectAltName", ())]
+        raise CheckFailed(f"could not connect to {host}:{port}: {exc}") from None
+    alt_names = cert.get("subjectAltName", ())
+    names = [str(value) for _, value in alt_names] if isinstance(alt_names, tuple) else []
     metrics = {
         "tls_version": version,
         "subject_alt_names": names,
