@@ -89,8 +89,9 @@ class InferenceCluster(pulumi.ComponentResource):
 
         rules_by_rank = [self._rules(name, settings, rank, vms) for rank in range(settings.nodes)]
         # Nodes serve each other the weight files they fetched from the hub, behind this per-stack token.
-        peer_token = (pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
-                      if settings.nodes > 1 else None)
+        peer_token: pulumi.Output[str] | None = None
+        if settings.nodes > 1:
+            peer_token = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
         head_private_ip = vms[0].private_ip
         # With assign_floating_ip=True a VM's create returns only once its floating IP is attached: never None.
         public_ips = [cast(pulumi.Output[str], vm.public_ip) for vm in vms]

@@ -114,7 +114,7 @@ class Faults:
 class _QuietServer(ThreadingHTTPServer):
     """A client that goes away mid-answer (a killed node) is routine here, not a traceback on stderr."""
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+    def handle_error(self, request, client_address) -> None:
         import sys
 
         if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):

@@ -295,7 +295,7 @@ def peer_url(spec: str) -> str:
 class Server:
     """Serves this node's verified files to its peers: GET /status and GET /files/<name>, both behind the token."""
 
-    def __init__(self, bind: str, port: int, token: str, node: "Node") -> None:
+    def __init__(self, bind: str, port: int, token: str, node: Node) -> None:
         self.node = node
         handler = _handler(token, node)
         self.httpd = ThreadingHTTPServer((bind, port), handler)
@@ -310,7 +310,7 @@ class Server:
         self.httpd.server_close()  # nothing listens once the download is over
 
 
-def _handler(token: str, node: "Node") -> type[BaseHTTPRequestHandler]:
+def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
     expected = f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -327,7 +327,7 @@ def _handler(token: str, node: "Node") -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
                 self._send(401, b'{"error": "unauthorized"}')
                 return
@@ -622,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"reading the manifest of {args.repo}@{args.revision} from the hub")
         node = Node(args, hub_manifest(args, token), cache, token)
         node.run()
-    except Exception as exc:  # reported by the poller; messages name files and URLs, never a token
+    except Exception as exc:  # noqa: BLE001 - reported by the poller; messages name files and URLs, never a token
         reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000]
         log(f"download failed: {reason}")
         record_result(args.result_file, f"failed {args.revision} {reason}")

@@ -177,7 +177,8 @@ def format_bringup(b: dict[str, Any]) -> list[str]:
         lines.append(f"  {'':<48} {'':>14}  source: {p['source']}")
     for name, (lo, hi) in b["totals"].items():
         lines.append(f"  {'total, ' + name:<48} {fmt_minutes(lo, hi):>14}")
-    how = "kernels from the kept cache" if b["kernel_cache"] else "kernels cold: set kimi-cluster:kernelCache to keep them"
+    how = ("kernels from the kept cache" if b["kernel_cache"]
+           else "kernels cold: set kimi-cluster:kernelCache to keep them")
     lines.append(f"  {'this stack':<48} {fmt_minutes(*b['this_stack']):>14}  ({how})")
     return lines
 

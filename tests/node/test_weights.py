@@ -176,15 +176,16 @@ def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashe
         for rank, n in enumerate(nodes):
             settings = make_settings(nodeRoot=str(n.root), hfEndpoint=hub.url, peerPort=str(port))
             scripts.append(render_node_scripts(settings, rank, ips[rank], ips[0], FAST, peer_ips=ips))
-        procs = [n.start(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n") for n, s in zip(nodes, scripts)]
+        procs = [n.start(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n") for n, s in zip(nodes, scripts, strict=True)]
         outs = [p.communicate(timeout=120)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
         assert all(hub.downloads(f) == 1 for f in hub.files), "a file came from the hub more than once"
-        for n, s, out in zip(nodes, scripts, outs):
+        for n, s, out in zip(nodes, scripts, outs, strict=True):
             token_file = n.root / "etc/kimi-cluster/peer_token"
             assert token_file.read_text().strip() == PEER_TOKEN and stat.S_IMODE(token_file.stat().st_mode) == 0o600
             check = ok(n.run(s["check"], stdin=TOKEN))
-            assert "RESULT: COMPLETE" in check and f"{len(hub.files)} from the hashes recorded while downloading, 0 read now" in check
+            assert "RESULT: COMPLETE" in check
+            assert f"{len(hub.files)} from the hashes recorded while downloading, 0 read now" in check
             log = (n.root / "var/log/kimi-cluster/weights.log").read_text()
             for text in (out, check, log, s["weights"], s["check"], str(n.calls())):
                 assert PEER_TOKEN not in text and TOKEN not in text
@@ -195,7 +196,7 @@ def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashe
 
         # A re-run (e.g. after a changed connection) takes nothing from the hub or the peers.
         before = len(hub.answers)
-        for n, s in zip(nodes, scripts):
+        for n, s in zip(nodes, scripts, strict=True):
             assert "nothing to fetch" in ok(n.run(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n")) + \
                 (n.root / "var/log/kimi-cluster/weights.log").read_text()
         assert len(hub.answers) == before

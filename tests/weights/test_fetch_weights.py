@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx2
