@@ -72,7 +72,8 @@ def flag_name(arg: str) -> str | None:
 def owned_flags(settings: Settings) -> frozenset[str]:
     """Every flag the program's command line sets for this engine, with its aliases."""
     argv = flatten(_program_argv(settings, 0, "<head>"))
-    return frozenset({w for w in argv if isinstance(w, str) and flag_name(w)} | set(_OWNED_ALIASES[settings.engine_name]))
+    flags = {w for w in argv if isinstance(w, str) and flag_name(w)}
+    return frozenset(flags | set(_OWNED_ALIASES[settings.engine_name]))
 
 
 def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:

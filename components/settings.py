@@ -12,7 +12,8 @@ import ipaddress
 import json
 import posixpath
 import re
-from typing import Any, Iterable, Literal, Mapping, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -24,7 +25,8 @@ SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials", "tlsPrivate
 # Every pattern is used with fullmatch: a `$` also matches before a trailing newline, which would let one through.
 _HEX40 = re.compile(r"[0-9a-f]{40}")
 _SSH_PUBLIC_KEY = re.compile(
-    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+( [^\x00-\x1f\x7f]*)?")
+    r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+"
+    r"( [^\x00-\x1f\x7f]*)?")
 # The widest IPv6 operatorCidr accepted: a /48 is one site's allocation.
 IPV6_MIN_PREFIX = 48
 # The widest IPv4 operatorCidr accepted (a /8 is the largest block ever allocated to one holder); wider than
@@ -510,7 +512,8 @@ class Settings(BaseModel):
                                  f"{', '.join(NAMESPACE + ':' + k for k in missing)} as well")
             if self.gpu_memory_gb not in catalog.GPU_BY_MEMORY_GB:
                 known = ", ".join(str(k) for k in sorted(catalog.GPU_BY_MEMORY_GB))
-                raise ValueError(f"{NAMESPACE}:gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
+                raise ValueError(
+                    f"{NAMESPACE}:gpuMemoryGb {self.gpu_memory_gb} is not a known GPU size; known: {known}")
             if self.engine == "vllm" and self.node_count != 1:
                 raise ValueError(f"{NAMESPACE}:engine vllm is supported on one node only ({NAMESPACE}:nodeCount 1); "
                                  "use sglang across nodes")
@@ -559,7 +562,7 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _rules(self) -> "Settings":
+    def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
         problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe())
                     if p] + self._name_problems() + self._engine_arg_problems()
@@ -764,7 +767,7 @@ class Settings(BaseModel):
         return out
 
 
-_V4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 # Ranges no public address is in, with the reason shown; documentation ranges are left to placeholders().
 _NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
     ("127.0.0.0/8", "a loopback range"), ("::1/128", "the loopback address"),
@@ -778,7 +781,7 @@ _NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
 
 def _non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | None:
     for other, why in _NON_PUBLIC:
-        if other.version == net.version and net.overlaps(other):  # type: ignore[arg-type]
+        if other.version == net.version and net.overlaps(other):
             return why
     return None
 

@@ -386,7 +386,7 @@ class Emulator:
 
     # -- life of the server --
 
-    def start(self) -> "Emulator":
+    def start(self) -> Emulator:
         handler = type("Handler", (_Handler,), {"emulator": self, "timeout": self.socket_timeout})
         self._server = ThreadingHTTPServer((self.host, self.port), handler)
         self._server.daemon_threads = True

@@ -119,7 +119,8 @@ class Workdir:
             self._mark()
 
     def _mark(self) -> None:
-        self.marker.write_text("created by python -m scripts.sandbox; destroy deletes only what the sandbox made here\n")
+        self.marker.write_text(
+            "created by python -m scripts.sandbox; destroy deletes only what the sandbox made here\n")
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:

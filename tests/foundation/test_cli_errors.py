@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.kimi import MARKER, Workdir
 from scripts import emulator as emulator_cli
 from scripts import plan as plan_cli
 from scripts import sandbox as sandbox_cli
-from sandbox.kimi import MARKER, Workdir
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:

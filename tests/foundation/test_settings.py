@@ -80,7 +80,8 @@ def test_two_node_b200_custom_cluster_accepted_without_price():
 
 
 def test_custom_needs_all_shape_keys():
-    refused("topology custom needs kimi-cluster:nodeCount, kimi-cluster:gpusPerNode, kimi-cluster:gpuMemoryGb, kimi-cluster:engine", topology="custom", flavor="x")
+    refused("topology custom needs kimi-cluster:nodeCount, kimi-cluster:gpusPerNode, kimi-cluster:gpuMemoryGb, "
+            "kimi-cluster:engine", topology="custom", flavor="x")
 
 
 def test_custom_unknown_gpu_size_refused():

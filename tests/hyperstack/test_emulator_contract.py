@@ -333,8 +333,8 @@ def test_a_client_that_stops_sending_is_dropped_and_others_are_served():
     import socket
     import time
 
-    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
     from components.hyperstack.api import HyperstackClient
+    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
 
     with Emulator(socket_timeout=0.5) as emu:
         slow = socket.create_connection(("127.0.0.1", emu.port), timeout=5)
