@@ -112,8 +112,9 @@ def draw(bars: list[Bar], out: str, title: str = "kimi-cluster bring-up") -> Non
     steps = [s for s in STEP_ORDER if any(b.step == s for b in bars)]
     steps += sorted({b.step for b in bars} - set(steps))
     colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(steps)}
-    # Steps that overlap on one node (image pull and kernel-cache restore alongside the weights) get their own lanes.
-    lanes = {"image": 1, "cache-restore": 2}
+    # Steps that overlap on one node (image pull and kernel-cache restore alongside the weights) get their own lanes;
+    # the head's proxy starts once its image is pulled, so it follows the pull in that lane.
+    lanes = {"image": 1, "proxy": 1, "cache-restore": 2}
     offsets = {0: 0.1, 1: -0.2, 2: -0.5}
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * len(ranks)))
     for b in bars:
