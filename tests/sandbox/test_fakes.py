@@ -96,8 +96,8 @@ def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(t
     api_port = services.free_port()
     node = make_fake_node(tmp_path, run_hook=str(ENGINE_HOOK),
                           extra_env={"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin"})
-    settings = load_settings({"operatorCidr": "127.0.0.1/32", "topology": "b300x1-vllm", "enginePort": str(port),
-                              "apiPort": str(api_port),
+    settings = load_settings({"operatorCidr": "127.0.0.1/32", "allowPrivateOperatorCidr": True,
+                              "topology": "b300x1-vllm", "enginePort": str(port), "apiPort": str(api_port),
                               "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
     argv = [str(w) for w in launch.flatten(launch.docker_run_argv(
         settings, 0, private_ip="127.0.0.3", head_private_ip="127.0.0.3", hf_dir="/hf", cache_dir="/cache",
