@@ -18,6 +18,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 import tarfile
 import tempfile
@@ -41,10 +42,84 @@ DENIED_NAMES = ("token", "stored_tokens", "*.env", ".env", ".env.*", "*.netrc", 
                 "credentials.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.header", "*secret*",
                 "*token*", ".git-credentials", "*.p12")
 MIN_SECRET_LEN = 8
+# What a restore may unpack, whatever the manifest says: the archive lands on the disk that holds the weights and
+# Docker's data, and a bucket writer (or anyone with the bucket's key) chooses its content.
+MAX_ARCHIVE_BYTES = 64 * 10**9
+MAX_UNPACKED_BYTES = 128 * 10**9
+MAX_MEMBERS = 200_000
+# Open flags for every path under the cache folder: the engine container writes there as root, so any component
+# may have been swapped for a link (or a FIFO) since it was last looked at.
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 class CacheError(Exception):
     """Why a restore starts cold or a save is skipped; one line."""
+
+
+# ---- paths the container can reach -----------------------------------------------------------------------------------
+
+
+def _open_root(cache_dir: str) -> int:
+    """The cache folder itself, refused if it is a link (the host made it; the container can only write inside)."""
+    try:
+        return os.open(cache_dir, _NOFOLLOW_DIR)
+    except OSError as exc:
+        raise CacheError(f"cannot open the cache folder {cache_dir} without following links: {exc}") from None
+
+
+def _open_dirs(root_fd: int, parts: list[str], create: bool) -> int:
+    """The folder `parts` below root_fd, one component at a time with O_NOFOLLOW, so no component is ever a link.
+
+    Returns a new descriptor (the caller closes it). Each component is opened relative to the one before, so a link
+    swapped in after a check cannot redirect a later step: the descriptors stay on the folders that were checked.
+    """
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            if part in ("", ".", "..") or "/" in part:
+                raise CacheError(f"refusing the path component {part!r}")
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nxt = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
+            except OSError as exc:
+                raise CacheError(f"refusing {'/'.join(parts)}: the component {part!r} is not a plain folder "
+                                 f"({os.strerror(exc.errno or 0)}), perhaps a link planted in the cache") from None
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _inside(fd: int, root: str) -> bool:
+    """Where the kernel says this descriptor's folder is (Linux's /proc), checked to lie inside `root`."""
+    where = f"/proc/self/fd/{fd}"
+    if not os.path.exists(where):
+        return True  # no /proc: the O_NOFOLLOW walk alone has to do
+    real = os.path.realpath(where)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def open_file_beneath(root_fd: int, rel: str) -> int:
+    """A file below root_fd opened once, with no link followed in any component; refused unless a regular file."""
+    *dirs, name = rel.split("/")
+    dfd = _open_dirs(root_fd, dirs, create=False)
+    try:
+        fd = os.open(name, _NOFOLLOW_FILE, dir_fd=dfd)
+    except OSError as exc:
+        raise CacheError(f"{rel} cannot be opened without following a link ({os.strerror(exc.errno or 0)})") from None
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CacheError(f"{rel} is not a regular file")
+    return fd
 
 
 # ---- what may travel -----------------------------------------------------------------------------------------------
@@ -76,17 +151,30 @@ def secret_values(paths: list[str]) -> list[bytes]:
     return sorted((s.encode() for s in found), key=len, reverse=True)
 
 
-def _holds_secret(path: str, secrets: list[bytes]) -> bool:
+class SecretScanner:
+    """Looks for any of the node's secrets in a stream of blocks, also across block boundaries."""
+
+    def __init__(self, secrets: list[bytes]) -> None:
+        self.secrets = secrets
+        self.overlap = max((len(s) for s in secrets), default=0)
+        self.tail = b""
+
+    def feed(self, block: bytes) -> bool:
+        if not self.secrets:
+            return False
+        window = self.tail + block
+        self.tail = window[-self.overlap:]
+        return any(s in window for s in self.secrets)
+
+
+def _holds_secret(fd: int, secrets: list[bytes]) -> bool:
+    scanner = SecretScanner(secrets)
     if not secrets:
         return False
-    overlap = max(len(s) for s in secrets)
-    tail = b""
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            window = tail + block
-            if any(s in window for s in secrets):
-                return True
-            tail = window[-overlap:]
+    os.lseek(fd, 0, os.SEEK_SET)
+    for block in iter(lambda: os.read(fd, CHUNK), b""):
+        if scanner.feed(block):
+            return True
     return False
 
 
@@ -110,26 +198,39 @@ class Selection:
 
 
 def select(cache_dir: str, secrets: list[bytes]) -> Selection:
-    """Walk the cache folder without following links; keep regular files that may travel."""
+    """Walk the cache folder without following links; keep regular files that may travel.
+
+    Each file is opened once with no link followed (open_file_beneath) and its secret scan reads that descriptor;
+    the stat kept is the descriptor's, so `pack` can tell if the path names another file by the time it packs.
+    """
     sel = Selection()
-    for dirpath, dirnames, filenames in os.walk(cache_dir):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, cache_dir).replace(os.sep, "/")
-            st = os.lstat(full)
-            if not os.path.isfile(full) or os.path.islink(full):
-                if allowed_path(rel):
+    if not os.path.lexists(cache_dir):
+        return sel  # the engine has not started yet: nothing compiled
+    root_fd = _open_root(cache_dir)
+    try:
+        for dirpath, dirnames, filenames in os.walk(cache_dir):
+            dirnames.sort()
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, cache_dir).replace(os.sep, "/")
+                if not allowed_path(rel):
+                    if any(rel.startswith(root + "/") for root in ALLOWED_ROOTS):
+                        sel.stripped.append(f"{rel} (a name kernels never have)")
+                    continue
+                try:
+                    fd = open_file_beneath(root_fd, rel)
+                except CacheError:
                     sel.stripped.append(f"{rel} (not a regular file)")
-                continue
-            if not allowed_path(rel):
-                if any(rel.startswith(root + "/") for root in ALLOWED_ROOTS):
-                    sel.stripped.append(f"{rel} (a name kernels never have)")
-                continue
-            if _holds_secret(full, secrets):
-                sel.stripped.append(f"{rel} (holds a secret of this node)")
-                continue
-            sel.files.append((rel, st))
+                    continue
+                try:
+                    if _holds_secret(fd, secrets):
+                        sel.stripped.append(f"{rel} (holds a secret of this node)")
+                        continue
+                    sel.files.append((rel, os.fstat(fd)))
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(root_fd)
     return sel
 
 
@@ -229,8 +330,19 @@ class Store:
             raise CacheError(f"the manifest {name} is not a JSON object")
         return manifest
 
-    def download(self, key: str, dest: str, progress: Callable[[int], None]) -> None:
+    def download(self, key: str, dest: str, progress: Callable[[int], None], size: int | None = None) -> None:
+        """Fetch the archive; with `size`, refused before a byte is fetched if the object is of another size."""
         name = self.object_key(key, ARCHIVE_NAME)
+        if size is not None:
+            try:
+                head = self._call(f"reading the size of {name}",
+                                  lambda: self.client.head_object(Bucket=self.bucket, Key=name))
+            except _Missing:
+                raise CacheError(f"the manifest names {name}, but the archive is missing") from None
+            length = head.get("ContentLength")
+            if length != size:
+                raise CacheError(f"the archive is {length:,} bytes, the manifest recorded {size:,}"
+                                 if isinstance(length, int) else "the store gives no size for the archive")
         try:
             self._call(f"downloading {name}",
                        lambda: self.client.download_file(self.bucket, name, dest, Callback=progress))
@@ -257,13 +369,16 @@ class _Missing(Exception):
 class Progress:
     """Counts bytes from boto3's callbacks (several threads) and prints a line every `every` seconds."""
 
-    def __init__(self, verb: str, total: int, every: float) -> None:
-        self.verb, self.total, self.every = verb, total, every
+    def __init__(self, verb: str, total: int, every: float, limit: int | None = None) -> None:
+        self.verb, self.total, self.every, self.limit = verb, total, every, limit
         self.done = 0
         self.last = time.monotonic()
 
     def __call__(self, n: int) -> None:
         self.done += n
+        if self.limit is not None and self.done > self.limit:
+            # The object grew after its size was read: stop before it fills the disk.
+            raise CacheError(f"the archive is more than the {self.limit:,} bytes the manifest recorded")
         now = time.monotonic()
         if now - self.last >= self.every:
             self.last = now
@@ -317,10 +432,20 @@ def key_difference(expected: dict[str, Any], found: Any) -> list[str]:
             for k in sorted(set(expected) | set(found)) if expected.get(k) != found.get(k)]
 
 
-def safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
-    """Every member, refused whole if any is outside the kernel caches or not a plain file or folder."""
-    members = tar.getmembers()
-    for m in members:
+def safe_members(tar: tarfile.TarFile, max_bytes: int = MAX_UNPACKED_BYTES,
+                 max_members: int = MAX_MEMBERS) -> Iterator[tarfile.TarInfo]:
+    """Every member, refused whole if any is outside the kernel caches or not a plain file or folder, or if the
+    members are more than `max_members` or add up to more than `max_bytes` (read header by header, so a bomb of
+    entries is refused when the cap is passed, not after all of them are in memory)."""
+    members: list[tarfile.TarInfo] = []
+    total = 0
+    for m in tar:
+        if len(members) >= max_members:
+            raise CacheError(f"the archive holds more than {max_members:,} entries; refusing it")
+        total += max(m.size, 0)
+        if total > max_bytes:
+            raise CacheError(f"the archive unpacks to more than {_mb(max_bytes)}; refusing it")
+        members.append(m)
         name = m.name.removeprefix("./")
         if not (m.isfile() or m.isdir()):
             raise CacheError(f"the archive holds {m.name!r}, which is not a plain file or folder; refusing it")
@@ -337,6 +462,31 @@ def safe_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         m.uid = m.gid = 0
         m.uname = m.gname = ""
     return iter(members)
+
+
+def _manifest_int(manifest: dict[str, Any], name: str) -> int | None:
+    value = manifest.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CacheError(f"the manifest's {name} is {value!r}, not a byte or file count")
+    return value
+
+
+def unpack_limits(manifest: dict[str, Any]) -> tuple[int, int, int]:
+    """(archive bytes, unpacked bytes, entries) a restore accepts: what the manifest recorded, within fixed caps."""
+    size = _manifest_int(manifest, "size")
+    if not size:
+        raise CacheError("the manifest records no size for the archive")
+    if size > MAX_ARCHIVE_BYTES:
+        raise CacheError(f"the manifest records an archive of {_mb(size)}, more than the {_mb(MAX_ARCHIVE_BYTES)} "
+                         "a restore accepts")
+    unpacked = _manifest_int(manifest, "bytes")
+    files = _manifest_int(manifest, "files")
+    max_bytes = MAX_UNPACKED_BYTES if unpacked is None else min(unpacked, MAX_UNPACKED_BYTES)
+    # Folders are entries too: allow one per file on top of the files themselves.
+    max_members = MAX_MEMBERS if files is None else min(2 * files + len(ALLOWED_ROOTS) + 8, MAX_MEMBERS)
+    return size, max_bytes, max_members
 
 
 def restore(args: argparse.Namespace) -> str:
@@ -378,13 +528,16 @@ def _restore(args: argparse.Namespace) -> str:
     recorded = str(manifest.get("sha256") or "")
     if len(recorded) != 64:
         raise CacheError("the manifest records no sha256 for the archive")
-    size = int(manifest.get("size") or 0)
+    size, max_bytes, max_members = unpack_limits(manifest)
     work = tempfile.mkdtemp(prefix=".kernel-cache-restore-", dir=args.work_dir)
     try:
         archive = os.path.join(work, ARCHIVE_NAME)
         started = time.monotonic()
         say(f"downloading {_mb(size)} from {store.place(args.key)}")
-        store.download(args.key, archive, Progress("downloaded", size, args.progress_seconds))
+        store.download(args.key, archive, Progress("downloaded", size, args.progress_seconds, limit=size), size)
+        got = os.path.getsize(archive)
+        if got != size:
+            raise CacheError(f"the archive is {got:,} bytes, the manifest recorded {size:,}")
         actual = sha256_file(archive)
         if actual != recorded:
             raise CacheError(f"the archive is corrupt: its sha256 is {actual[:16]}..., the manifest recorded "
@@ -393,7 +546,7 @@ def _restore(args: argparse.Namespace) -> str:
         os.makedirs(staging)
         try:
             with tarfile.open(archive, "r:gz") as tar:
-                members = list(safe_members(tar))
+                members = list(safe_members(tar, max_bytes, max_members))
                 kwargs: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
                 tar.extractall(staging, members=members, **kwargs)
         except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
@@ -408,38 +561,77 @@ def _restore(args: argparse.Namespace) -> str:
 
 
 def _merge(src: str, dest: str) -> int:
-    """Move unpacked files into the cache folder, never over a file already there."""
+    """Move unpacked files into the cache folder, never over a file already there and never through a link.
+
+    The engine's container writes in the cache folder as root, so it could plant `triton -> /etc/cron.d` before a
+    restore. Every folder on the way is opened with O_NOFOLLOW relative to the one before (a link anywhere is
+    refused), checked to lie inside the cache folder, and each file is hard-linked into place, which fails rather
+    than replace anything already at that name, link or not.
+    """
     count = 0
-    for dirpath, _, filenames in os.walk(src):
-        rel_dir = os.path.relpath(dirpath, src)
-        target_dir = os.path.normpath(os.path.join(dest, rel_dir))
-        os.makedirs(target_dir, exist_ok=True)
-        for name in filenames:
-            target = os.path.join(target_dir, name)
-            if not os.path.exists(target):
-                os.replace(os.path.join(dirpath, name), target)
-                count += 1
+    real_dest = os.path.realpath(dest)
+    root_fd = _open_root(dest)
+    try:
+        for dirpath, _, filenames in os.walk(src):
+            rel_dir = os.path.relpath(dirpath, src).replace(os.sep, "/")
+            parts = [] if rel_dir == "." else rel_dir.split("/")
+            dfd = _open_dirs(root_fd, parts, create=True)
+            try:
+                if not _inside(dfd, real_dest):
+                    raise CacheError(f"refusing {rel_dir}: it resolves outside the cache folder")
+                for name in filenames:
+                    try:
+                        os.link(os.path.join(dirpath, name), name, dst_dir_fd=dfd, follow_symlinks=False)
+                    except FileExistsError:
+                        continue
+                    count += 1
+            finally:
+                os.close(dfd)
+    finally:
+        os.close(root_fd)
     return count
 
 
 # ---- save ----------------------------------------------------------------------------------------------------------
 
 
-def pack(cache_dir: str, sel: Selection, dest: str) -> None:
-    """A gzip'd tar of the selected files only; level 1, since kernels compress little and time matters more."""
-    with open(dest, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
-        for rel, st in sel.files:
-            info = tarfile.TarInfo(rel)
-            info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
-            with open(os.path.join(cache_dir, rel), "rb") as fh:
-                tar.addfile(info, _Exact(fh, st.st_size))
+def pack(cache_dir: str, sel: Selection, dest: str, secrets: list[bytes] | None = None) -> Selection:
+    """A gzip'd tar of the selected files only; level 1, since kernels compress little and time matters more.
+
+    Each file is opened once, with no link followed, and must still be the file `select` checked (same device and
+    inode): one swapped for a link or another file since is left out. The bytes that go into the archive are the
+    bytes scanned for the node's secrets; one that appears there (a file rewritten since `select`) stops the save.
+    Returns what was packed.
+    """
+    packed = Selection(stripped=list(sel.stripped))
+    root_fd = _open_root(cache_dir)
+    try:
+        with open(dest, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+            for rel, st in sel.files:
+                try:
+                    fd = open_file_beneath(root_fd, rel)
+                except CacheError as exc:
+                    packed.stripped.append(f"{rel} (changed during the save: {exc})")
+                    continue
+                with os.fdopen(fd, "rb") as fh:
+                    now = os.fstat(fh.fileno())
+                    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                        packed.stripped.append(f"{rel} (replaced by another file during the save)")
+                        continue
+                    info = tarfile.TarInfo(rel)
+                    info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
+                    tar.addfile(info, _Exact(fh, st.st_size, rel, SecretScanner(secrets or [])))
+                packed.files.append((rel, st))
+    finally:
+        os.close(root_fd)
+    return packed
 
 
 class _Exact(io.RawIOBase):
-    """Reads exactly `size` bytes of a file, so a file still growing cannot break the tar."""
+    """Reads exactly `size` bytes of a file, so a file still growing cannot break the tar; scans what it hands out."""
 
-    def __init__(self, fh: Any, size: int) -> None:
-        self.fh, self.left = fh, size
+    def __init__(self, fh: Any, size: int, rel: str = "", scanner: SecretScanner | None = None) -> None:
+        self.fh, self.left, self.rel, self.scanner = fh, size, rel, scanner
 
     def readable(self) -> bool:
         return True
@@ -449,6 +641,8 @@ class _Exact(io.RawIOBase):
         data = self.fh.read(n)
         data += b"\0" * (n - len(data))
         self.left -= n
+        if self.scanner is not None and self.scanner.feed(data):
+            raise CacheError(f"{self.rel} came to hold a secret of this node while it was packed; nothing uploaded")
         return data
 
 
@@ -459,7 +653,8 @@ def save(args: argparse.Namespace) -> str:
     for folder in args.secret_dir:
         for dirpath, _, names in os.walk(folder):
             files += [os.path.join(dirpath, n) for n in names]
-    sel = select(args.cache_dir, secret_values(files))
+    secrets = secret_values(files)
+    sel = select(args.cache_dir, secrets)
     for line in sel.stripped[:20]:
         say(f"left out {line}")
     if len(sel.stripped) > 20:
@@ -482,7 +677,9 @@ def save(args: argparse.Namespace) -> str:
         archive = os.path.join(work, ARCHIVE_NAME)
         started = time.monotonic()
         say(f"packing {len(sel.files)} kernel files ({_mb(sel.total_bytes)})")
-        pack(args.cache_dir, sel, archive)
+        sel = pack(args.cache_dir, sel, archive, secrets)
+        if not sel.files:
+            raise CacheError("every kernel file changed during the save; nothing uploaded")
         size = os.path.getsize(archive)
         manifest = {
             "format": FORMAT_VERSION, "key": args.key, "fields": fields, "sha256": sha256_file(archive),
