@@ -40,6 +40,7 @@ BOTO3_VERSION = "1.44.5"  # the S3 client the kernel-cache program runs with; th
 KERNEL_CACHE_SAVE_TYPE = "kimi:cluster:KernelCacheSave"
 FETCH_SOURCE = Path(__file__).resolve().parents[1] / "scripts" / "fetch_weights.py"
 SPLIT_SOURCE = Path(__file__).resolve().parent / "weights.py"  # the split, shipped beside the program
+NAMES_SOURCE = Path(__file__).resolve().parent / "hub_names.py"  # the manifest's name rules, shipped beside both
 SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
 
 # A fresh VM refuses SSH for minutes after it reports ACTIVE; pulumi-command's defaults (10 dials, 15 s each) give up
@@ -277,11 +278,12 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  download_timeout_s=timing.download_s(settings), peers=peer_list(settings, peer_ips),
                  peer_timeout_s=timing.peer_timeout_s, stall_seconds=timing.stall_seconds,
                  progress_file=weights.PROGRESS_FILE, verified_dir=weights.VERIFIED_DIR,
-                 plan_source=_source(SPLIT_SOURCE), program_source=_source(FETCH_SOURCE))
+                 plan_source=_source(SPLIT_SOURCE), program_source=_source(FETCH_SOURCE),
+                 names_source=_source(NAMES_SOURCE))
     elif step == "check":
         v.update(repo=settings.model, revision=settings.model_revision, hf_endpoint=settings.hf_endpoint,
                  verify_sha256=settings.verify_sha256, check_source=_source(CHECK_SOURCE),
-                 verified_dir=weights.VERIFIED_DIR)
+                 names_source=_source(NAMES_SOURCE), verified_dir=weights.VERIFIED_DIR)
     elif step == "launch":
         argv = launch.docker_run_argv(
             settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,

@@ -4,7 +4,7 @@
 Compares every file with the hub's manifest for that revision (present, same size, no partial downloads left) and,
 with --sha256, checks every file's hash against the manifest: from the record the download kept of the hashes it
 computed while writing (scripts/fetch_weights.py), when the file is unchanged since (same size and mtime), and by
-reading the file otherwise. Needs only huggingface_hub.
+reading the file otherwise. Needs only huggingface_hub (and components/hub_names.py, shipped beside it).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from huggingface_hub import HfApi
+
+from components.hub_names import UnsafeName, checked_etag, checked_name
 
 CHUNK = 8 * 1024 * 1024
 
@@ -60,10 +62,13 @@ def manifest(args: argparse.Namespace) -> list[Expected]:
     )
     if info.sha and info.sha != args.revision:
         raise SystemExit(f"the hub resolved {args.revision} to {info.sha}; pin the full commit hash")
-    return [
-        Expected(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, None if s.lfs else s.blob_id)
-        for s in info.siblings or []
-    ]
+    out = []
+    for s in info.siblings or []:
+        # Each name is joined to the snapshot folder and read as root: one that leaves it is refused.
+        name = checked_name(s.rfilename)
+        etag = checked_etag(name, s.lfs.sha256 if s.lfs else s.blob_id)
+        out.append(Expected(name, s.size, etag if s.lfs else None, None if s.lfs else etag))
+    return out
 
 
 def load_record(path: str | None, revision: str) -> dict:
@@ -151,6 +156,9 @@ def check(args: argparse.Namespace) -> int:
         expected = manifest(args)
     except SystemExit:
         raise
+    except UnsafeName as exc:
+        print(f"ERROR: {exc}; the hub (or whatever answered for it) is not to be trusted with this snapshot")
+        return 2
     except Exception as exc:  # noqa: BLE001 - any hub failure means the check cannot vouch for the snapshot
         print(f"ERROR: cannot read the hub's manifest for {args.repo}@{args.revision}: {type(exc).__name__}: {exc}")
         return 2

@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -37,10 +38,20 @@ import httpx2
 from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.utils import build_hf_headers
 
+from components.hub_names import UnsafeName, checked_etag, checked_name
 from components.weights import PEER_PORT, owners
 
 CHUNK = 1024 * 1024
 HUB_ATTEMPTS = 5  # per file, for dropped connections and 5xx/429; each retry resumes where the last one stopped
+# The peer server, facing whatever reaches the private address: a connection has this long to send its request line
+# and headers with a valid token (a whole-request deadline, not per read, so a byte every few seconds does not keep
+# it); after that, a transfer may wait --stall-seconds for each write. Connections beyond the cap are closed at once,
+# before a thread or a byte of work is spent on them.
+PEER_REQUEST_DEADLINE_S = 10.0
+PEER_EXTRA_CONNECTIONS = 8  # beyond what the peers' own fetches and status polls can open at once
+PEER_STATUS_MAX_BYTES = 256 * 1024 + 512  # a /status answer: per file name, up to its 1024 characters, quoted
+PEER_STATUS_DEADLINE_S = 5.0  # for the whole /status answer
+PEER_LOG_EVERY_S = 10.0  # at most one line about refused or broken peer connections per this many seconds
 
 
 def log(msg: str) -> None:
@@ -53,6 +64,10 @@ class Fatal(Exception):
 
 class Corrupt(Exception):
     """A file whose bytes do not hash to the manifest's value."""
+
+
+class PeerFault(Exception):
+    """A peer that answered out of shape or too slowly: treated as dead, its files taken from the hub."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds a peer may stay unreachable (also at start-up) before its share goes to the hub")
     ap.add_argument("--stall-seconds", type=float, default=180.0,
                     help="seconds without progress after which a peer or a stream counts as stalled")
+    ap.add_argument("--peer-min-rate", type=float, default=8e6,
+                    help="bytes/s below which a whole transfer from a peer is cut off (its deadline is the file's "
+                         "size at this rate, plus --stall-seconds); the file then comes from the hub")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
     ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
     ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")
@@ -131,9 +149,15 @@ def hub_manifest(args: argparse.Namespace, token: str | None) -> list[Entry]:
         raise Fatal(f"the hub resolved {args.revision} to {info.sha}; pin the full commit hash")
     out = []
     for s in info.siblings or []:
-        if s.size is None:
-            raise Fatal(f"the hub's manifest gives no size for {s.rfilename}")
-        out.append(Entry(s.rfilename, s.size, s.lfs.sha256 if s.lfs else None, None if s.lfs else s.blob_id))
+        try:
+            # Every name is joined to the snapshot folder and every hash to the blobs folder, as root.
+            name = checked_name(s.rfilename)
+            if isinstance(s.size, bool) or not isinstance(s.size, int) or s.size < 0:
+                raise Fatal(f"the hub's manifest gives no size for {name}")
+            etag = checked_etag(name, s.lfs.sha256 if s.lfs else s.blob_id)
+        except UnsafeName as exc:
+            raise Fatal(str(exc)) from None
+        out.append(Entry(name, s.size, etag if s.lfs else None, None if s.lfs else etag))
     return out
 
 
@@ -234,8 +258,13 @@ class Counters:
 
 
 def stream_to(client: httpx2.Client, url: str, headers: dict[str, str], e: Entry, tmp: str, counters: Counters,
-              from_hub: bool, attempts: int) -> None:
-    """GET url into tmp, hashing every chunk as it is written; a dropped stream resumes with a Range request."""
+              from_hub: bool, attempts: int, deadline: float | None = None) -> None:
+    """GET url into tmp, hashing every chunk as it is written; a dropped stream resumes with a Range request.
+
+    With `deadline` (time.monotonic()), the whole transfer must end by then: chunks are taken as they arrive, so a
+    sender that trickles a byte at a time, which a per-read timeout never catches, is cut off (PeerFault).
+    """
+    chunk_size = CHUNK if deadline is None else None
     h = e.hasher()
     done = 0
     with open(tmp, "wb") as fh:
@@ -246,14 +275,18 @@ def stream_to(client: httpx2.Client, url: str, headers: dict[str, str], e: Entry
             try:
                 with client.stream("GET", url, headers=hdrs) as r:
                     if r.status_code in (401, 403, 404):
-                        raise Fatal(f"{e.name}: HTTP {r.status_code} from {url.split('?')[0]}")
+                        # The hub refusing a file stops the download; a peer refusing one only costs that peer.
+                        raise (Fatal if from_hub else PeerFault)(f"{e.name}: HTTP {r.status_code} from "
+                                                                 f"{url.split('?')[0]}")
                     if r.status_code == 200 and done:  # the server ignored the Range: start over
                         fh.seek(0)
                         fh.truncate()
                         h, done = e.hasher(), 0
                     elif r.status_code not in (200, 206):
                         raise httpx2.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
-                    for chunk in r.iter_bytes(CHUNK):
+                    for chunk in r.iter_bytes(chunk_size):
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise PeerFault(f"{e.name}: {done:,} of {e.size:,} bytes by the transfer's deadline")
                         fh.write(chunk)
                         h.update(chunk)
                         done += len(chunk)
@@ -292,14 +325,85 @@ def peer_url(spec: str) -> str:
     return f"http://{host or spec}:{port or PEER_PORT}"
 
 
+def parse_status(body: bytes, revision: str, by_name: dict[str, Entry]) -> dict[str, Any]:
+    """A peer's /status as {"done": [names], "complete": bool, "bytes_done": int}, or PeerFault naming the field.
+
+    The peer is another node of this cluster, but whatever answers on its address is what this reads: every field is
+    checked by type, the names against the manifest, so nothing it sends can raise elsewhere in the download.
+    """
+    try:
+        st = json.loads(body)
+    except ValueError:
+        raise PeerFault("its /status answer is not JSON") from None
+    if not isinstance(st, dict):
+        raise PeerFault("its /status answer is not a JSON object")
+    if st.get("revision") != revision:
+        # Not a fault: a peer still on the previous revision, about to be restarted, says so. It counts as
+        # unreachable, and is given up on after --peer-timeout like one that does not answer.
+        raise ValueError(f"it serves revision {str(st.get('revision'))[:60]!r}, not {revision}")
+    done, complete, nbytes = st.get("done"), st.get("complete"), st.get("bytes_done")
+    if not isinstance(done, list) or not all(isinstance(n, str) and n in by_name for n in done):
+        raise PeerFault("its /status 'done' is not a list of this checkpoint's file names")
+    if not isinstance(complete, bool):
+        raise PeerFault("its /status 'complete' is not true or false")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise PeerFault("its /status 'bytes_done' is not a byte count")
+    return {"done": done, "complete": complete, "bytes_done": nbytes}
+
+
+class _PeerHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a cap on connections and one short, rate-limited log line instead of tracebacks."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.log_lock = threading.Lock()
+        self.last_log = 0.0
+        self.unlogged = 0
+
+    def note(self, what: str) -> None:
+        """One line per PEER_LOG_EVERY_S at most, counting the ones it held back: the log is on the root disk."""
+        with self.log_lock:
+            now = time.monotonic()
+            if now - self.last_log < PEER_LOG_EVERY_S:
+                self.unlogged += 1
+                return
+            more = f" (and {self.unlogged} more since the last such line)" if self.unlogged else ""
+            self.last_log, self.unlogged = now, 0
+        log(f"peer server: {what[:200]}{more}")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.note(f"{self.max_connections} connections open; closed one from {client_address[0]} at once")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        self.note(f"connection from {client_address[0]} ended: {type(exc).__name__}")
+
+
 class Server:
     """Serves this node's verified files to its peers: GET /status and GET /files/<name>, both behind the token."""
 
-    def __init__(self, bind: str, port: int, token: str, node: Node) -> None:
+    def __init__(self, bind: str, port: int, token: str, node: Node, max_connections: int = 64) -> None:
         self.node = node
         handler = _handler(token, node)
-        self.httpd = ThreadingHTTPServer((bind, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _PeerHTTPServer((bind, port), handler, max_connections)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def start(self) -> None:
@@ -310,27 +414,64 @@ class Server:
         self.httpd.server_close()  # nothing listens once the download is over
 
 
+class _DeadlineReader:
+    """The request's reader until it is authorized: every read gets only the time left of one deadline."""
+
+    def __init__(self, raw: Any, sock: socket.socket, seconds: float) -> None:
+        self.raw, self.sock = raw, sock
+        self.deadline = time.monotonic() + seconds
+
+    def readline(self, limit: int = -1) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request was not complete by its deadline")
+        self.sock.settimeout(left)
+        return bytes(self.raw.readline(limit))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
     expected = f"Bearer {token}".encode()
+    transfer_timeout = node.args.stall_seconds
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "kimi-weights-peer/1"
+        timeout = PEER_REQUEST_DEADLINE_S  # socketserver sets it on the connection before anything is read
+
+        def setup(self) -> None:
+            super().setup()
+            self.reader = _DeadlineReader(self.rfile, self.connection, PEER_REQUEST_DEADLINE_S)
+            self.rfile = self.reader  # type: ignore[assignment]  # http.server only calls its readline
+
+        def handle_one_request(self) -> None:
+            # Each request on a kept-alive connection gets its own deadline, as the first one did.
+            self.connection.settimeout(PEER_REQUEST_DEADLINE_S)
+            self.reader.deadline = time.monotonic() + PEER_REQUEST_DEADLINE_S
+            super().handle_one_request()
 
         def log_message(self, fmt: str, *args: Any) -> None:  # the log is the program's own lines only
             pass
 
-        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        def _send(self, status: int, body: bytes, ctype: str = "application/json",
+                  headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
 
         def do_GET(self) -> None:
             if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
-                self._send(401, b'{"error": "unauthorized"}')
+                self.close_connection = True  # no second try on the same connection
+                self._send(401, b'{"error": "unauthorized"}', headers={"Connection": "close"})
                 return
+            # Authorized: from here a slow reader of a large file is a peer, given the stall allowance per write.
+            self.connection.settimeout(transfer_timeout)
             if self.path == "/status":
                 self._send(200, json.dumps(node.status()).encode())
                 return
@@ -347,13 +488,20 @@ def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
             start = 0
             rng = self.headers.get("Range", "")
             if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
-                start = min(int(rng[6:-1]), e.size)
+                start = int(rng[6:-1])
+                if start >= e.size:
+                    # RFC 9110 15.5.17: a range that starts at or past the end is unsatisfiable.
+                    self._send(416, b'{"error": "range not satisfiable"}',
+                               headers={"Content-Range": f"bytes */{e.size}"})
+                    return
             self.send_response(206 if start else 200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(e.size - start))
             if start:
                 self.send_header("Content-Range", f"bytes {start}-{e.size - 1}/{e.size}")
             self.end_headers()
+            if e.size == start:
+                return  # an empty file: sendfile refuses a count of 0
             try:
                 self.wfile.flush()
                 with open(node.cache.blob(e), "rb") as fh:
@@ -418,16 +566,32 @@ class Node:
         })
 
     # peers
+    def peer_status(self, p: Peer) -> dict[str, Any]:
+        """A peer's GET /status, read up to a size cap and checked field by field (PeerFault if out of shape)."""
+        deadline = time.monotonic() + PEER_STATUS_DEADLINE_S  # the whole answer, so a trickle cannot hold the loop
+        with self.peer_client.stream("GET", f"{p.url}/status", headers=self.peer_headers, timeout=2.0) as r:
+            r.raise_for_status()
+            body = b""
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > PEER_STATUS_MAX_BYTES:
+                    raise PeerFault(f"its /status answer is over {PEER_STATUS_MAX_BYTES:,} bytes")
+                if time.monotonic() > deadline:
+                    raise PeerFault(f"its /status answer took over {PEER_STATUS_DEADLINE_S:g} s")
+        return parse_status(body, self.args.revision, self.by_name)
+
     def poll_peers(self) -> None:
         now = time.monotonic()
         own = self.owner_map()
         for p in self.peers.values():
+            if p.dead:
+                continue  # given up on: its files come from the hub, and what it says no longer counts
             try:
-                r = self.peer_client.get(f"{p.url}/status", headers=self.peer_headers, timeout=2.0)
-                r.raise_for_status()
-                st = r.json()
-                if st.get("revision") != self.args.revision:
-                    raise ValueError(f"peer {p.rank} serves revision {st.get('revision')}")
+                st = self.peer_status(p)
+            except PeerFault as exc:
+                p.reachable = False
+                self.declare_dead(p, f"answered out of shape ({exc})")
+                continue
             except (httpx2.HTTPError, ValueError) as exc:
                 p.reachable = False
                 p.why = f"{type(exc).__name__}: {exc}"[:200]
@@ -436,10 +600,10 @@ class Node:
                     self.declare_dead(p, f"unreachable for {self.args.peer_timeout:.0f} s ({p.why})")
                 continue
             p.reachable, p.last_ok = True, now
-            p.done = set(st.get("done", []))
-            p.complete = p.complete or bool(st.get("complete"))
-            if st.get("bytes_done", 0) != p.bytes_done:
-                p.bytes_done, p.progress_at = st.get("bytes_done", 0), now
+            p.done = set(st["done"])
+            p.complete = p.complete or st["complete"]
+            if st["bytes_done"] != p.bytes_done:
+                p.bytes_done, p.progress_at = st["bytes_done"], now
             elif (not p.dead and now - p.progress_at > self.args.stall_seconds
                   and any(r == p.rank and f not in p.done for f, r in own.items())):
                 # Only a peer with files of its own still to fetch can stall: one that waits for others cannot.
@@ -461,7 +625,9 @@ class Node:
                 stream_to(self.hub, url, self.hub_headers, e, tmp, self.counters, True, HUB_ATTEMPTS)
             else:
                 url = f"{source.url}/files/{quote(e.name)}"
-                stream_to(self.peer_client, url, self.peer_headers, e, tmp, self.counters, False, 2)
+                # The whole transfer has a deadline: a peer's own byte count cannot vouch for its speed.
+                deadline = time.monotonic() + e.size / self.args.peer_min_rate + self.args.stall_seconds
+                stream_to(self.peer_client, url, self.peer_headers, e, tmp, self.counters, False, 2, deadline)
             self.cache.commit(e, tmp)
         except BaseException:
             if os.path.exists(tmp):
@@ -489,7 +655,8 @@ class Node:
                 raise Fatal("peers given but no peer token (--peer-token-file)")
             bind = self.peers_spec[self.args.rank].rpartition(":")[0] or self.peers_spec[self.args.rank]
             bind_port = int(peer_url(self.peers_spec[self.args.rank]).rsplit(":", 1)[1])
-            server = Server(bind, bind_port, self.peer_token, self)
+            cap = len(self.peers) * (self.args.workers + 2) + PEER_EXTRA_CONNECTIONS
+            server = Server(bind, bind_port, self.peer_token, self, max_connections=cap)
             server.start()
             log(f"serving finished files to the peers on {bind}:{bind_port} (private network only)")
         try:
@@ -579,6 +746,11 @@ class Node:
             self.hub_only.add(e.name)
         elif isinstance(exc, Fatal):
             raise exc
+        elif src is not None and isinstance(exc, PeerFault):
+            self.hub_only.add(e.name)
+            if not src.dead:
+                self.declare_dead(src, f"was too slow: {exc}")
+            src.reachable = False
         elif src is None:
             raise Fatal(f"{e.name}: the hub download failed after {HUB_ATTEMPTS} attempts: {type(exc).__name__}: {exc}")
         else:
