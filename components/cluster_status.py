@@ -4,6 +4,11 @@ container; the endpoint's health and traffic; uptime and cost so far; one line o
 Gathered from three places, each optional: the Hyperstack API (VM state and creation time), each node (the probe
 `scripts/node_status.py`, run the way the stack's node commands run), and the endpoint (HTTP, with the stack's API
 key in the Authorization header only). Nothing secret is put into the result.
+
+What a node or the endpoint answers is whatever runs there, a compromised engine included: the probe's JSON is
+checked field by field (a wrong type is dropped, never raised on), and every string from a node or the endpoint has
+its control, format and line-separator characters escaped (`printable`), so no escape sequence (an OSC 52
+clipboard write, a title change) reaches the operator's terminal.
 """
 
 from __future__ import annotations
@@ -59,6 +64,63 @@ def _parse_time(value: Any) -> float | None:
     return None
 
 
+def printable(value: Any, limit: int = 300) -> str:
+    """`value` as text a terminal shows as it is: every non-printable character (C0/C1 controls such as ESC, format
+    characters, U+2028/U+2029) written as a Python-style escape, cut to `limit` characters."""
+    out = []
+    for ch in str(value)[:limit]:
+        if ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                       else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else printable(value)
+
+
+def checked_probe(raw: Any) -> dict[str, Any]:
+    """The probe's JSON as the shape scripts/node_status.py prints, whatever the node sent: fields of the wrong type
+    are dropped or defaulted, strings made printable. Only what the status screen reads is kept."""
+    if not isinstance(raw, dict):
+        return {"error": "the probe printed JSON that is not an object"}
+    steps = []
+    for s in raw.get("steps") if isinstance(raw.get("steps"), list) else []:
+        if isinstance(s, dict) and isinstance(s.get("step"), str):
+            steps.append({"step": printable(s["step"], 40), "started_at": _number(s.get("started_at")),
+                          "running": s.get("running") is True})
+    out: dict[str, Any] = {"steps": steps, "weights_unit": _opt_text(raw.get("weights_unit")),
+                           "weights_log": _opt_text(raw.get("weights_log"))}
+    w = raw.get("weights")
+    if isinstance(w, dict) and _count(w.get("bytes_done")) is not None:
+        updated = w.get("updated_at")
+        out["weights"] = {
+            "bytes_done": w["bytes_done"], "bytes_total": _count(w.get("bytes_total")) or None,
+            "files_done": _count(w.get("files_done")), "files_total": _count(w.get("files_total")),
+            "updated_at": _number(updated) if not isinstance(updated, str) else printable(updated, 40),
+            "source": _opt_text(w.get("source")), "hub_bytes": _count(w.get("hub_bytes")),
+            "peer_bytes": _count(w.get("peer_bytes")),
+        }
+    e = raw.get("engine")
+    if isinstance(e, dict):
+        out["engine"] = {"state": printable(e.get("state", "unknown"), 40), "restarting": e.get("restarting") is True,
+                         "restart_count": _count(e.get("restart_count")) or 0,
+                         "started_at": _opt_text(e.get("started_at")),
+                         "exit_code": e.get("exit_code") if isinstance(e.get("exit_code"), int) else None}
+    return out
+
+
 def vm_states(api: HyperstackClient | None, nodes: list[NodeRecord]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for node in nodes:
@@ -82,13 +144,13 @@ def probe_node(runner: NodeRunner, node: NodeRecord, settings: Settings) -> dict
                             "models--" + settings.model.replace("/", "--"), settings.model_spec.checkpoint_bytes)
     code, out, err = runner.run(node.connection, command, PROBE.read_text(), PROBE_TIMEOUT_S)
     if code != 0:
-        return {"error": f"probe exited {code}: {(err or out).strip()[-200:]}"}
+        return {"error": f"probe exited {code}: {printable((err or out).strip()[-200:])}"}
     try:
         import json
 
-        return json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": f"probe printed no JSON: {out.strip()[-200:]}"}
+        return checked_probe(json.loads(out.strip().splitlines()[-1]))
+    except (ValueError, IndexError, RecursionError):
+        return {"error": f"probe printed no JSON: {printable(out.strip()[-200:])}"}
 
 
 def weights_view(probe: Mapping[str, Any], previous: Sample | None, now: float) -> dict[str, Any] | None:
@@ -157,8 +219,10 @@ def _endpoint_view(base_url: str, api_key: str | None, model: str, verify: str |
         return view
     try:
         models = session.get(f"{base_url}/v1/models", headers=headers, timeout=HTTP_TIMEOUT_S)
-        ids = [m.get("id") for m in (models.json().get("data") or [])] if models.ok else []
-        view["models"] = ids
+        listed = models.json() if models.ok else {}
+        data = listed.get("data") if isinstance(listed, dict) else None
+        ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        view["models"] = [printable(i, 120) for i in ids[:20]]
         view["serves_model"] = model in ids
     except (requests.RequestException, ValueError):
         view["serves_model"] = False

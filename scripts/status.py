@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.cluster_status import Sample, gather, samples
+from components.cluster_status import Sample, gather, printable, samples
 from components.hyperstack.api import API_URL_CONFIG, HyperstackClient, HyperstackError
 from components.hyperstack.api import Settings as ApiSettings
-from components.node_exec import NodeRunner, SshRunner
+from components.node_exec import NodeRunner, SshRunner, remove_key_files_on_signals
 from components.settings import Settings, SettingsError, load_settings, read_stack_file
 from components.stack_state import StackState, StackStateError, export_stack, load_state_file
 
@@ -105,7 +105,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(text)
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
-    return "\n".join(lines)
+    # Node and endpoint text was made printable when it was read; this also covers the API's and the state's.
+    return "\n".join(printable(line, 100_000) for line in lines)
 
 
 # ---- where things come from --------------------------------------------------------------------------------------
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="the stack config file (default Pulumi.<stack>.yaml)")
     ap.add_argument("--node-exec", help="how node commands run, as JSON (default: SSH with the pinned host keys)")
     args = ap.parse_args(argv)
+    remove_key_files_on_signals()  # a closed terminal (SIGHUP) or a kill (SIGTERM) leaves no private key behind
     config_path = args.config or str(PROJECT_DIR / f"Pulumi.{args.stack}.yaml")
     try:
         raw, other = read_stack_file(config_path)

