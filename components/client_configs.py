@@ -7,6 +7,10 @@ through NODE_EXTRA_CA_CERTS, curl through --cacert.
 Every value is written into its snippet quoted for that snippet's language (shell: `shlex.quote`; TOML: a basic
 string; Python: `repr`; JSON: `json.dumps`), so a served model name or URL is always data when a person pastes it.
 The only text left for a shell to expand is the key's variable reference, whose name is checked to be a plain one.
+Quoting alone is not enough for what a terminal or an editor does with the text: a raw ESC survives `shlex.quote`,
+and U+2028, U+2029 or U+0085 are line breaks to some editors and clipboards, which would end the Kimi Code heredoc
+early. So this module refuses, on its own and whatever the settings allow, any value with a control character, a
+format character (bidirectional overrides included) or a line or paragraph separator; TOML strings escape them too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import unicodedata
 from typing import Any
 
 GET_KEY_COMMAND = "pulumi stack output api_key --show-secrets"
@@ -44,6 +49,20 @@ def _env_name(api_key_ref: str) -> str:
 _ROOT_URL = re.compile(r"https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::\d{1,5})?")
 
 
+# Control (Cc: C0, DEL, C1 with U+0085), format (Cf: U+202E and the other bidi controls, zero-width characters),
+# line and paragraph separators (Zl U+2028, Zp U+2029), surrogates and private use: none belongs in a model name.
+_REFUSED_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+
+
+def _plain_text(value: str, what: str) -> str:
+    """`value` if a terminal, an editor and every snippet language show it as the characters it is; else ValueError."""
+    for ch in value:
+        if unicodedata.category(ch) in _REFUSED_CATEGORIES:
+            raise ValueError(f"{what} holds the character U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}), a "
+                             "control, format or line-separator character that pasted snippets must not carry")
+    return value
+
+
 def _endpoint_root(endpoint_url: str) -> str:
     url = endpoint_url.strip().rstrip("/").removesuffix("/v1")
     if not _ROOT_URL.fullmatch(url):
@@ -57,7 +76,9 @@ def toml_string(value: str) -> str:
     for ch in value:
         if ch in ('"', "\\"):
             out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F or ch in "\u2028\u2029":
+            # TOML forbids the C0 controls and DEL raw; the C1 controls and U+2028/U+2029 are legal but break lines
+            # in some editors, so they are escaped too.
             out.append(f"\\u{ord(ch):04X}")
         else:
             out.append(ch)
@@ -96,7 +117,7 @@ def build_client_configs(
     env = _env_name(api_key_ref)
     root = _endpoint_root(endpoint_url)
     base_v1 = root + "/v1"
-    model = served_model_name.strip()
+    model = _plain_text(served_model_name.strip(), "served_model_name")
     ref = "${" + env + "}"
     export_key = f'export {env}="$({GET_KEY_COMMAND})"'
     tls = ca_certificate is not None
