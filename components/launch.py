@@ -193,7 +193,11 @@ def docker_run_argv(
     # Host network for both engines: the engine binds the head's loopback, which a published port could not reach.
     items += [("--gpus", "all"), ("--network", "host")]
     if engine == "vllm":
-        items += ["--privileged", "--ipc=host"]
+        # Not --privileged, which the recipe's command has: a compromised engine would be root on the host. vLLM's
+        # own `docker run` (docs.vllm.ai, "Deploying with Docker") needs only the GPUs and --ipc=host; this is one
+        # node (no InfiniBand devices to map) and, at TP 8, vLLM's fastsafetensors loader reads with pread (nogds),
+        # not through GPUDirect Storage's /dev/nvidia-fs*.
+        items += ["--ipc=host"]
     else:
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [

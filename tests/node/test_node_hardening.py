@@ -1,5 +1,6 @@
-"""The readiness wait also proves the proxy refuses an empty bearer over HTTP/2: what a missing or emptied key
-file would let through if the proxy's matcher were the key's content alone."""
+"""What the head's steps do against a compromised engine or a failing-open proxy: the readiness wait also proves the
+proxy refuses an empty bearer over HTTP/2 (what a missing or emptied key file would let through if the proxy's
+matcher were the key's content alone), and no engine container runs --privileged."""
 
 from __future__ import annotations
 
@@ -41,3 +42,16 @@ def test_readiness_passes_a_proxy_that_refuses_the_empty_bearer(node, proxy_serv
     _trust(node, ca)
     out = ok(node.run(_readiness(node, server.server_address[1]), stdin=API_KEY))
     assert "and to an empty bearer" in out
+
+
+def test_no_engine_container_runs_privileged():
+    """A compromised engine must not be root on the host: neither engine's `docker run` has --privileged."""
+    from components.launch import docker_run_argv
+    from components.scripts import shell_words
+    from tests.node.conftest import make_settings
+
+    for topology in ("h100x4-sglang", "b300x1-vllm"):
+        settings = make_settings(topology)
+        text = shell_words(docker_run_argv(settings, 0, private_ip="10.0.0.5", head_private_ip="10.0.0.5",
+                                           hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache"))
+        assert "--privileged" not in text and "--cap-add" not in text and "--ipc=host" in text, topology
