@@ -96,7 +96,8 @@ def checked_probe(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         return {"error": "the probe printed JSON that is not an object"}
     steps = []
-    for s in raw.get("steps") if isinstance(raw.get("steps"), list) else []:
+    listed = raw.get("steps")
+    for s in listed if isinstance(listed, list) else []:
         if isinstance(s, dict) and isinstance(s.get("step"), str):
             steps.append({"step": printable(s["step"], 40), "started_at": _number(s.get("started_at")),
                           "running": s.get("running") is True})

@@ -88,21 +88,22 @@ class SshRunner:
                     return 255, "", "the process is exiting; not connecting"
                 _KEY_DIRS.add(tmp)
             try:
-                return self._run(connection, command, stdin, timeout, tmp)
+                return self._run(connection, command, stdin, timeout, tmp, connection.private_key,
+                                 connection.host_key)
             finally:
                 with _KEY_DIRS_LOCK:
                     _KEY_DIRS.discard(tmp)
 
-    def _run(self, connection: Connection, command: str, stdin: str, timeout: float,
-             tmp: str) -> tuple[int, str, str]:
+    def _run(self, connection: Connection, command: str, stdin: str, timeout: float, tmp: str, private_key: str,
+             host_key: str) -> tuple[int, str, str]:
         key_path = os.path.join(tmp, "id")
         fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
-            fh.write(connection.private_key.rstrip("\n") + "\n")
+            fh.write(private_key.rstrip("\n") + "\n")
         known = os.path.join(tmp, "known_hosts")
         where = connection.host if connection.port == 22 else f"[{connection.host}]:{connection.port}"
         with open(known, "w") as fh:
-            fh.write(f"{where} {connection.host_key.strip()}\n")
+            fh.write(f"{where} {host_key.strip()}\n")
         argv = [self.ssh, "-F", "/dev/null", "-i", key_path, "-p", str(connection.port),
                 "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null",
