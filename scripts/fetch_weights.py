@@ -14,7 +14,10 @@ step compares the record with the manifest instead of reading 1.56 TB a second t
 
 Transport: huggingface_hub for the manifest, the file URLs and the auth headers; httpx2 (the HTTP client
 huggingface_hub itself uses, so nothing new is installed on the node) for the streams; Python's http.server for the
-peers. The peer token is read from a root-only file and travels only in an Authorization header, never in a URL.
+peers. The peer token is read from a root-only file and never leaves the node: each peer request carries an HMAC of
+its method, path, time and a fresh nonce under the token (`peer_authorization`), which the server checks, refusing
+a stale time or a nonce it has seen. So whatever answers on a peer's address (a process that took the port first, a
+sniffer on the private network) learns no token, and cannot replay what it saw.
 """
 
 from __future__ import annotations
@@ -24,10 +27,13 @@ import hashlib
 import hmac
 import json
 import os
+import re
+import secrets
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,6 +57,8 @@ PEER_REQUEST_DEADLINE_S = 10.0
 PEER_EXTRA_CONNECTIONS = 8  # beyond what the peers' own fetches and status polls can open at once
 PEER_STATUS_MAX_BYTES = 256 * 1024 + 512  # a /status answer: per file name, up to its 1024 characters, quoted
 PEER_STATUS_DEADLINE_S = 5.0  # for the whole /status answer
+PEER_AUTH_SCHEME = "KimiPeer"
+PEER_CLOCK_SKEW_S = 300  # how far apart two nodes' clocks (NTP-kept on cloud VMs) may be for a request to pass
 PEER_LOG_EVERY_S = 10.0  # at most one line about refused or broken peer connections per this many seconds
 
 
@@ -258,11 +266,13 @@ class Counters:
 
 
 def stream_to(client: httpx2.Client, url: str, headers: dict[str, str], e: Entry, tmp: str, counters: Counters,
-              from_hub: bool, attempts: int, deadline: float | None = None) -> None:
+              from_hub: bool, attempts: int, deadline: float | None = None,
+              sign: Callable[[], dict[str, str]] | None = None) -> None:
     """GET url into tmp, hashing every chunk as it is written; a dropped stream resumes with a Range request.
 
     With `deadline` (time.monotonic()), the whole transfer must end by then: chunks are taken as they arrive, so a
     sender that trickles a byte at a time, which a per-read timeout never catches, is cut off (PeerFault).
+    `sign` adds headers made afresh for every attempt (a peer request's nonce is good for one request only).
     """
     chunk_size = CHUNK if deadline is None else None
     h = e.hasher()
@@ -270,6 +280,8 @@ def stream_to(client: httpx2.Client, url: str, headers: dict[str, str], e: Entry
     with open(tmp, "wb") as fh:
         for attempt in range(1, attempts + 1):
             hdrs = dict(headers)
+            if sign is not None:
+                hdrs.update(sign())
             if done:
                 hdrs["Range"] = f"bytes={done}-"
             try:
@@ -323,6 +335,46 @@ class Peer:
 def peer_url(spec: str) -> str:
     host, _, port = spec.rpartition(":") if spec.count(":") == 1 else (spec, "", "")
     return f"http://{host or spec}:{port or PEER_PORT}"
+
+
+def _peer_mac(token: str, ts: int, nonce: str, method: str, path: str) -> str:
+    return hmac.new(token.encode(), f"{ts}\n{nonce}\n{method}\n{path}".encode(), hashlib.sha256).hexdigest()
+
+
+def peer_authorization(token: str, method: str, path: str, now: float | None = None) -> str:
+    """The Authorization value of one peer request: the token signs it and never travels (one nonce per request)."""
+    ts, nonce = int(time.time() if now is None else now), secrets.token_hex(16)
+    return f"{PEER_AUTH_SCHEME} ts={ts},nonce={nonce},mac={_peer_mac(token, ts, nonce, method, path)}"
+
+
+_PEER_AUTH = re.compile(PEER_AUTH_SCHEME + r" ts=(\d{1,12}),nonce=([0-9a-f]{32}),mac=([0-9a-f]{64})")
+
+
+class PeerVerifier:
+    """The server's side of peer_authorization: a valid MAC, a time within PEER_CLOCK_SKEW_S, a nonce not seen."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.seen: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def check(self, header: str, method: str, path: str) -> bool:
+        m = _PEER_AUTH.fullmatch(header)
+        if not m:
+            return False
+        ts, nonce, mac = int(m.group(1)), m.group(2), m.group(3)
+        now = time.time()
+        if abs(now - ts) > PEER_CLOCK_SKEW_S:
+            return False
+        if not hmac.compare_digest(_peer_mac(self.token, ts, nonce, method, path), mac):
+            return False
+        with self.lock:
+            if len(self.seen) > 1000:  # nonces older than the window can never pass the time check again
+                self.seen = {n: t for n, t in self.seen.items() if now - t <= 2 * PEER_CLOCK_SKEW_S}
+            if nonce in self.seen:
+                return False  # a replay of a request already served
+            self.seen[nonce] = now
+        return True
 
 
 def parse_status(body: bytes, revision: str, by_name: dict[str, Entry]) -> dict[str, Any]:
@@ -433,7 +485,7 @@ class _DeadlineReader:
 
 
 def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
-    expected = f"Bearer {token}".encode()
+    verifier = PeerVerifier(token)
     transfer_timeout = node.args.stall_seconds
 
     class Handler(BaseHTTPRequestHandler):
@@ -466,7 +518,7 @@ def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
+            if not verifier.check(self.headers.get("Authorization", ""), "GET", self.path):
                 self.close_connection = True  # no second try on the same connection
                 self._send(401, b'{"error": "unauthorized"}', headers={"Connection": "close"})
                 return
@@ -534,12 +586,15 @@ class Node:
                                  timeout=httpx2.Timeout(30.0, read=args.stall_seconds))
         self.peer_client = httpx2.Client(timeout=httpx2.Timeout(5.0, read=args.stall_seconds))
         self.peer_token = read_secret(args.peer_token_file)
-        self.peer_headers = {"Authorization": f"Bearer {self.peer_token}"} if self.peer_token else {}
         now = time.monotonic()
         self.peers = {r: Peer(r, peer_url(spec), now) for r, spec in enumerate(self.peers_spec) if r != args.rank}
         self.corrupt: dict[str, int] = {}
         self.peer_failures: dict[str, int] = {}
         self.hub_only: set[str] = set()
+
+    def peer_auth(self, path: str) -> dict[str, str]:
+        """Headers for one GET of `path` from a peer: signed with the token, a new nonce each time."""
+        return {"Authorization": peer_authorization(self.peer_token, "GET", path)} if self.peer_token else {}
 
     # what peers see
     def done_snapshot(self) -> set[str]:
@@ -569,7 +624,8 @@ class Node:
     def peer_status(self, p: Peer) -> dict[str, Any]:
         """A peer's GET /status, read up to a size cap and checked field by field (PeerFault if out of shape)."""
         deadline = time.monotonic() + PEER_STATUS_DEADLINE_S  # the whole answer, so a trickle cannot hold the loop
-        with self.peer_client.stream("GET", f"{p.url}/status", headers=self.peer_headers, timeout=2.0) as r:
+        with self.peer_client.stream("GET", f"{p.url}/status", headers=self.peer_auth("/status"),
+                                     timeout=2.0) as r:
             r.raise_for_status()
             body = b""
             for chunk in r.iter_bytes():
@@ -624,10 +680,12 @@ class Node:
                 url = hf_hub_url(self.args.repo, e.name, revision=self.args.revision, endpoint=self.args.endpoint)
                 stream_to(self.hub, url, self.hub_headers, e, tmp, self.counters, True, HUB_ATTEMPTS)
             else:
-                url = f"{source.url}/files/{quote(e.name)}"
+                path = f"/files/{quote(e.name)}"
+                url = source.url + path
                 # The whole transfer has a deadline: a peer's own byte count cannot vouch for its speed.
                 deadline = time.monotonic() + e.size / self.args.peer_min_rate + self.args.stall_seconds
-                stream_to(self.peer_client, url, self.peer_headers, e, tmp, self.counters, False, 2, deadline)
+                stream_to(self.peer_client, url, {}, e, tmp, self.counters, False, 2, deadline,
+                          sign=lambda: self.peer_auth(path))
             self.cache.commit(e, tmp)
         except BaseException:
             if os.path.exists(tmp):

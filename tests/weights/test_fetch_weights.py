@@ -22,6 +22,7 @@ import pytest
 from components.weights import assign
 from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
 from scripts.bench_weights import free_port
+from scripts.fetch_weights import peer_authorization
 
 PROJECT = Path(__file__).resolve().parents[2]
 REPO = "moonshotai/Kimi-K3.1-Pro"
@@ -157,10 +158,13 @@ def test_the_peer_server_refuses_a_wrong_token_and_unfinished_files(cluster):
             time.sleep(0.1)
         assert httpx2.get(f"{url}/status").status_code == 401
         assert httpx2.get(f"{url}/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"})
+        # The token signs each request (scripts/fetch_weights.py peer_authorization); sent as itself it opens nothing.
+        assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
+        ok = httpx2.get(f"{url}/status", headers={"Authorization": peer_authorization(TOKEN, "GET", "/status")})
         assert ok.status_code == 200 and ok.json()["complete"] is False
         not_yet = [f for f in hub.files if f not in ok.json()["done"]][0]
-        r = httpx2.get(f"{url}/files/{not_yet}", headers={"Authorization": f"Bearer {TOKEN}"})
+        r = httpx2.get(f"{url}/files/{not_yet}",
+                       headers={"Authorization": peer_authorization(TOKEN, "GET", f"/files/{not_yet}")})
         assert r.status_code == 404
         c.kill_all()
 

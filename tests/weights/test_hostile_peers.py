@@ -105,6 +105,10 @@ def test_the_check_refuses_a_name_outside_the_snapshot(tmp_path, capsys):
 DATA = os.urandom(300_000)
 
 
+def signed(path: str) -> dict[str, str]:
+    return {"Authorization": fw.peer_authorization(TOKEN, "GET", path)}
+
+
 @pytest.fixture
 def peer_server(tmp_path, monkeypatch):
     """A real peer Server of the program (in this process) holding one verified file, with a 1 s request deadline."""
@@ -154,7 +158,7 @@ def test_half_sent_requests_are_dropped_at_the_deadline_and_the_server_still_ser
     server, url, _ = peer_server
     held = [_open(url, b"GET /status HTTP/1.1\r\nHost: x\r\n") for _ in range(5)]
     assert all(_closed_by_server(s, within=5.0) for s in held), "a half-sent request was held past its deadline"
-    r = httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    r = httpx2.get(f"{url}/status", headers=signed("/status"), timeout=5)
     assert r.status_code == 200 and r.json()["done"] == ["model.safetensors"]
 
 
@@ -200,10 +204,10 @@ def test_early_hang_ups_leave_one_short_line_not_tracebacks(peer_server, capsys)
 
 def test_a_range_at_the_end_of_the_file_answers_416(peer_server):
     _, url, entry = peer_server
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    r = httpx2.get(f"{url}/files/model.safetensors", headers={**auth, "Range": f"bytes={entry.size}-"}, timeout=5)
+    path = "/files/model.safetensors"
+    r = httpx2.get(url + path, headers={**signed(path), "Range": f"bytes={entry.size}-"}, timeout=5)
     assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{entry.size}"
-    r = httpx2.get(f"{url}/files/model.safetensors", headers={**auth, "Range": "bytes=100-"}, timeout=5)
+    r = httpx2.get(url + path, headers={**signed(path), "Range": "bytes=100-"}, timeout=5)
     assert r.status_code == 206 and r.content == DATA[100:]
 
 
@@ -211,6 +215,23 @@ def test_an_unauthorized_request_gets_401_and_no_keep_alive(peer_server):
     _, url, _ = peer_server
     r = httpx2.get(f"{url}/files/model.safetensors", headers={"Authorization": "Bearer nope"}, timeout=5)
     assert r.status_code == 401 and r.headers.get("Connection") == "close"
+
+
+def test_the_token_never_travels_and_a_seen_request_cannot_be_replayed(peer_server):
+    """What a sniffer or a process holding the peer port sees is a MAC for one request: not the token, and not a
+    request the server takes twice, for another path, or out of its time window."""
+    _, url, _ = peer_server
+    header = signed("/status")
+    assert TOKEN not in header["Authorization"]
+    assert httpx2.get(f"{url}/status", headers=header, timeout=5).status_code == 200
+    assert httpx2.get(f"{url}/status", headers=header, timeout=5).status_code == 401  # the same nonce again
+    other = signed("/status")
+    assert httpx2.get(f"{url}/files/model.safetensors", headers=other, timeout=5).status_code == 401  # another path
+    stale = {"Authorization": fw.peer_authorization(TOKEN, "GET", "/status", now=time.time() - 3600)}
+    assert httpx2.get(f"{url}/status", headers=stale, timeout=5).status_code == 401
+    assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).status_code == 401
+    wrong = {"Authorization": fw.peer_authorization("another-token-entirely", "GET", "/status")}
+    assert httpx2.get(f"{url}/status", headers=wrong, timeout=5).status_code == 401
 
 
 # ---- 8. what a peer answers -------------------------------------------------------------------------------------
@@ -221,6 +242,8 @@ class HostilePeer:
 
     def __init__(self, host: str, port: int, status: object, trickle: bool = False) -> None:
         body = json.dumps(status).encode()
+        self.authorizations: list[str] = []
+        seen = self.authorizations
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -229,6 +252,7 @@ class HostilePeer:
                 pass
 
             def do_GET(self) -> None:
+                seen.append(self.headers.get("Authorization", ""))
                 if self.path == "/status":
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
@@ -272,6 +296,8 @@ def run_beside(tmp: Path, hub: FakeHub, status_for: object, trickle: bool = Fals
                               capture_output=True, text=True, timeout=180)
     finally:
         peer.stop()
+    # Whatever answers on the peer's address never learns the token: every request carried only a MAC.
+    assert peer.authorizations and not any(TOKEN in a for a in peer.authorizations)
     return done.returncode, done.stdout + done.stderr
 
 
