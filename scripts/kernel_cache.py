@@ -7,6 +7,11 @@ unsafe one, an unreachable store or refused credentials all end in one line sayi
 records the archive's sha256 and the key's fields; the manifest is written last, so it only ever names a whole
 archive. Only kernel artifacts travel: an allow-list of cache folders, no token, env or key file, and no file that
 holds any secret this node knows. Needs boto3 (https://boto3.amazonaws.com/v1/documentation/api/latest/).
+
+Two parties may be hostile. The engine's container writes the cache folder as root, so no path under it is ever
+followed through a link (every component is opened with O_NOFOLLOW, relative to the folder before it), and a save
+packs the very file it checked and scans the bytes it packs. A bucket writer chooses the archive, so a restore takes
+no more than the manifest records (archive size, unpacked bytes, entries) and never more than fixed maxima.
 """
 
 from __future__ import annotations
