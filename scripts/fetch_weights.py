@@ -413,7 +413,7 @@ class _PeerHTTPServer(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(max_connections)
         self.max_connections = max_connections
         self.log_lock = threading.Lock()
-        self.last_log = 0.0
+        self.last_log = float("-inf")  # the first line always goes out, however soon after boot
         self.unlogged = 0
 
     def note(self, what: str) -> None:
