@@ -28,7 +28,7 @@ def settings_for(node, store, prefix: str, **extra):
              "restoreTimeoutMinutes": 1, "saveTimeoutMinutes": 1}
     cache.update(extra.pop("cache", {}))
     return make_settings(extra.pop("topology", "h100x4-sglang"), nodeRoot=str(node.root),
-                         kernelCache=json.dumps(cache), kernelCacheCredentials="set", **extra)
+                         kernelCache=json.dumps(cache), kernelCacheCredentials="AKIDEXAMPLE:wJalrXUtnFEMIexample", **extra)
 
 
 def run_step(node, settings, step, credentials):
