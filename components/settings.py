@@ -759,10 +759,11 @@ class Settings(BaseModel):
             ours = [n for n in nets if n.version == version]
             # typeshed types collapse_addresses per address family; the version filter above keeps the list within one.
             opened = sum(n.num_addresses for n in ipaddress.collapse_addresses(ours))  # type: ignore[type-var, misc]
-            limit = 2 ** ((32 if version == 4 else 128) - widest)
+            # Twice the widest single entry: room for one such network and a few addresses besides.
+            limit = 2 * 2 ** ((32 if version == 4 else 128) - widest)
             if opened > limit:
-                problems.append(f"{key} opens the API to {opened:,} IPv{version} addresses in all, more than one "
-                                f"/{widest} ({limit:,}): list the networks that need it, not the internet piecewise")
+                problems.append(f"{key} opens the API to {opened:,} IPv{version} addresses in all, more than two "
+                                f"/{widest}s ({limit:,}): list the networks that need it, not the internet piecewise")
         return problems
 
     def _api_hostname_problems(self) -> list[str]:
