@@ -686,8 +686,8 @@ class Settings(BaseModel):
             raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
                              f"list); remove one with: pulumi config rm {NAMESPACE}:region")
         if self.peer_port in (self.api_port, self.engine_port, 20000):  # 20000: SGLang's rendezvous (launch.py)
-            raise ValueError(f"peerPort {self.peer_port} collides with apiPort, enginePort or the rendezvous port "
-                             "20000; pick another, e.g. 20100")
+            raise ValueError(f"{NAMESPACE}:peerPort {self.peer_port} collides with apiPort, enginePort or the "
+                             f"rendezvous port 20000; pick another, e.g. {NAMESPACE}:peerPort 20100")
         if self.ssh_public_key is None and self.keypair_name is None:
             raise ValueError(f"set {NAMESPACE}:sshPublicKey (a keypair is imported) or {NAMESPACE}:keypairName (an "
                              "existing one is reused)")
