@@ -13,6 +13,7 @@ import json
 import math
 import posixpath
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -75,9 +76,16 @@ CREDENTIAL_KEYS = (f"{NAMESPACE}:hfToken", f"{NAMESPACE}:sshPrivateKey", f"{NAME
                    f"{NAMESPACE}:tlsPrivateKey", "hyperstack:apiKey")
 
 
+# Bounded repr: a value YAML aliases (or a huge JSON list) blew up is shown by its first few items, never built whole.
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 200, 60, 4, 4, 2
+
+
 def _show(value: Any, limit: int = 60) -> str:
     """A value for an error message: repr (so control characters are visible), cut to `limit` characters."""
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"  # repr() refuses one of more than 4300 digits
+    text = repr(value[:limit + 1]) if isinstance(value, str) else _REPR.repr(value)  # cut before it is copied
     return text if len(text) <= limit else text[:limit - 5] + "...'"
 
 
@@ -151,7 +159,7 @@ def duration_problem(value: Any, low: float = DURATION_MIN_MINUTES, high: float 
             return f"{_show(value)} is not a number of minutes"
     if isinstance(number, bool) or not isinstance(number, (int, float)):
         return f"{_show(value)} is not a number of minutes"
-    if not math.isfinite(number):
+    if isinstance(number, float) and not math.isfinite(number):
         return f"{_show(value)} is not a finite number of minutes"
     if number <= 0:
         return f"{_show(value)} is not a positive number of minutes"
@@ -282,7 +290,7 @@ class KernelCacheSettings(BaseModel):
     @classmethod
     def _prefix(cls, v: str) -> str:
         if not _PREFIX.match(v) or ".." in v.split("/"):
-            raise ValueError(f"{v!r} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
+            raise ValueError(f"{_show(v)} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
         v = v.strip("/")
         return v + "/" if v else ""
 
@@ -290,7 +298,7 @@ class KernelCacheSettings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _S3_REGION.match(v):
-            raise ValueError(f"{v!r} is not a region name such as eu-central-1 or auto")
+            raise ValueError(f"{_show(v)} is not a region name such as eu-central-1 or auto")
         return v
 
     @property
@@ -415,7 +423,7 @@ class Settings(BaseModel):
             text = v.strip()
             try:
                 v = json.loads(text) if text.startswith("[") else [p for p in re.split(r"[,\s]+", text) if p]
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON list of CIDRs, e.g. \'["203.0.113.7/32"]\'') from None
         if v is None:
             return v
@@ -430,9 +438,9 @@ class Settings(BaseModel):
                     raise ValueError(cidr)
                 net = ipaddress.ip_network(cidr.strip(), strict=False)
             except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
+                raise ValueError(f"{_show(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
             if net.prefixlen == 0:
-                raise ValueError(f"{cidr!r} opens the API to the whole internet; list the networks that need it")
+                raise ValueError(f"{_show(cidr)} opens the API to the whole internet; list the networks that need it")
             if str(net) not in out:
                 out.append(str(net))
         return out
@@ -469,7 +477,7 @@ class Settings(BaseModel):
     def _revision(cls, v: str) -> str:
         if not _HEX40.fullmatch(v):
             raise ValueError(
-                f"{v!r} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
+                f"{_show(v)} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
                 "reproducible. Pin the commit shown on the model's hub page"
             )
         return v
@@ -550,7 +558,7 @@ class Settings(BaseModel):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError("expected a JSON list of strings, e.g. '[\"--enable-metrics\"]'") from None
         if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
             raise ValueError(f"{len(v):,} arguments; at most {MAX_LIST_ITEMS} are taken")
@@ -562,7 +570,7 @@ class Settings(BaseModel):
         if isinstance(v, str):  # `pulumi config set` stores a list as a JSON string unless --path is used
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON list of region names, e.g. \'["CANADA-1", "NORWAY-1"]\'') from None
         if isinstance(v, list):
             if not v:
@@ -579,7 +587,7 @@ class Settings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _REGION.fullmatch(v):
-            raise ValueError(f"{v!r} is not a Hyperstack region name such as CANADA-1")
+            raise ValueError(f"{_show(v)} is not a Hyperstack region name such as CANADA-1")
         return v
 
     @field_validator("download_timeout_minutes", "readiness_timeout_minutes", mode="before")
@@ -596,7 +604,7 @@ class Settings(BaseModel):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'') from None
         if not isinstance(v, dict):
             raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'')
@@ -605,7 +613,7 @@ class Settings(BaseModel):
 
         for step, minutes in v.items():
             if step not in ALL_STEPS:
-                raise ValueError(f"{step!r} is not a node step; steps are {', '.join(ALL_STEPS)}")
+                raise ValueError(f"{_show(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
             if isinstance(minutes, bool) or not isinstance(minutes, (int, float)):
                 raise ValueError(f"{step}: {_show(minutes)} is not a positive number of minutes")
             low = CACHE_STEP_MIN_MINUTES if step in CACHE_STEPS else DURATION_MIN_MINUTES
@@ -624,7 +632,7 @@ class Settings(BaseModel):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'') from None
             if not isinstance(v, dict):
                 raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
@@ -1184,6 +1192,8 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         raise SettingsError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:
         raise SettingsError(f"{path} is not UTF-8 text") from None
+    except RecursionError:  # the YAML composer recurses once per level of nesting
+        raise SettingsError(f"{path} nests deeper than any stack config (thousands of levels)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

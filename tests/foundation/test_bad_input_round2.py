@@ -286,3 +286,26 @@ def test_the_readiness_wait_checks_tls_for_the_api_hostname():
     assert f"BASE=https://{HOST}:8000" in lines and f"CONNECT_TO={HOST}:8000:127.0.0.1:8000" in lines
     plain = node.render_step(load(), "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
     assert "BASE=https://198.51.100.10:8000" in plain.splitlines()
+
+
+@pytest.mark.parametrize("raw", [
+    {"stepDeadlineMinutes": '{"image": 1' + "0" * 5000 + "}"},
+    {"stepDeadlineMinutes": {"image": 10**5000}},
+    {"downloadTimeoutMinutes": 10**5000},
+    {"apiAllowedCidrs": "[" + "1" * 5000 + "]"},
+    {"extraEngineArgs": "[" * 100_000},
+    {"regions": "[" * 100_000},
+    {"kernelCache": '{"a":' * 100_000, "kernelCacheCredentials": CREDS},
+    {"stepDeadlineMinutes": {"image": [[1] * 9] * 9}},
+], ids=lambda r: next(iter(r)))
+def test_huge_numbers_and_deep_nesting_end_in_a_short_refusal(raw):
+    with pytest.raises(SettingsError) as caught:
+        load(**raw)
+    assert len(str(caught.value)) < 600
+
+
+def test_a_deeply_nested_stack_file_is_one_refusal(tmp_path):
+    path = tmp_path / "Pulumi.deep.yaml"
+    path.write_text("config:\n  kimi-cluster:regions: " + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match="nests deeper|YAML"):
+        read_stack_file(str(path))
