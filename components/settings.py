@@ -760,6 +760,10 @@ class Settings(BaseModel):
             if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_V4_MAPPED):
                 problems.append(f"{key} entry {net} is an IPv4-mapped IPv6 range, which no rule matches: it locks "
                                 "every client out; give the IPv4 range itself")
+            elif net.prefixlen < (IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX):
+                widest = IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX
+                problems.append(f"{key} entry {net} is wider than /{widest}, as operatorCidr may not be: it opens the "
+                                f"API to {net.num_addresses:,} addresses of other networks")
             elif (kind := _non_public(net)) and not self.allow_private_operator_cidr:
                 problems.append(f"{key} entry {net} is {kind}: clients reach the head from public addresses, so it "
                                 f"lets no one in (set {NAMESPACE}:allowPrivateOperatorCidr true for a VPN)")

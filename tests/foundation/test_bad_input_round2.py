@@ -94,8 +94,10 @@ REFUSED = [
     ({"apiAllowedCidrs": '["::ffff:8.8.8.8/128"]'}, "IPv4-mapped"),
     ({"apiAllowedCidrs": '["127.0.0.1/32"]'}, "loopback"),
     ({"apiAllowedCidrs": '["10.0.0.0/8"]'}, "private range"),
-    ({"apiAllowedCidrs": '["224.0.0.0/4"]'}, "multicast"),
-    ({"apiAllowedCidrs": '["2000::/3"]'}, "in all"),
+    ({"apiAllowedCidrs": '["224.0.0.0/8"]'}, "multicast"),
+    ({"apiAllowedCidrs": '["2000::/3"]'}, "is wider than /48"),
+    ({"apiAllowedCidrs": '["44.0.0.0/7"]'}, "is wider than /8"),
+    ({"apiAllowedCidrs": '["2001:db8::/47", "2001:db9::/48"]'}, "in all"),
     ({"apiAllowedCidrs": json.dumps([f"44.0.{i // 256}.{i % 256}/32" for i in range(300)])}, "at most 256"),
     # 7. apiHostname
     ({"apiHostname": "https://api.example.com"}, "kimi-cluster:apiHostname"),
