@@ -616,12 +616,12 @@ class Settings(BaseModel):
                 raise ValueError(f"{_show(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
             if isinstance(minutes, bool) or not isinstance(minutes, (int, float)):
                 raise ValueError(f"{step}: {_show(minutes)} is not a positive number of minutes")
-            low = CACHE_STEP_MIN_MINUTES if step in CACHE_STEPS else DURATION_MIN_MINUTES
-            problem = duration_problem(minutes, low)
+            problem = duration_problem(minutes)
+            if problem is None and step in CACHE_STEPS and minutes < CACHE_STEP_MIN_MINUTES:
+                problem = (f"{_show(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: {step} first "
+                           "installs its S3 client, and its deadline must leave that, its slack and a minute of "
+                           "transfer, or the step fails `up`")
             if problem:
-                if step in CACHE_STEPS and math.isfinite(minutes) and minutes < low:
-                    problem += (f" ({step} first installs its S3 client: its deadline must leave that and a minute "
-                                "of transfer, or the step fails `up`)")
                 raise ValueError(f"{step}: {problem}")
         return v
 

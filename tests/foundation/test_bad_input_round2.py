@@ -47,7 +47,7 @@ REFUSED = [
     ({"stepDeadlineMinutes": '{"weights": 200000000}'}, "longer than 10080 minutes"),
     ({"stepDeadlineMinutes": '{"ready": 0.0167}'}, "shorter than 0.05 minutes"),  # one second
     ({"stepDeadlineMinutes": '{"cache-restore": 2}', **cache()}, "cache-restore first installs its S3 client"),
-    ({"stepDeadlineMinutes": '{"cache-save": 15}', **cache()}, "shorter than 16 minutes"),
+    ({"stepDeadlineMinutes": '{"cache-save": 15}', **cache()}, "shorter than 16: cache-save first installs"),
     ({"kernelCache": {"bucket": "abc-kernels", "restoreTimeoutMinutes": float("inf")}, "kernelCacheCredentials": CREDS},
      "kimi-cluster:kernelCache.restoreTimeoutMinutes"),
     ({"kernelCache": {"bucket": "abc-kernels", "saveTimeoutMinutes": 1e308}, "kernelCacheCredentials": CREDS},
