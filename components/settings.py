@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import ipaddress
 import json
 import math
@@ -19,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from components import catalog, sizing
+from components import catalog, sizing, tls_check
 
 NAMESPACE = "kimi-cluster"
 SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey")
@@ -778,11 +779,16 @@ class Settings(BaseModel):
                                 f"/{widest}s ({limit:,}): list the networks that need it, not the internet piecewise")
         return problems
 
+    def _own_certificate_expiry(self) -> dt.datetime | None:
+        if self.tls_certificate is None:
+            return None
+        from cryptography import x509
+
+        return x509.load_pem_x509_certificates(self.tls_certificate.encode())[0].not_valid_after_utc
+
     def _api_hostname_problems(self) -> list[str]:
         if self.tls_certificate is None:
             return []
-        from components import tls_check  # cryptography is only needed when a certificate is given
-
         if self.api_hostname is None:
             return [f"{NAMESPACE}:tlsCertificate needs {NAMESPACE}:apiHostname, the DNS name it was issued for: the "
                     "head's public IP is unknown before the first `up`, so clients and the readiness wait could "
@@ -970,6 +976,10 @@ class Settings(BaseModel):
         if net.version == 4 and net.prefixlen < IPV4_WARN_PREFIX:
             out.append(f"{NAMESPACE}:operatorCidr {self.operator_cidr} lets {net.num_addresses:,} addresses reach SSH "
                        "and the API; narrow it to your own address if you can")
+        expiry = self._own_certificate_expiry()
+        if expiry is not None and expiry - dt.datetime.now(dt.UTC) < dt.timedelta(days=tls_check.RENEW_WARN_DAYS):
+            out.append(f"{NAMESPACE}:tlsCertificate's leaf expires on {expiry:%Y-%m-%d}: every client refuses it from "
+                       "then on; renew it, set it again and run pulumi up")
         for key in self.plain_credentials:
             out.append(f"{key} is set as a plain value: it sits unencrypted in Pulumi.{self.stack}.yaml and the "
                        f"state; set it again with: pulumi config set --secret {key} ...")

@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+# A bring-your-own leaf this close to its end is accepted with a warning (components/tls.py renews its own at 60 days).
+RENEW_WARN_DAYS = 30
 
 
 def _is_ca(cert: x509.Certificate) -> bool:

@@ -311,3 +311,9 @@ def test_a_deeply_nested_stack_file_is_one_refusal(tmp_path):
     path.write_text("config:\n  kimi-cluster:regions: " + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
     with pytest.raises(SettingsError, match="nests deeper|YAML"):
         read_stack_file(str(path))
+
+
+def test_an_own_leaf_near_its_end_is_accepted_with_a_warning():
+    soon = _pem(_cert(HOST, LEAF_KEY, "Team CA", CA_KEY, days=(-60, 10))) + _pem(CA)
+    assert any("tlsCertificate's leaf expires on" in w for w in byo(soon).warnings())
+    assert not any("expires" in w for w in byo(GOOD).warnings())
