@@ -155,8 +155,9 @@ class InferenceCluster(pulumi.ComponentResource):
             )
 
         # Derived from the readiness result, so a failed wait never exports an endpoint as if it served.
+        # Clients dial apiHostname when it is set (its DNS record is the user's); else the head's address.
         endpoint_url = pulumi.Output.all(ready.stdout, vms[0].public_ip).apply(
-            lambda args: f"https://{args[1]}:{settings.api_port}"
+            lambda args: f"https://{settings.api_hostname or args[1]}:{settings.api_port}"
         )
         self.outputs = {
             "endpoint_url": endpoint_url,
@@ -216,7 +217,8 @@ class InferenceCluster(pulumi.ComponentResource):
 
             return "".join(blocks), blocks[-1], pulumi.Output.secret(own_key.apply(checked))
         ca = tls.CertificateAuthority(f"{name}-ca", common_name=f"kimi-cluster {settings.stack} CA", opts=child)
-        cert = tls.ServerCertificate(f"{name}-tls", ca, head_public_ip.apply(lambda ip: [ip]), opts=child)
+        dns_names = [settings.api_hostname] if settings.api_hostname else []
+        cert = tls.ServerCertificate(f"{name}-tls", ca, head_public_ip.apply(lambda ip: [ip]), dns_names, opts=child)
         return cert.cert_pem, ca.cert_pem, pulumi.Output.secret(cert.key_pem)
 
     def _rules(self, name: str, settings: Settings, rank: int, vms: list[VirtualMachine]) -> list[SecurityRule]:

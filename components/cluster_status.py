@@ -302,7 +302,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
             "engine": probe.get("engine"), "probe_error": probe.get("error"), "probe": probe,
         })
     head = state.nodes[0].public_ip if state.nodes else None
-    base = state.endpoint_url or (f"https://{head}:{settings.api_port}" if head else None)
+    host = settings.api_hostname or head
+    base = state.endpoint_url or (f"https://{host}:{settings.api_port}" if host else None)
     endpoint = endpoint_view(base, state.outputs.get("api_key"), settings.served_name,
                              state.outputs.get("ca_certificate"))
     endpoint["ready_output"] = bool(state.endpoint_url)

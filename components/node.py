@@ -308,7 +308,9 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
     elif step == "readiness":
         v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
-                 public_host=public_ip, ca_file=proxy.CA_FILE, launch_identity=readiness_identity(settings, tls))
+                 # The name clients dial: the certificate is checked for it (curl connects to the head's loopback).
+                 public_host=settings.api_hostname or public_ip, ca_file=proxy.CA_FILE,
+                 launch_identity=readiness_identity(settings, tls))
     else:
         raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
     return render(f"{step}.sh.j2", **v)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import ipaddress
 import json
+import math
 import posixpath
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from components import catalog, sizing
+from components import catalog, sizing, tls_check
 
 NAMESPACE = "kimi-cluster"
 SECRET_KEYS = ("hfToken", "sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey")
@@ -45,11 +48,15 @@ _PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]+")
 _SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 # A login name as Debian's adduser accepts it (NAME_REGEX), at most 32 characters.
 _SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-# A container image reference: [registry[:port]/]path[:tag][@algorithm:hex] (distribution/reference's grammar).
+# A container image reference: [registry[:port]/]path[:tag][@algorithm:hex] (distribution/reference's grammar), the
+# digest of its algorithm's exact length (opencontainers/go-digest: sha256 is 64 lower-case hex): a shorter one is no
+# digest, and would hide the "no digest" warning.
 _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::\d+)?/)"
 _IMAGE = re.compile(rf"{_IMAGE_DOMAIN}?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
-                    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+                    r"(?:@(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128}))?")
+# A DNS name of two or more labels (RFC 1123), lower case: it lands in URLs, client configs and the readiness wait.
+_HOSTNAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Paths the node scripts write into: plain characters only, so a path is one shell word whatever the quoting.
 _PATH_CHARS = re.compile(r"[A-Za-z0-9._/-]+")
 # storagePath may not be, or lie under, these: the scripts create, chown and fill it (Docker's data-root goes there).
@@ -58,18 +65,28 @@ _SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/
 _SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/snap", "/srv", "/tmp", "/var")
 _HF_ENDPOINT = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                           r"(?::(?P<port>\d{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
+# The longest list a list key takes (extraEngineArgs, apiAllowedCidrs, regions): far beyond any real use, and short
+# enough that each item's error stays cheap to build.
+MAX_LIST_ITEMS = 256
 # Ports the program itself uses on the nodes; the inference API may not take one of them.
 SSH_PORT = 22
 DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
 RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)"}
 # Secrets that must be set with --secret; a plain value sits unencrypted in Pulumi.<stack>.yaml and the state.
 CREDENTIAL_KEYS = (f"{NAMESPACE}:hfToken", f"{NAMESPACE}:sshPrivateKey", f"{NAMESPACE}:kernelCacheCredentials",
-                   "hyperstack:apiKey")
+                   f"{NAMESPACE}:tlsPrivateKey", "hyperstack:apiKey")
+
+
+# Bounded repr: a value YAML aliases (or a huge JSON list) blew up is shown by its first few items, never built whole.
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 200, 60, 4, 4, 2
 
 
 def _show(value: Any, limit: int = 60) -> str:
     """A value for an error message: repr (so control characters are visible), cut to `limit` characters."""
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit integer"  # repr() refuses one of more than 4300 digits
+    text = repr(value[:limit + 1]) if isinstance(value, str) else _REPR.repr(value)  # cut before it is copied
     return text if len(text) <= limit else text[:limit - 5] + "...'"
 
 
@@ -99,6 +116,7 @@ EXAMPLES: dict[str, str] = {
     "tlsCertificate": "< chain.pem",
     "tlsPrivateKey": "--secret < server.key",
     "proxyImage": "caddy:2.11.7-alpine@sha256:...",
+    "apiHostname": "api.example.com",
 }
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
@@ -117,7 +135,98 @@ def _how_to_set(key: str) -> str:
     return f"set it with: pulumi config set {secret}{NAMESPACE}:{key} {EXAMPLES.get(key, 'VALUE')}"
 
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# ---- durations: one rule for every key that makes one --------------------------------------------------------------
+# Each node step's deadline becomes its custom_timeouts as a Go duration (components/node.py Timing.custom_timeout),
+# and Go's time.ParseDuration stops near 2,562,047 hours (int64 nanoseconds): a longer one fails the registration
+# after the VMs bill. A week is far inside that and longer than any step's real need (the weight download's default
+# is 4 hours). Three seconds is the floor: below it `timeout` ends a step before its prelude has printed a line (the
+# hung-step tests use 3 and 6 s deadlines on purpose); the whole-minute keys start at one minute anyway.
+DURATION_MIN_MINUTES = 0.05
+DURATION_MAX_MINUTES = 7 * 24 * 60
+# What a kernel-cache step needs before its transfer starts: installing its S3 client (components/node.py
+# PIP_BUDGET_S), the step's slack (Timing.deadline_slack_s), and a minute of transfer. A shorter step deadline would
+# kill the step itself, failing `up`, where the transfer's own deadline only ever warns.
+CACHE_STEP_MIN_MINUTES = (600 + 300 + 60) / 60
+CACHE_STEPS = ("cache-restore", "cache-save")
+
+
+def duration_problem(value: Any, low: float = DURATION_MIN_MINUTES, high: float = DURATION_MAX_MINUTES) -> str | None:
+    """Why `value` cannot be a number of minutes in [low, high], or None; the one rule for every duration key."""
+    number: Any = value
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return f"{_show(value)} is not a number of minutes"
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return f"{_show(value)} is not a number of minutes"
+    if isinstance(number, float) and not math.isfinite(number):
+        return f"{_show(value)} is not a finite number of minutes"
+    if number <= 0:
+        return f"{_show(value)} is not a positive number of minutes"
+    if number < low:
+        return f"{_show(value)} minutes is shorter than {low:g} minutes ({low * 60:g} s), which no step can meet"
+    if number > high:
+        return (f"{_show(value)} minutes is longer than {high:g} minutes ({high / 1440:g} days); Pulumi's custom "
+                "timeouts and the node's `timeout` take nothing that long")
+    return None
+
+
+# ---- URLs the node scripts use: no credentials, no query; plain http only where no one else is on the path --------
+
+
+def url_problem(v: str, secret_key: str) -> str | None:
+    """Why `v` cannot be a hub or store URL rendered into node scripts (plain state), or None."""
+    head = v.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in head:
+        # Anything in the URL is rendered into the node scripts and stored in the state in plain text.
+        return ("holds credentials (user:password@); they would be written into every node script and the state: "
+                f"give them as a secret instead: pulumi config set --secret {NAMESPACE}:{secret_key} ...")
+    match = _HF_ENDPOINT.fullmatch(v)
+    if not match or int(match["port"] or 1) not in range(1, 65536):
+        return (f"{_show(v)} is not a URL such as https://huggingface.co (scheme, host, optional port and path; no "
+                "query, no spaces)")
+    return None
+
+
+def _on_private_path(host: str) -> bool:
+    """The node's own loopback, or an address of a private network: no stranger between the node and it."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name may resolve to anywhere
+    return any(address.version == n.version and address in n for n in _PRIVATE_PATHS)
+
+
+# Loopback and the private networks of RFC 1918, RFC 4193 and RFC 6598 (documentation ranges are not among them: they
+# stand for public hosts in examples).
+_PRIVATE_PATHS = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12",
+                                                     "192.168.0.0/16", "fc00::/7", "100.64.0.0/10")]
+
+
+# S3's bucket naming rules (AWS S3 User Guide, "General purpose bucket naming rules"): 3-63 characters of lower-case
+# letters, digits, '.' and '-', beginning and ending with a letter or digit, no '..', not an IP address, and none of
+# the prefixes and suffixes S3 reserves. A name outside them is refused by the store, and the cache silently off.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
+def credentials_problem(text: str) -> str | None:
+    """Why `text` cannot be kernelCacheCredentials (ACCESS_KEY_ID:SECRET_ACCESS_KEY), or None. Never quotes it."""
+    key_id, sep, secret = text.strip().partition(":")
+    if not sep or not key_id or not secret:
+        return ("is not ACCESS_KEY_ID:SECRET_ACCESS_KEY (a ':' between two non-empty halves; the value is not shown): "
+                "the nodes could not use it and every bring-up would start with a cold kernel cache")
+    if not re.fullmatch(r"[!-~]+", key_id + secret):
+        return ("holds spaces or control characters (the value is not shown); set exactly "
+                "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
+    return None
+
+
 _PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
 _S3_REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 
@@ -134,24 +243,55 @@ class KernelCacheSettings(BaseModel):
     backend: Literal["s3"] = "s3"
     bucket: str
     prefix: str = "kimi-cluster/kernel-cache/"
-    endpoint_url: str | None = Field(None, alias="endpointUrl", pattern=r"^https?://[^\s'\"\\`$]+$")
+    endpoint_url: str | None = Field(None, alias="endpointUrl")
     region: str = "us-east-1"
     addressing_style: Literal["auto", "path", "virtual"] = Field("auto", alias="addressingStyle")
-    restore_timeout_minutes: int = Field(20, alias="restoreTimeoutMinutes", ge=1)
-    save_timeout_minutes: int = Field(30, alias="saveTimeoutMinutes", ge=1)
+    restore_timeout_minutes: int = Field(20, alias="restoreTimeoutMinutes", ge=1,
+                                         le=DURATION_MAX_MINUTES)
+    save_timeout_minutes: int = Field(30, alias="saveTimeoutMinutes", ge=1,
+                                      le=DURATION_MAX_MINUTES)
 
     @field_validator("bucket")
     @classmethod
     def _bucket(cls, v: str) -> str:
-        if not _BUCKET.match(v) or ".." in v:
-            raise ValueError(f"{v!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.' or '-')")
+        if not _BUCKET.fullmatch(v) or any(p in v for p in ("..", ".-", "-.")):
+            raise ValueError(f"{_show(v)} is not an S3 bucket name (3-63 lowercase letters, digits, '.' or '-', "
+                             "beginning and ending with a letter or digit)")
+        if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", v) or v.startswith(_BUCKET_RESERVED_PREFIXES) \
+                or v.endswith(_BUCKET_RESERVED_SUFFIXES):
+            raise ValueError(f"{_show(v)} is an IP address or uses a prefix or suffix S3 reserves (xn--, sthree-, "
+                             "-s3alias, --ol-s3, ...): no S3 store accepts it as a bucket name")
+        return v
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        problem = url_problem(v, "kernelCacheCredentials")
+        if problem:
+            raise ValueError(problem)
+        match = _HF_ENDPOINT.fullmatch(v)
+        if match and match["scheme"] == "http" and not _on_private_path(match["host"]):
+            # The archive holds compiled kernels the engine runs, and the manifest that vouches for it: over plain
+            # http, anyone on the path can swap both.
+            raise ValueError(f"{_show(v)} is plain http:// to a host outside loopback and private networks: anyone on "
+                             "the path could swap the kernel archive (code the engine runs); use https://")
+        return v.rstrip("/")
+
+    @field_validator("restore_timeout_minutes", "save_timeout_minutes", mode="before")
+    @classmethod
+    def _transfer_minutes(cls, v: Any) -> Any:
+        problem = duration_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
         if not _PREFIX.match(v) or ".." in v.split("/"):
-            raise ValueError(f"{v!r} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
+            raise ValueError(f"{_show(v)} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
         v = v.strip("/")
         return v + "/" if v else ""
 
@@ -159,7 +299,7 @@ class KernelCacheSettings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _S3_REGION.match(v):
-            raise ValueError(f"{v!r} is not a region name such as eu-central-1 or auto")
+            raise ValueError(f"{_show(v)} is not a region name such as eu-central-1 or auto")
         return v
 
     @property
@@ -219,6 +359,9 @@ class Settings(BaseModel):
     # Bring your own server certificate (PEM chain, leaf first, ending with the CA clients should trust); its key
     # is the secret tlsPrivateKey. Unset: the stack makes its own CA and a certificate for the head's address.
     tls_certificate: str | None = Field(None, alias="tlsCertificate")
+    # The DNS name clients use for the API (you keep its record pointing at the head): the URLs, the client configs and
+    # the readiness wait's TLS check use it; your own tlsCertificate must name it. Unset: the head's public IP.
+    api_hostname: str | None = Field(None, alias="apiHostname")
     proxy_image: str | None = Field(None, alias="proxyImage")
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024, le=2**24)
     context_window: int = Field(131072, alias="contextWindow", ge=1024, le=2**24)
@@ -281,20 +424,24 @@ class Settings(BaseModel):
             text = v.strip()
             try:
                 v = json.loads(text) if text.startswith("[") else [p for p in re.split(r"[,\s]+", text) if p]
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON list of CIDRs, e.g. \'["203.0.113.7/32"]\'') from None
         if v is None:
             return v
+        if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
+            raise ValueError(f"{len(v):,} entries; at most {MAX_LIST_ITEMS} (one firewall rule each)")
         if not isinstance(v, list) or not v or not all(isinstance(c, str) for c in v):
             raise ValueError('expected a non-empty list of CIDRs, e.g. \'["203.0.113.7/32"]\'')
         out: list[str] = []
         for cidr in v:
             try:
+                if "%" in cidr:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
+                    raise ValueError(cidr)
                 net = ipaddress.ip_network(cidr.strip(), strict=False)
             except ValueError:
-                raise ValueError(f"{cidr!r} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
+                raise ValueError(f"{_show(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
             if net.prefixlen == 0:
-                raise ValueError(f"{cidr!r} opens the API to the whole internet; list the networks that need it")
+                raise ValueError(f"{_show(cidr)} opens the API to the whole internet; list the networks that need it")
             if str(net) not in out:
                 out.append(str(net))
         return out
@@ -304,6 +451,9 @@ class Settings(BaseModel):
     def _certificate(cls, v: str | None) -> str | None:
         if v is None or not v.strip():
             return None
+        if "PRIVATE KEY" in v:  # said before parsing, and never quoted: it is a secret pasted into a plain key
+            raise ValueError("holds a private key (not shown): it goes in the secret tlsPrivateKey; set it with: "
+                             f"pulumi config set --secret {NAMESPACE}:tlsPrivateKey < server.key")
         from cryptography import x509
 
         try:
@@ -313,11 +463,14 @@ class Settings(BaseModel):
                              "first, ending with the CA clients should trust)") from None
         return v.strip() + "\n"
 
-    @field_validator("proxy_image")
+    @field_validator("api_hostname")
     @classmethod
-    def _image_ref(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", v):
-            raise ValueError("not a container image reference such as caddy:2.11.7-alpine@sha256:...")
+    def _api_hostname(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not _HOSTNAME.fullmatch(v) or len(v) > 253 or _is_ip(v):
+            raise ValueError(f"{_show(v)} is not a DNS name such as api.example.com (lower-case letters, digits and "
+                             "'-' in dot-separated labels; no scheme, port or trailing dot)")
         return v
 
     @field_validator("model_revision")
@@ -325,7 +478,7 @@ class Settings(BaseModel):
     def _revision(cls, v: str) -> str:
         if not _HEX40.fullmatch(v):
             raise ValueError(
-                f"{v!r} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
+                f"{_show(v)} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
                 "reproducible. Pin the commit shown on the model's hub page"
             )
         return v
@@ -367,7 +520,7 @@ class Settings(BaseModel):
                              "TOML and JSON)")
         return v
 
-    @field_validator("image")
+    @field_validator("image", "proxy_image")
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 512 or not _IMAGE.fullmatch(v)):
@@ -393,17 +546,11 @@ class Settings(BaseModel):
     @field_validator("hf_endpoint")
     @classmethod
     def _hf_endpoint(cls, v: str) -> str:
-        head = v.split("://", 1)[-1].split("/", 1)[0]
-        if "@" in head:
-            # Anything in the URL is rendered into the node scripts and stored in the state in plain text.
-            raise ValueError("holds credentials (user:password@); they would be written into every node script and "
-                             f"the state: give the token as a secret instead: pulumi config set --secret "
-                             f"{NAMESPACE}:hfToken ...")
+        problem = url_problem(v, "hfToken")
+        if problem:
+            raise ValueError(problem)
         match = _HF_ENDPOINT.fullmatch(v)
-        if not match or int(match["port"] or 1) not in range(1, 65536):
-            raise ValueError(f"{_show(v)} is not a hub URL such as https://huggingface.co (scheme, host, optional "
-                             "port and path; no query, no spaces)")
-        return v.rstrip("/") if match["path"] else v
+        return v.rstrip("/") if match and match["path"] else v
 
     @field_validator("extra_engine_args", mode="before")
     @classmethod
@@ -411,9 +558,11 @@ class Settings(BaseModel):
         # `pulumi config set` stores a list as a JSON string unless --path is used
         if isinstance(v, str):
             try:
-                return json.loads(v)
-            except json.JSONDecodeError:
+                v = json.loads(v)
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError("expected a JSON list of strings, e.g. '[\"--enable-metrics\"]'") from None
+        if isinstance(v, list) and len(v) > MAX_LIST_ITEMS:
+            raise ValueError(f"{len(v):,} arguments; at most {MAX_LIST_ITEMS} are taken")
         return v
 
     @field_validator("regions", mode="before")
@@ -422,11 +571,13 @@ class Settings(BaseModel):
         if isinstance(v, str):  # `pulumi config set` stores a list as a JSON string unless --path is used
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON list of region names, e.g. \'["CANADA-1", "NORWAY-1"]\'') from None
         if isinstance(v, list):
             if not v:
                 raise ValueError("name at least one region")
+            if len(v) > MAX_LIST_ITEMS:
+                raise ValueError(f"{len(v):,} regions; at most {MAX_LIST_ITEMS}")
             if not all(isinstance(r, str) and _REGION.fullmatch(r) for r in v):
                 raise ValueError("each region is a Hyperstack region name such as CANADA-1")
             if len(set(v)) != len(v):
@@ -437,7 +588,15 @@ class Settings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _REGION.fullmatch(v):
-            raise ValueError(f"{v!r} is not a Hyperstack region name such as CANADA-1")
+            raise ValueError(f"{_show(v)} is not a Hyperstack region name such as CANADA-1")
+        return v
+
+    @field_validator("download_timeout_minutes", "readiness_timeout_minutes", mode="before")
+    @classmethod
+    def _timeouts(cls, v: Any) -> Any:
+        problem = duration_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("step_deadline_minutes", mode="before")
@@ -446,7 +605,7 @@ class Settings(BaseModel):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'') from None
         if not isinstance(v, dict):
             raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'')
@@ -455,9 +614,16 @@ class Settings(BaseModel):
 
         for step, minutes in v.items():
             if step not in ALL_STEPS:
-                raise ValueError(f"{step!r} is not a node step; steps are {', '.join(ALL_STEPS)}")
-            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
-                raise ValueError(f"{step}: {minutes!r} is not a positive number of minutes")
+                raise ValueError(f"{_show(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
+            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)):
+                raise ValueError(f"{step}: {_show(minutes)} is not a positive number of minutes")
+            problem = duration_problem(minutes)
+            if problem is None and step in CACHE_STEPS and minutes < CACHE_STEP_MIN_MINUTES:
+                problem = (f"{_show(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: {step} first "
+                           "installs its S3 client, and its deadline must leave that, its slack and a minute of "
+                           "transfer, or the step fails `up`")
+            if problem:
+                raise ValueError(f"{step}: {problem}")
         return v
 
     @field_validator("kernel_cache", mode="before")
@@ -467,7 +633,7 @@ class Settings(BaseModel):
         if isinstance(v, str):
             try:
                 v = json.loads(v)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
                 raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'') from None
             if not isinstance(v, dict):
                 raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
@@ -529,8 +695,8 @@ class Settings(BaseModel):
             raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
                              f"list); remove one with: pulumi config rm {NAMESPACE}:region")
         if self.peer_port in (self.api_port, self.engine_port, 20000):  # 20000: SGLang's rendezvous (launch.py)
-            raise ValueError(f"peerPort {self.peer_port} collides with apiPort, enginePort or the rendezvous port "
-                             "20000; pick another, e.g. 20100")
+            raise ValueError(f"{NAMESPACE}:peerPort {self.peer_port} collides with apiPort, enginePort or the "
+                             f"rendezvous port 20000; pick another, e.g. {NAMESPACE}:peerPort 20100")
         if self.ssh_public_key is None and self.keypair_name is None:
             raise ValueError(f"set {NAMESPACE}:sshPublicKey (a keypair is imported) or {NAMESPACE}:keypairName (an "
                              "existing one is reused)")
@@ -541,9 +707,9 @@ class Settings(BaseModel):
                 f"{NAMESPACE}:kernelCacheCredentials is required with {NAMESPACE}:kernelCache (the bucket's access "
                 f"key); set it with: pulumi config set --secret {NAMESPACE}:kernelCacheCredentials "
                 "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
-        if self.engine_port == self.api_port or self.engine_port in _RESERVED_ENGINE_PORTS:
-            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort or the rendezvous "
-                             f"port 20000; pick another, e.g. {NAMESPACE}:enginePort 30000")
+        if self.engine_port in (self.api_port, SSH_PORT, *_RESERVED_ENGINE_PORTS):
+            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort, SSH (22) or the "
+                             f"rendezvous port 20000; pick another, e.g. {NAMESPACE}:enginePort 30000")
         if (self.tls_certificate is not None) != self.tls_private_key_set:
             raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
                              "own certificate) or neither (the stack makes its own CA)")
@@ -565,7 +731,8 @@ class Settings(BaseModel):
     def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
         problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe())
-                    if p] + self._name_problems() + self._engine_arg_problems()
+                    if p] + self._name_problems() + self._engine_arg_problems() + self._api_cidr_problems() \
+            + self._api_hostname_problems()
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -581,6 +748,54 @@ class Settings(BaseModel):
         return (f"{NAMESPACE}:operatorCidr {self.operator_cidr} is {kind}: the VMs see your public address, so this "
                 "locks you out while they bill; use \"$(curl -4 -s https://ifconfig.me)/32\", or set "
                 f"{NAMESPACE}:allowPrivateOperatorCidr true if you reach the VMs over a private network (a VPN)")
+
+    def _api_cidr_problems(self) -> list[str]:
+        """operatorCidr's address classes for each apiAllowedCidrs entry, and a bound on what the list opens in all:
+        two /1s are each refused by no per-entry rule, yet together they are the whole internet."""
+        if self.api_allowed_cidrs is None:
+            return []
+        key = f"{NAMESPACE}:apiAllowedCidrs"
+        problems = []
+        nets = [ipaddress.ip_network(c) for c in self.api_allowed_cidrs]
+        for net in nets:
+            if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_V4_MAPPED):
+                problems.append(f"{key} entry {net} is an IPv4-mapped IPv6 range, which no rule matches: it locks "
+                                "every client out; give the IPv4 range itself")
+            elif net.prefixlen < (IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX):
+                widest = IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX
+                problems.append(f"{key} entry {net} is wider than /{widest}, as operatorCidr may not be: it opens the "
+                                f"API to {net.num_addresses:,} addresses of other networks")
+            elif (kind := _non_public(net)) and not self.allow_private_operator_cidr:
+                problems.append(f"{key} entry {net} is {kind}: clients reach the head from public addresses, so it "
+                                f"lets no one in (set {NAMESPACE}:allowPrivateOperatorCidr true for a VPN)")
+        for version, widest in ((4, IPV4_MIN_PREFIX), (6, IPV6_MIN_PREFIX)):
+            ours = [n for n in nets if n.version == version]
+            # typeshed types collapse_addresses per address family; the version filter above keeps the list within one.
+            opened = sum(n.num_addresses for n in ipaddress.collapse_addresses(ours))  # type: ignore[type-var, misc]
+            # Twice the widest single entry: room for one such network and a few addresses besides.
+            limit = 2 * 2 ** ((32 if version == 4 else 128) - widest)
+            if opened > limit:
+                problems.append(f"{key} opens the API to {opened:,} IPv{version} addresses in all, more than two "
+                                f"/{widest}s ({limit:,}): list the networks that need it, not the internet piecewise")
+        return problems
+
+    def _own_certificate_expiry(self) -> dt.datetime | None:
+        if self.tls_certificate is None:
+            return None
+        from cryptography import x509
+
+        return x509.load_pem_x509_certificates(self.tls_certificate.encode())[0].not_valid_after_utc
+
+    def _api_hostname_problems(self) -> list[str]:
+        if self.tls_certificate is None:
+            return []
+        if self.api_hostname is None:
+            return [f"{NAMESPACE}:tlsCertificate needs {NAMESPACE}:apiHostname, the DNS name it was issued for: the "
+                    "head's public IP is unknown before the first `up`, so clients and the readiness wait could "
+                    f"check it against nothing else; set it with: pulumi config set {NAMESPACE}:apiHostname "
+                    "api.example.com"]
+        problem = tls_check.chain_problem(self.tls_certificate, self.api_hostname)
+        return [f"{NAMESPACE}:tlsCertificate {problem}"] if problem else []
 
     def _flavor_matches(self) -> str | None:
         if self.topology != "custom" or self.flavor is None:
@@ -761,6 +976,10 @@ class Settings(BaseModel):
         if net.version == 4 and net.prefixlen < IPV4_WARN_PREFIX:
             out.append(f"{NAMESPACE}:operatorCidr {self.operator_cidr} lets {net.num_addresses:,} addresses reach SSH "
                        "and the API; narrow it to your own address if you can")
+        expiry = self._own_certificate_expiry()
+        if expiry is not None and expiry - dt.datetime.now(dt.UTC) < dt.timedelta(days=tls_check.RENEW_WARN_DAYS):
+            out.append(f"{NAMESPACE}:tlsCertificate's leaf expires on {expiry:%Y-%m-%d}: every client refuses it from "
+                       "then on; renew it, set it again and run pulumi up")
         for key in self.plain_credentials:
             out.append(f"{key} is set as a plain value: it sits unencrypted in Pulumi.{self.stack}.yaml and the "
                        f"state; set it again with: pulumi config set --secret {key} ...")
@@ -786,6 +1005,14 @@ def _non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | Non
     return None
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -803,9 +1030,22 @@ def _alias_in(model: type[BaseModel], field_name: str) -> str:
     return f.alias if f is not None and f.alias else field_name
 
 
+# An error quotes at most this many problems, each at most this long: a value a million items long (or one that
+# YAML aliases blew up) makes one short message, not gigabytes of it.
+ERROR_MAX_LINES = 20
+ERROR_MAX_LINE = 600
+
+
+def _bounded(lines: list[str]) -> list[str]:
+    out = [line if len(line) <= ERROR_MAX_LINE else line[:ERROR_MAX_LINE - 4] + " ..." for line in lines]
+    if len(out) > ERROR_MAX_LINES:
+        out = out[:ERROR_MAX_LINES] + [f"... and {len(out) - ERROR_MAX_LINES:,} more problems"]
+    return out
+
+
 def _format_errors(err: ValidationError | None, extra: list[str] | None = None) -> str:
     lines = list(extra or [])
-    for e in err.errors() if err is not None else []:
+    for e in err.errors(include_input=False) if err is not None else []:
         loc = [str(p) for p in e["loc"]]
         key = _alias_of(loc[0]) if loc else ""
         if key == "kernelCache" and len(loc) > 1 and not loc[1].startswith(("function-", "dict[")):
@@ -822,7 +1062,7 @@ def _format_errors(err: ValidationError | None, extra: list[str] | None = None) 
             lines.append(f"{NAMESPACE}:{key}: {msg}; {_how_to_set(key)}")
         else:
             lines.append(msg)
-    return "invalid stack configuration:\n  " + "\n  ".join(lines)
+    return "invalid stack configuration:\n  " + "\n  ".join(_bounded(lines))
 
 
 def config_keys() -> list[str]:
@@ -889,6 +1129,11 @@ def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterabl
         problem = private_key_problem(key_text)
         if problem:
             secret_problems.append(f"{NAMESPACE}:sshPrivateKey {problem}")
+    credentials = raw.get("kernelCacheCredentials")
+    if isinstance(credentials, str) and credentials and raw.get("kernelCache") is not None:
+        problem = credentials_problem(credentials)
+        if problem:
+            secret_problems.append(f"{NAMESPACE}:kernelCacheCredentials {problem}")
     values: dict[str, Any] = {}
     internal = {name for name, f in Settings.model_fields.items() if f.alias and f.alias != name} | \
         {"stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
@@ -909,6 +1154,13 @@ def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterabl
         settings = Settings.model_validate(values)
     except ValidationError as err:
         raise SettingsError(_format_errors(err, secret_problems)) from None
+    tls_key = raw.get("tlsPrivateKey")
+    if settings.tls_certificate is not None and isinstance(tls_key, str) and tls_key:
+        from components import tls_check
+
+        problem = tls_check.key_problem(settings.tls_certificate, tls_key)
+        if problem:
+            secret_problems.append(f"{NAMESPACE}:tlsPrivateKey {problem}")
     if secret_problems:
         raise SettingsError(_format_errors(None, secret_problems))
     return settings
@@ -947,13 +1199,15 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh) or {}
+            doc = _load_yaml_bounded(fh, path) or {}
     except IsADirectoryError:
         raise SettingsError(f"{path} is a directory, not a stack config file (Pulumi.<stack>.yaml)") from None
     except OSError as err:
         raise SettingsError(f"cannot read {path}: {err.strerror}") from None
     except UnicodeDecodeError:
         raise SettingsError(f"{path} is not UTF-8 text") from None
+    except RecursionError:  # the YAML composer recurses once per level of nesting
+        raise SettingsError(f"{path} nests deeper than any stack config (thousands of levels)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -967,6 +1221,45 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     ours = strip_namespace(config)
     others = {k: v for k, v in config.items() if not k.startswith(NAMESPACE + ":")}
     return ours, others
+
+
+# What a stack file may expand to through YAML aliases: a real one has a few dozen nodes and no alias at all; a
+# "billion laughs" file of 1 KB expands to millions, and every copy then reaches validation and its error message.
+YAML_MAX_NODES = 10_000
+
+
+def _load_yaml_bounded(stream: Any, path: str) -> Any:
+    """yaml.safe_load, refusing a document whose aliases expand it past YAML_MAX_NODES nodes (counted on the composed
+    graph, before any Python object is built)."""
+    import yaml
+
+    loader = yaml.SafeLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:
+            # The same node object is shared by every alias of its anchor: counted once per use, computed once.
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # a recursive alias (a list holding itself) counts as one node
+                children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                    list(n.value) if isinstance(n, yaml.SequenceNode) else []
+                total = 1
+                for child in children:
+                    total += expanded(child)
+                    if total > YAML_MAX_NODES:
+                        break
+                sizes[id(n)] = total
+            return sizes[id(n)]
+
+        if expanded(node) > YAML_MAX_NODES:
+            raise SettingsError(f"{path} expands to more than {YAML_MAX_NODES:,} YAML nodes through its aliases "
+                                "(&anchor / *alias); write the values out instead")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def plain_credentials_in(config: Mapping[str, Any]) -> list[str]:
@@ -984,9 +1277,10 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
     for full_key in _stack_config_keys():
         if full_key.startswith(prefix):
             key = full_key[len(prefix):]
-            # Secrets are read through get_secret below; here only the SSH key's shape is checked (the text is not
-            # kept), so an encrypted key or a public one is refused before anything is billed.
-            if key == "sshPrivateKey":
+            # Secrets are read through get_secret below; here only the shapes of the SSH key, the bucket credentials
+            # and the TLS key are checked (the text is not kept), so an encrypted key, a public one, credentials
+            # without their ':' or a TLS key that is not the certificate's are refused before anything is billed.
+            if key in ("sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey"):
                 raw[key] = pulumi.runtime.get_config(full_key) or True
             else:
                 raw[key] = True if key in SECRET_KEYS else cfg.get(key)

@@ -19,7 +19,7 @@ from typing import Any
 
 SIG_KEY = "4dabf18193072939515e22adb298388d"
 SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
-_RANK = re.compile(r"^rank-(\d+)$")
+_RANK = re.compile(r"rank-(\d{1,6})")  # fullmatch; a rank of a million digits is no rank
 
 
 class StackStateError(Exception):
@@ -68,49 +68,97 @@ class StackState:
         return self.outputs.get("endpoint_url")
 
 
-def _resources(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+# The stack outputs status reads, and the types they must have: a state file of another shape is refused by name.
+OUTPUT_TYPES: dict[str, tuple[type, ...]] = {
+    "endpoint_url": (str,), "api_key": (str,), "ca_certificate": (str,), "topology": (str,), "region": (str,),
+    "hourly_cost_usd": (int, float), "hourly_cost_source": (str,), "served_model_name": (str,),
+}
+
+
+def _mapping(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise StackStateError(f"{what} is a {type(value).__name__}, not an object: is this a `pulumi stack export` "
+                              "or the sandbox's state.json?")
+    return value
+
+
+def _resources(doc: Any) -> list[dict[str, Any]]:
+    doc = _mapping(doc, "the state")
     if "deployment" in doc:  # `pulumi stack export`
-        doc = doc["deployment"] or {}
-    return [r for r in doc.get("resources") or [] if not r.get("delete")]
+        doc = _mapping(doc["deployment"], "the state's deployment")
+    resources = doc.get("resources") or []
+    if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
+        raise StackStateError("the state's resources are not a list of objects: is this a `pulumi stack export` or "
+                              "the sandbox's state.json?")
+    return [r for r in resources if not r.get("delete")]
+
+
+def _port(value: Any, host: str) -> int:
+    try:
+        port = int(value or 22)
+    except (TypeError, ValueError):
+        port = 0
+    if isinstance(value, bool) or not 1 <= port <= 65535:
+        raise StackStateError(f"the state's SSH connection to {host!r} has port {value!r}, not a TCP port")
+    return port
+
+
+def _outputs(stack_res: Mapping[str, Any] | None) -> dict[str, Any]:
+    outputs = _mapping(unwrap((stack_res or {}).get("outputs")), "the stack's outputs")
+    for key, types in OUTPUT_TYPES.items():
+        value = outputs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise StackStateError(f"the stack output {key} is a {type(value).__name__}, not a "
+                                  f"{' or '.join(t.__name__ for t in types)}")
+    return outputs
 
 
 def _name_of(resource: Mapping[str, Any]) -> str:
     return str(resource.get("name") or str(resource.get("urn", "")).rsplit("::", 1)[-1])
 
 
-def parse_state(doc: Mapping[str, Any], stack: str) -> StackState:
+def parse_state(doc: Any, stack: str) -> StackState:
+    """The nodes and outputs of a state document; StackStateError (naming what is wrong) for any other shape."""
     resources = _resources(doc)
     stack_res = next((r for r in resources if r.get("type") == "pulumi:pulumi:Stack"), None)
-    outputs = unwrap((stack_res or {}).get("outputs") or {})
+    outputs = _outputs(stack_res)
     connections: dict[str, Connection] = {}
     for res in resources:
         if res.get("type") != "command:remote:Command":
             continue
-        conn = unwrap((res.get("inputs") or {}).get("connection") or {})
+        inputs = _mapping(res.get("inputs"), f"the inputs of {_name_of(res)}")
+        conn = _mapping(unwrap(inputs.get("connection")), f"the connection of {_name_of(res)}")
         host = conn.get("host")
-        if host and host not in connections:
-            connections[host] = Connection(host=str(host), user=str(conn.get("user") or "root"),
-                                           private_key=conn.get("privateKey"), host_key=conn.get("hostKey"),
-                                           port=int(conn.get("port") or 22))
+        if isinstance(host, str) and host and host not in connections:
+            key, host_key = conn.get("privateKey"), conn.get("hostKey")
+            connections[host] = Connection(host=host, user=str(conn.get("user") or "root"),
+                                           private_key=key if isinstance(key, str) else None,
+                                           host_key=host_key if isinstance(host_key, str) else None,
+                                           port=_port(conn.get("port"), host))
     nodes: list[NodeRecord] = []
     for res in resources:
         if not str(res.get("type", "")).endswith("hyperstack:VirtualMachine"):
             continue
-        outs = unwrap(res.get("outputs") or {})
-        ranks = [int(m.group(1)) for label in outs.get("labels") or [] if (m := _RANK.match(str(label)))]
-        public_ip = outs.get("public_ip")
+        outs = _mapping(unwrap(res.get("outputs")), f"the outputs of {_name_of(res)}")
+        labels = outs.get("labels") or []
+        ranks = [int(m.group(1)) for label in labels if (m := _RANK.fullmatch(str(label)))] \
+            if isinstance(labels, list) else []
+        public_ip = outs.get("public_ip") if isinstance(outs.get("public_ip"), str) else None
         nodes.append(NodeRecord(
             rank=ranks[0] if ranks else len(nodes), name=str(outs.get("name") or _name_of(res)),
             vm_id=str(res.get("id") or outs.get("vm_id") or ""), public_ip=public_ip,
-            private_ip=outs.get("private_ip"), connection=connections.get(str(public_ip)) if public_ip else None))
+            private_ip=outs.get("private_ip") if isinstance(outs.get("private_ip"), str) else None,
+            connection=connections.get(public_ip) if public_ip else None))
     return StackState(stack=stack, outputs=outputs, nodes=sorted(nodes, key=lambda n: n.rank))
 
 
 def load_state_file(path: str | Path, stack: str) -> StackState:
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise StackStateError(f"cannot read the stack state {path}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
+        raise StackStateError(f"cannot read the stack state {path}: {str(exc)[:300]}") from None
     return parse_state(doc, stack)
 
 
@@ -126,4 +174,8 @@ def export_stack(stack: str, cwd: str | Path | None = None) -> StackState:
         raise StackStateError(f"`pulumi stack export --stack {stack}` did not answer within 120 s") from None
     if done.returncode != 0:
         raise StackStateError(f"`pulumi stack export --stack {stack}` failed: {done.stderr.strip()[:300]}")
-    return parse_state(json.loads(done.stdout), stack)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        raise StackStateError(f"`pulumi stack export --stack {stack}` printed no JSON") from None
+    return parse_state(doc, stack)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -110,6 +111,23 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
     return out
 
 
+# Bounds of the benchmark's knobs: past them it measures nothing (no node, no byte) or only fills the disk.
+MAX_NODES, MAX_SHARDS, MAX_SHARD_BYTES = 64, 10_000, 10**9
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot make a benchmark, or None; asked before the hub starts."""
+    for flag, value, top in (("--nodes", args.nodes, MAX_NODES), ("--shards", args.shards, MAX_SHARDS),
+                             ("--shard-bytes", args.shard_bytes, MAX_SHARD_BYTES)):
+        if not 1 <= value <= top:
+            return f"{flag} {value} is not between 1 and {top:,}"
+    if not (math.isfinite(args.cap) and args.cap > 0):
+        return f"--cap {args.cap:g} is not a positive number of bytes per second"
+    if args.keep and os.path.exists(args.keep) and not os.path.isdir(args.keep):
+        return f"--keep {args.keep} is a file; give a directory (it is created if missing)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench_weights", description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=4)
@@ -119,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", help="keep every node's directory and log here instead of a temporary directory")
     args = ap.parse_args(argv)
+    problem = _usage_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
 
     files = synthetic_repo(args.shards, args.shard_bytes)
     checkpoint = sum(len(f.data) for f in files)

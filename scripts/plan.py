@@ -89,8 +89,9 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "image": settings.proxy_container_image,
             "listens": f"TLS on port {settings.api_port} of the head, from {', '.join(settings.api_cidrs)}",
             "upstream": proxy.upstream(settings),
-            "certificate": "your tlsCertificate" if settings.tls_certificate else
-                           "the stack's own CA signs one for the head's public IP",
+            "certificate": f"your tlsCertificate, for {settings.api_hostname}" if settings.tls_certificate else
+                           "the stack's own CA signs one for the head's public IP"
+                           + (f" and {settings.api_hostname}" if settings.api_hostname else ""),
             "command": proxy.command_text(settings),
             "config": proxy.render_config(settings),
         },

@@ -105,6 +105,9 @@ def run(direct: Side, proxied: Side, model: str, requests_n: int, streams_n: int
             "stream_ratio": rate["proxy"] / rate["direct"]}
 
 
+MAX_COUNT = 100_000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.proxy_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help=f"the sandbox's workdir (default {DEFAULT_WORKDIR})")
@@ -112,7 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=20, help="streamed completions each way (default 20)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    direct, proxied, model = _sides(Path(args.workdir).resolve())
+    # Each figure is a median, a percentile or a rate over these counts: none of them exists for zero.
+    for flag, value in (("--requests", args.requests), ("--streams", args.streams)):
+        if not 1 <= value <= MAX_COUNT:
+            print(f"error: {flag} {value} is not between 1 and {MAX_COUNT:,}", file=sys.stderr)
+            return 2
+    try:
+        direct, proxied, model = _sides(Path(args.workdir).resolve())
+    except (OSError, ValueError, AttributeError, KeyError) as exc:  # a missing or foreign workdir
+        print(f"error: no usable sandbox state in {args.workdir} ({type(exc).__name__}: {str(exc)[:200]}): run "
+              "python -m scripts.sandbox up first", file=sys.stderr)
+        return 2
     result = run(direct, proxied, model, args.requests, args.streams)
     if args.json:
         print(json.dumps(result, indent=2))

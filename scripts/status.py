@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from components.stack_state import StackState, StackStateError, export_stack, lo
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 EXIT_OK, EXIT_USAGE = 0, 2
+# --watch: more often than once a second only loads the nodes; a day apart is no longer watching.
+WATCH_MIN_S, WATCH_MAX_S = 1.0, 86400.0
 
 
 def _bytes(n: float | None) -> str:
@@ -134,11 +137,25 @@ def api_client(stack: str, stack_config: Mapping[str, Any]) -> HyperstackClient 
 
 
 def node_runner(node_exec: str | None) -> NodeRunner:
+    """SSH, or what the --node-exec file says; ValueError (one sentence naming the file) for a file it cannot use."""
     if not node_exec:
         return SshRunner()
     from sandbox.commands import NodeExecution  # commands run locally, one directory per host
 
-    return NodeExecution.from_json(json.loads(Path(node_exec).read_text()))
+    try:
+        data = json.loads(Path(node_exec).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"--node-exec {node_exec}: {err.strerror or err}") from None
+    except ValueError:
+        raise ValueError(f"--node-exec {node_exec} is not JSON (UTF-8 text holding one object)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes_dir"), str) \
+            or not isinstance(data.get("path_prefix") or [], list) or not isinstance(data.get("env") or {}, dict):
+        raise ValueError(f"--node-exec {node_exec} is not an object with nodes_dir (a path) and optional path_prefix "
+                         "(a list) and env (an object), as the sandbox writes it")
+    try:
+        return NodeExecution.from_json(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"--node-exec {node_exec}: {err}") from None
 
 
 def run(state_loader: Any, settings: Settings, runner: NodeRunner, api: HyperstackClient | None, *,
@@ -171,12 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="the stack config file (default Pulumi.<stack>.yaml)")
     ap.add_argument("--node-exec", help="how node commands run, as JSON (default: SSH with the pinned host keys)")
     args = ap.parse_args(argv)
+    # time.sleep refuses a negative or NaN interval only after the first report, and an infinite one never wakes.
+    if args.watch is not None and not (math.isfinite(args.watch) and WATCH_MIN_S <= args.watch <= WATCH_MAX_S):
+        print(f"error: --watch {args.watch:g} is not an interval of {WATCH_MIN_S:g} to {WATCH_MAX_S:g} seconds",
+              file=sys.stderr)
+        return EXIT_USAGE
     remove_key_files_on_signals()  # a closed terminal (SIGHUP) or a kill (SIGTERM) leaves no private key behind
     config_path = args.config or str(PROJECT_DIR / f"Pulumi.{args.stack}.yaml")
     try:
         raw, other = read_stack_file(config_path)
         settings = load_settings(raw, args.stack)
-    except (OSError, SettingsError) as err:
+        runner = node_runner(args.node_exec)
+    except (OSError, SettingsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -184,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return load_state_file(args.state, args.stack) if args.state else export_stack(args.stack, PROJECT_DIR)
 
     try:
-        return run(loader, settings, node_runner(args.node_exec), api_client(args.stack, other),
+        return run(loader, settings, runner, api_client(args.stack, other),
                    as_json=args.json, watch=args.watch)
     except StackStateError as err:
         print(f"error: {err}", file=sys.stderr)

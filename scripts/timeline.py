@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,13 @@ MARK = re.compile(r"^KIMI-STEP rank=(?P<rank>\d+) step=(?P<step>[a-z0-9_-]+) (?P
 COMMAND_TYPE = "command:remote:Command"
 # One colour per step, in chain order (the matplotlib "tab10" palette), so the same step looks the same on every row.
 STEP_ORDER = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "readiness", "cache-save")
+# The files --out may name, by extension (what matplotlib writes and the README shows).
+OUT_FORMATS = (".png", ".svg")
+MAX_RANK, MAX_RC = 10_000, 255  # no cluster has more nodes; an exit status is one byte
+
+
+class TimelineError(ValueError):
+    """The document cannot be drawn; the message says what in it is wrong."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +51,38 @@ def _parse_ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _shown(m: re.Match[str]) -> str:
+    line = m.group(0)
+    return repr(line if len(line) <= 120 else line[:100] + "...")
+
+
+def _mark_time(m: re.Match[str]) -> datetime:
+    try:
+        return _parse_ts(m["ts"])
+    except ValueError:
+        raise TimelineError(f"step mark {_shown(m)} has an impossible time {m['ts']!r}") from None
+
+
+def _number(digits: str | None, limit: int, m: re.Match[str]) -> int | None:
+    # Checked by length first: int() of a many-thousand-digit string is refused (or slow) before any comparison.
+    if digits is None:
+        return None
+    if len(digits) > len(str(limit)) or int(digits) > limit:
+        raise TimelineError(f"step mark {_shown(m)} holds a number past {limit:,}, which no step prints")
+    return int(digits)
+
+
 def bars_from_text(text: str) -> list[Bar]:
     """Pairs each step's start mark with its end mark (a step without an end is still running, or died)."""
     starts: dict[tuple[int, str], datetime] = {}
     out: list[Bar] = []
     for m in MARK.finditer(text):
-        key = (int(m["rank"]), m["step"])
+        rc, ts = _number(m["rc"], MAX_RC, m), _mark_time(m)
+        key = (_number(m["rank"], MAX_RANK, m) or 0, m["step"])
         if m["what"] == "start":
-            starts[key] = _parse_ts(m["ts"])
+            starts[key] = ts
         elif key in starts:
-            out.append(Bar(key[0], key[1], starts.pop(key), _parse_ts(m["ts"]),
-                           int(m["rc"]) if m["rc"] is not None else None))
+            out.append(Bar(key[0], key[1], starts.pop(key), ts, rc))
     out += [Bar(r, s, t, None, None) for (r, s), t in starts.items()]
     return out
 
@@ -63,11 +92,19 @@ def _plain(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def resources_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def resources_of(doc: Any) -> list[dict[str, Any]]:
     """`pulumi stack export` nests them under deployment; the sandbox engine's state file has them at the top."""
-    if isinstance(doc.get("deployment"), dict):
-        return list(doc["deployment"].get("resources") or [])
-    return list(doc.get("resources") or [])
+    shape = "expected `pulumi stack export` JSON or the sandbox's state.json (an object with resources)"
+    if not isinstance(doc, dict):
+        raise TimelineError(f"the document is a {type(doc).__name__}; {shape}")
+    if "deployment" in doc:
+        if not isinstance(doc["deployment"], dict):
+            raise TimelineError(f"its deployment is a {type(doc['deployment']).__name__}; {shape}")
+        doc = doc["deployment"]
+    resources = doc.get("resources") or []
+    if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
+        raise TimelineError(f"its resources are not a list of objects; {shape}")
+    return list(resources)
 
 
 def bars_from_state(doc: dict[str, Any]) -> list[Bar]:
@@ -75,7 +112,8 @@ def bars_from_state(doc: dict[str, Any]) -> list[Bar]:
     for res in resources_of(doc):
         if res.get("type") != COMMAND_TYPE or res.get("delete"):
             continue
-        bars += bars_from_text(_plain((res.get("outputs") or {}).get("stdout")))
+        outputs = res.get("outputs")
+        bars += bars_from_text(_plain(outputs.get("stdout") if isinstance(outputs, dict) else None))
     # The latest run of each (rank, step): a re-run replaces what an earlier one printed.
     latest: dict[tuple[int, str], Bar] = {}
     for b in bars:
@@ -148,22 +186,45 @@ def write_timeline(doc: dict[str, Any], out: str, title: str = "kimi-cluster bri
     return bars
 
 
+def out_problem(out: str) -> str | None:
+    """Why the picture cannot be written to `out`, or None; asked before the state is read or anything drawn."""
+    if os.path.splitext(out)[1].lower() not in OUT_FORMATS:
+        return f"give a file ending in {' or '.join(OUT_FORMATS)}"
+    if os.path.isdir(out):
+        return "is a directory; give a file name"
+    parent = os.path.dirname(out) or "."
+    if not os.path.isdir(parent):
+        return f"the directory {parent} does not exist"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.timeline", description=__doc__.splitlines()[0])
     ap.add_argument("state", help="`pulumi stack export` JSON or the sandbox's state.json; - reads stdin")
     ap.add_argument("--out", default="timeline.png", help="PNG or SVG to write (default timeline.png)")
     ap.add_argument("--title", default="kimi-cluster bring-up")
     args = ap.parse_args(argv)
+    problem = out_problem(args.out)
+    if problem:
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.state == "-":
             doc = json.load(sys.stdin)
         else:
             with open(args.state, encoding="utf-8") as fh:
                 doc = json.load(fh)
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot read {args.state}: {exc}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
+        print(f"error: cannot read {args.state}: {str(exc)[:300]}", file=sys.stderr)
         return 2
-    bars = write_timeline(doc, args.out, args.title)
+    try:
+        bars = write_timeline(doc, args.out, args.title)
+    except TimelineError as exc:
+        print(f"error: {args.state}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(table(bars))
     if not bars:
         return 1

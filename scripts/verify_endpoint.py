@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,9 @@ from components.verification import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# --timeout: a check's budget in seconds; an infinite or NaN one reaches threading's wait and the sockets as a crash,
+# and a day is longer than any check needs.
+MAX_TIMEOUT_S = 86400.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +71,10 @@ def _resolve_key(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+        print(f"error: --timeout {args.timeout:g} is not a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         key = _resolve_key(args)
     except (OSError, ValueError) as exc:

