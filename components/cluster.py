@@ -216,8 +216,9 @@ class InferenceCluster(pulumi.ComponentResource):
                 return key
 
             return "".join(blocks), blocks[-1], pulumi.Output.secret(own_key.apply(checked))
-        ca = tls.CertificateAuthority(f"{name}-ca", common_name=f"kimi-cluster {settings.stack} CA", opts=child)
         dns_names = [settings.api_hostname] if settings.api_hostname else []
+        ca = tls.CertificateAuthority(f"{name}-ca", common_name=f"kimi-cluster {settings.stack} CA",
+                                      permitted_dns_names=dns_names, opts=child)
         cert = tls.ServerCertificate(f"{name}-tls", ca, head_public_ip.apply(lambda ip: [ip]), dns_names, opts=child)
         return cert.cert_pem, ca.cert_pem, pulumi.Output.secret(cert.key_pem)
 

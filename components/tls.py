@@ -43,8 +43,13 @@ def _cert_pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
-def make_ca(common_name: str, days: int = CA_DAYS) -> tuple[str, str]:
-    """(certificate PEM, private key PEM) of a new self-signed CA that may sign server certificates only."""
+def make_ca(common_name: str, days: int = CA_DAYS, permitted_dns_names: Sequence[str] = ()) -> tuple[str, str]:
+    """(certificate PEM, private key PEM) of a new self-signed CA that may sign server certificates only.
+
+    With `permitted_dns_names` (apiHostname) the CA carries a critical name constraint (RFC 5280, 4.2.1.10): a client
+    that trusts it accepts DNS names under those names only, so its key cannot vouch for api.anthropic.com. IP
+    addresses stay unconstrained: the head's address can change while the CA, which every client trusts, is kept.
+    """
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kimi-cluster")])
@@ -60,9 +65,11 @@ def make_ca(common_name: str, days: int = CA_DAYS) -> tuple[str, str]:
                                      data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
                                      encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
     )
-    return _cert_pem(cert), _key_pem(key)
+    if permitted_dns_names:
+        cert = cert.add_extension(x509.NameConstraints(
+            permitted_subtrees=[x509.DNSName(n) for n in permitted_dns_names], excluded_subtrees=None), critical=True)
+    return _cert_pem(cert.sign(key, hashes.SHA256())), _key_pem(key)
 
 
 def make_server_certificate(ca_cert_pem: str, ca_key_pem: str, ip_addresses: Sequence[str],
@@ -131,12 +138,15 @@ class _CaProvider(dyn.ResourceProvider):
     """Stateless: holds nothing on self, so nothing sensitive is pickled into the provider blob."""
 
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
-        cert, key = make_ca(str(props["common_name"]))
-        return dyn.CreateResult(id_=f"ca-{fingerprint(cert)[:16]}",
-                                outs={"common_name": props["common_name"], "cert_pem": cert, "key_pem": key})
+        # .get: CAs of stacks made before the constraint existed have no such input.
+        permitted = [str(n) for n in props.get("permitted_dns_names") or []]
+        cert, key = make_ca(str(props["common_name"]), permitted_dns_names=permitted)
+        return dyn.CreateResult(id_=f"ca-{fingerprint(cert)[:16]}", outs={
+            "common_name": props["common_name"], "permitted_dns_names": permitted, "cert_pem": cert, "key_pem": key})
 
     def diff(self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]) -> dyn.DiffResult:
-        # Every client trusts this certificate: it must outlive every run, whatever else changes.
+        # Every client trusts this certificate: it must outlive every run, whatever else changes. A constraint
+        # set later (apiHostname on an existing stack) applies only to a CA made anew (`pulumi up --replace URN`).
         return dyn.DiffResult(changes=False)
 
 
@@ -146,9 +156,12 @@ class CertificateAuthority(dyn.Resource, module="kimi", name="CertificateAuthori
     cert_pem: pulumi.Output[str]
     key_pem: pulumi.Output[str]
 
-    def __init__(self, name: str, common_name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, common_name: str, permitted_dns_names: Sequence[str] = (),
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["key_pem"]))
-        super().__init__(_CaProvider(), name, {"common_name": common_name, "cert_pem": None, "key_pem": None}, opts)
+        super().__init__(_CaProvider(), name, {"common_name": common_name,
+                                               "permitted_dns_names": list(permitted_dns_names),
+                                               "cert_pem": None, "key_pem": None}, opts)
 
 
 class _ServerCertProvider(dyn.ResourceProvider):

@@ -23,6 +23,8 @@ def test_the_stack_serves_and_checks_the_api_hostname_and_its_certificate_names_
     assert "198.51.100.10" not in dumps(out["client_configs"])
     [cert] = rec.of_type(":ServerCertificate")
     assert cert.values()["dns_names"] == [HOST] and cert.values()["ip_addresses"] == ["198.51.100.10"]
+    [ca] = rec.of_type(":CertificateAuthority")
+    assert ca.values()["permitted_dns_names"] == [HOST]  # the CA can vouch for this name only
     wait = rec.by_name["kimi-ready-wait"].script()
     assert f"BASE=https://{HOST}:8000" in wait and f"CONNECT_TO={HOST}:8000:127.0.0.1:8000" in wait
 
@@ -33,6 +35,8 @@ def test_without_api_hostname_nothing_changes():
     assert rec.exports["endpoint_url"] == "https://198.51.100.10:8000"
     [cert] = rec.of_type(":ServerCertificate")
     assert cert.values()["dns_names"] == []
+    [ca] = rec.of_type(":CertificateAuthority")
+    assert ca.values()["permitted_dns_names"] == []
 
 
 def test_an_own_certificate_for_the_api_hostname_is_served_with_its_key():

@@ -4,6 +4,7 @@ apiAllowedCidrs, apiKeyVersion, enginePort and your own tlsCertificate."""
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 
 import pytest
 from cryptography import x509
@@ -85,3 +86,42 @@ def test_key_version_engine_port_and_own_certificate_are_checked_naming_their_ke
     assert own.tls_certificate and own.tls_private_key_set
     assert any("proxyImage" in w for w in settings(proxyImage="caddy:2.11.7-alpine").warnings())
     assert not any("proxyImage" in w for w in settings().warnings())
+
+
+def _verify(ca_pem: str, leaf_pem: str, name: x509.DNSName | x509.IPAddress) -> None:
+    """Chain-verify `leaf_pem` for `name` against `ca_pem` alone, name constraints included (RFC 5280 rules)."""
+    from cryptography.x509 import verification
+
+    ca = x509.load_pem_x509_certificate(ca_pem.encode())
+    leaf = x509.load_pem_x509_certificate(leaf_pem.encode())
+    verifier = verification.PolicyBuilder().store(verification.Store([ca])).build_server_verifier(name)
+    verifier.verify(leaf, [])
+
+
+def test_a_ca_for_an_api_hostname_cannot_vouch_for_another_name():
+    from cryptography.x509.verification import VerificationError
+
+    # The attack: whoever holds the stack CA's key (it sits in the state) makes a certificate for another host, and a
+    # client told to trust the CA accepts it. An unconstrained CA (no apiHostname) still allows it, as the README says.
+    loose, loose_key = tls.make_ca("loose CA")
+    forged, _ = tls.make_server_certificate(loose, loose_key, [], ["api.anthropic.com"])
+    _verify(loose, forged, x509.DNSName("api.anthropic.com"))
+
+    ca, ca_key = tls.make_ca("team CA", permitted_dns_names=["kimi.team.example.com"])
+    constraint = x509.load_pem_x509_certificate(ca.encode()).extensions.get_extension_for_class(x509.NameConstraints)
+    assert constraint.critical
+    served, _ = tls.make_server_certificate(ca, ca_key, ["198.51.100.10"], ["kimi.team.example.com"])
+    _verify(ca, served, x509.DNSName("kimi.team.example.com"))
+    _verify(ca, served, x509.IPAddress(ipaddress.ip_address("198.51.100.10")))  # IPs unconstrained: a new address works
+    forged, _ = tls.make_server_certificate(ca, ca_key, [], ["api.anthropic.com"])
+    with pytest.raises(VerificationError):
+        _verify(ca, forged, x509.DNSName("api.anthropic.com"))
+
+
+def test_the_ca_provider_records_its_constraint_and_old_cas_without_one_still_create():
+    made = tls._CaProvider().create({"common_name": "c", "permitted_dns_names": ["kimi.team.example.com"]})
+    assert made.outs["permitted_dns_names"] == ["kimi.team.example.com"]
+    old = tls._CaProvider().create({"common_name": "c"})  # inputs as a stack made before the constraint recorded them
+    cert = x509.load_pem_x509_certificate(old.outs["cert_pem"].encode())
+    with pytest.raises(x509.ExtensionNotFound):
+        cert.extensions.get_extension_for_class(x509.NameConstraints)
