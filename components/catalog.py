@@ -155,3 +155,45 @@ LICENSE_NOTES = (
     'display "Kimi K3.1-Pro" prominently in their UI.',
     "Internal use, and use through Moonshot's own products or certified partners, is exempt from both.",
 )
+
+# ---- The API the cluster competes with (break-even in the plan, cost per token in status) ---------------------
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """A per-token API price for the same model, with where and when it was read."""
+
+    name: str
+    usd_per_m_input: float
+    usd_per_m_output: float
+    source: str
+    as_of: str
+
+
+MOONSHOT_API_PRICE = ApiPrice(
+    name="Moonshot AI's Kimi K3.1 Pro API",
+    usd_per_m_input=2.00,
+    usd_per_m_output=10.00,
+    source=("Moonshot's listed rate as quoted in Spheron's guide 'Deploy Kimi K3.1 Pro on GPU Cloud: 2.8T MoE Setup "
+            "Guide (2026)', published 2026-11-10 (no cached-input rate is given there: every input token is priced "
+            "at the input rate)"),
+    as_of="2026-11-10",
+)
+
+
+@dataclass(frozen=True)
+class TokenMix:
+    """How many input tokens an agent sends per output token it gets back, from a public trace."""
+
+    input_per_output: float
+    source: str
+
+
+# The SyFI Trace Atlas (University of Washington, https://tracelab.cs.washington.edu/): 357,161 agent steps of real
+# Claude Code and Codex sessions, Sep 2025 to Jun 2026; 54.9B input tokens (52.6B of them read from the prefix
+# cache) against 186.9M output tokens, as its dataset snapshot showed on 2026-12-01: 54.9e9 / 186.9e6 = 293.7.
+AGENTIC_CODING_MIX = TokenMix(
+    input_per_output=round(54.9e9 / 186.9e6, 1),
+    source=("SyFI Trace Atlas (https://tracelab.cs.washington.edu/), 357,161 Claude Code and Codex agent steps: "
+            "54.9B input tokens (96% cached prefix) per 186.9M output tokens, snapshot read 2026-12-01"),
+)

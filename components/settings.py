@@ -99,6 +99,9 @@ EXAMPLES: dict[str, str] = {
     "tlsCertificate": "< chain.pem",
     "tlsPrivateKey": "--secret < server.key",
     "proxyImage": "caddy:2.11.7-alpine@sha256:...",
+    "apiInputPriceUsdPerM": "2.00",
+    "apiOutputPriceUsdPerM": "10.00",
+    "inputTokensPerOutputToken": "20",
 }
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
@@ -240,6 +243,14 @@ class Settings(BaseModel):
     peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
     kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
+
+    # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
+    api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
+                                                    allow_inf_nan=False)
+    api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", gt=0, le=10_000,
+                                                     allow_inf_nan=False)
+    input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,
+                                                        allow_inf_nan=False)
 
     # secrets: presence only, the values stay in Pulumi's secret config
     hf_token_set: bool = False
@@ -731,6 +742,27 @@ class Settings(BaseModel):
     @property
     def hourly_cost_usd(self) -> float | None:
         return sizing.hourly_cost_usd(self.price, self.total_gpus)
+
+    @property
+    def api_price(self) -> catalog.ApiPrice:
+        """The API's per-token price: the catalog's, with either side overridden from config."""
+        base = catalog.MOONSHOT_API_PRICE
+        if self.api_input_price_usd_per_m is None and self.api_output_price_usd_per_m is None:
+            return base
+        given = [k for k, v in (("apiInputPriceUsdPerM", self.api_input_price_usd_per_m),
+                                ("apiOutputPriceUsdPerM", self.api_output_price_usd_per_m)) if v is not None]
+        return catalog.ApiPrice(
+            base.name,
+            base.usd_per_m_input if self.api_input_price_usd_per_m is None else self.api_input_price_usd_per_m,
+            base.usd_per_m_output if self.api_output_price_usd_per_m is None else self.api_output_price_usd_per_m,
+            f"stack config {', '.join(NAMESPACE + ':' + k for k in given)} (otherwise: {base.source})", "now")
+
+    @property
+    def token_mix(self) -> catalog.TokenMix:
+        if self.input_tokens_per_output_token is None:
+            return catalog.AGENTIC_CODING_MIX
+        return catalog.TokenMix(self.input_tokens_per_output_token,
+                                f"stack config {NAMESPACE}:inputTokensPerOutputToken")
 
     def node_name(self, index: int) -> str:
         """Deterministic VM names let a re-run find a VM whose create answer was lost."""

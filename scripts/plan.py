@@ -19,7 +19,7 @@ from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from components.node import Timing, running_steps
-from components.pricing import Quote, catalog_quote, quote
+from components.pricing import Quote, break_even, catalog_quote, quote
 from components.settings import (
     SECRET_KEYS,
     Settings,
@@ -115,6 +115,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source,
             "as_of": price.as_of,
         },
+        "break_even": _break_even(settings, price_quote),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
         "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
@@ -126,6 +127,12 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "warnings": settings.warnings(),
         "placeholders": placeholders(settings),
     }
+
+
+def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None:
+    """The sustained output rate at which this cluster costs what the API charges (components/pricing.py)."""
+    point = break_even(price_quote.usd_per_hour, settings.api_price, settings.token_mix)
+    return None if point is None else point.to_json()
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
@@ -183,6 +190,20 @@ def format_bringup(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_break_even(b: dict[str, Any] | None) -> list[str]:
+    if b is None:
+        return ["Break-even  unknown: the cluster's hourly cost is unknown (set kimi-cluster:gpuHourlyPriceUsd)"]
+    api = b["api"]
+    return [
+        f"Break-even   {b['summary']}",
+        f"             API: {api['name']}, ${api['usd_per_m_input']:.2f} per 1M input and "
+        f"${api['usd_per_m_output']:.2f} per 1M output tokens ({api['source']}; as of {api['as_of']}; "
+        "kimi-cluster:apiInputPriceUsdPerM, apiOutputPriceUsdPerM)",
+        f"             assumes {b['input_tokens_per_output_token']:g} input tokens per output token "
+        f"({b['mix_source']}; kimi-cluster:inputTokensPerOutputToken)",
+    ]
+
+
 def _secret_flag(key: str) -> str:
     return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
             "kernelCacheCredentials": "kernel_cache_credentials_set",
@@ -219,6 +240,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"Cost         {plan['cost']['summary']}")
     if plan["hourly_cost_usd"] is not None:
         lines.append("             billed per minute until `pulumi destroy`")
+    lines.extend(format_break_even(plan["break_even"]))
     lo, hi = plan["download_minutes_per_node"]
     lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
     deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())
