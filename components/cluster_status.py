@@ -23,7 +23,7 @@ import requests
 
 from components.hyperstack.api import HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner, probe_command
-from components.pricing import catalog_quote
+from components.pricing import catalog_quote, token_cost
 from components.settings import Settings
 from components.stack_state import NodeRecord, StackState
 
@@ -247,6 +247,10 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
         "hourly_cost_usd": hourly, "hourly_cost_source": price_source,
         "uptime_s": oldest, "cost_so_far_usd": round(cost, 2) if per_node is not None and oldest else None,
     }
+    # The engine's counters start at zero with each engine start, the spend with the VMs: after a restart of the
+    # engine the cost per token counts the earlier hours against fewer tokens, never the other way round.
+    report["token_cost"] = token_cost(report["cost_so_far_usd"], endpoint.get("prompt_tokens"),
+                                      endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
     for view in nodes:
         view.pop("probe")
