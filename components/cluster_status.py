@@ -241,15 +241,16 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     endpoint = endpoint_view(base, state.outputs.get("api_key"), settings.served_name,
                              state.outputs.get("ca_certificate"))
     endpoint["ready_output"] = bool(state.endpoint_url)
+    cost_so_far = round(cost, 2) if per_node is not None and oldest else None
     report = {
         "stack": state.stack, "at": now, "topology": state.outputs.get("topology") or settings.topology,
         "region": state.outputs.get("region"), "nodes": nodes, "endpoint": endpoint,
         "hourly_cost_usd": hourly, "hourly_cost_source": price_source,
-        "uptime_s": oldest, "cost_so_far_usd": round(cost, 2) if per_node is not None and oldest else None,
+        "uptime_s": oldest, "cost_so_far_usd": cost_so_far,
     }
     # The engine's counters start at zero with each engine start, the spend with the VMs: after a restart of the
     # engine the cost per token counts the earlier hours against fewer tokens, never the other way round.
-    report["token_cost"] = token_cost(report["cost_so_far_usd"], endpoint.get("prompt_tokens"),
+    report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
                                       endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
     for view in nodes:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,13 +215,18 @@ def test_without_an_api_key_the_screen_says_what_it_cannot_know():
 
 
 class _Api:
-    """The one call status makes of the Hyperstack API: each VM's creation time (here, an hour ago)."""
+    """The one call status makes of the Hyperstack API: each VM's creation time (here, an hour ago). Passed where a
+    HyperstackClient goes (cast: gather calls get_vm only)."""
 
     def __init__(self, created_at: float) -> None:
         self.created_at = created_at
 
     def get_vm(self, vm_id: int) -> dict:
         return {"status": "ACTIVE", "created_at": self.created_at}
+
+
+def _api() -> Any:
+    return _Api(time.time() - 3600)
 
 
 def _one_node_state(url: str):
@@ -246,13 +252,13 @@ def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_sho
     from scripts.status import format_report
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
-        fresh = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _Api(time.time() - 3600))
+        fresh = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
         assert fresh["token_cost"]["output_tokens"] == 0 and fresh["token_cost"]["usd_per_m_output"] is None
         assert "no output token yet" in format_report(fresh)
         answer = requests.post(f"{fake.url}/v1/chat/completions", headers={"Authorization": "Bearer k"},
                                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
         usage = answer.json()["usage"]
-        report = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _Api(time.time() - 3600))
+        report = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
     tc = report["token_cost"]
     assert (tc["input_tokens"], tc["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     spent = report["cost_so_far_usd"]
