@@ -197,3 +197,55 @@ AGENTIC_CODING_MIX = TokenMix(
     source=("SyFI Trace Atlas (https://tracelab.cs.washington.edu/), 357,161 Claude Code and Codex agent steps: "
             "54.9B input tokens (96% cached prefix) per 186.9M output tokens, snapshot read 2026-12-01"),
 )
+
+# ---- How vLLM spreads the model over one 8-GPU node (kimi-cluster:engineLayout) ---------------------------------
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """One way to place the model on one node's 8 GPUs: its engine flags live in launch.py, its trade-off here."""
+
+    name: str
+    engine: str
+    gpus: int
+    description: str
+    trades: str              # what it gains and what it costs, as the source puts it
+    source: str              # where that figure comes from
+    kv_cache_tokens: int | None  # the KV cache the source reports for 8x B300, if it gives one
+    context_window: int      # what client configs are told unless kimi-cluster:contextWindow is set
+
+
+_VLLM_RECIPE = ("the vLLM Kimi K3.1 Pro recipe (updated 2026-11-05), as quoted in Hyperstack's Kimi K3.1 Pro "
+                "deployment guide (Nov 2026)")
+VLLM_LAYOUTS: dict[str, EngineLayout] = {
+    "tp8": EngineLayout(
+        name="tp8", engine="vllm", gpus=8,
+        description="tensor parallel 8: one model replica, every layer split over the 8 GPUs",
+        trades="the baseline: about 2.6M tokens of FP8 KV cache on 8x B300",
+        source=_VLLM_RECIPE,
+        kv_cache_tokens=2_600_000,
+        context_window=131072,
+    ),
+    "dp8-ep": EngineLayout(
+        name="dp8-ep", engine="vllm", gpus=8,
+        description=("data parallel 8 with expert parallel: attention and KDA replicated on every GPU, the 896 "
+                     "experts sharded over the 8"),
+        trades=("throughput for many concurrent requests (eight attention replicas, no tensor-parallel all-reduce "
+                "in attention); each replica holds its own requests' KV cache, and the replicated attention "
+                "weights take memory from it: no KV figure is published for this layout"),
+        source=("Spheron, 'Deploy Kimi K3.1 Pro on GPU Cloud: 2.8T MoE Setup Guide (2026)', 2026-11-10: the "
+                "one-node vLLM command with --data-parallel-size 8 --enable-expert-parallel"),
+        kv_cache_tokens=None,
+        context_window=131072,
+    ),
+    "tp8-dcp8": EngineLayout(
+        name="tp8-dcp8", engine="vllm", gpus=8,
+        description="tensor parallel 8 with decode context parallel 8: the KV cache split over the 8 GPUs",
+        trades=("long sessions: about 18.5M tokens of KV cache instead of 2.6M (the model's whole 1,048,576-token "
+                "context per session), for decode steps 7% to 25% slower at the same batch"),
+        source=_VLLM_RECIPE + "; the 7-25% from the release brief on the recipe",
+        kv_cache_tokens=18_500_000,
+        context_window=1_048_576,
+    ),
+}
+DEFAULT_VLLM_LAYOUT: Final = "tp8"

@@ -28,6 +28,8 @@ KERNEL_FLAGS = frozenset({
     "--attention-backend", "--sampling-backend", "--context-length", "--max-model-len", "--compilation-config",
     "--cuda-graph-max-bs", "--cuda-graph-bs", "--disable-cuda-graph", "--enforce-eager", "-O",
     "--speculative-algorithm", "--speculative-num-steps",
+    # vLLM's engineLayout: data parallel and decode context parallel change the shapes each rank compiles.
+    "-dp", "--decode-context-parallel-size", "-dcp",
 })
 # Where an archive lives under the configured prefix: <prefix><key>/<file>.
 ARCHIVE_NAME = "cache.tar.gz"

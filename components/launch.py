@@ -56,7 +56,9 @@ def needs_marlin(settings: Settings) -> bool:
 _OWNED_ALIASES = {
     "sglang": ("--model", "--tensor-parallel-size", "--tp", "--expert-parallel-size", "--ep", "--api-key",
                "--nnodes", "--node-rank", "--dist-init-addr", "--context-length"),
-    "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address"),
+    # The layout's parallelism is engineLayout's, in every layout (vLLM's short spellings -tp, -dp, -dcp too).
+    "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address",
+             "--tensor-parallel-size", "--data-parallel-size", "-dp", "--decode-context-parallel-size", "-dcp"),
 }
 
 
@@ -90,7 +92,7 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--revision", settings.model_revision),
             ("--served-model-name", settings.served_name),
             "--trust-remote-code",
-            ("--tensor-parallel-size", str(settings.tensor_parallel)),
+            *_vllm_layout(settings),
             ("--load-format", "fastsafetensors"),
             "--enable-auto-tool-choice",
             ("--tool-call-parser", PARSER),
@@ -98,8 +100,12 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--host", ENGINE_HOST),
             ("--port", port),
         ]
-        if settings.max_model_len:
-            items.append(("--max-model-len", str(settings.max_model_len)))
+        max_len = settings.max_model_len
+        if max_len is None and settings.engine_layout == "tp8-dcp8":
+            # The layout exists for long sessions: ask for the model's whole context unless maxModelLen says less.
+            max_len = settings.model_spec.context_window
+        if max_len:
+            items.append(("--max-model-len", str(max_len)))
     else:
         tp = str(settings.tensor_parallel)
         items = [
@@ -132,6 +138,18 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
         if settings.max_model_len:
             items.append(("--context-length", str(settings.max_model_len)))
     return items
+
+
+def _vllm_layout(settings: Settings) -> list[Item]:
+    """The parallelism flags of the stack's vLLM layout (catalog.VLLM_LAYOUTS); tp8 is the one-node default."""
+    layout = settings.layout
+    if layout is None or layout.name == "tp8":
+        return [("--tensor-parallel-size", str(settings.tensor_parallel))]
+    if layout.name == "dp8-ep":
+        # Attention replicated on every rank (tensor parallel 1, vLLM's default), experts sharded over the 8.
+        return [("--data-parallel-size", str(layout.gpus)), "--enable-expert-parallel"]
+    # tp8-dcp8: the KV cache is split over the tensor-parallel group (dcp must divide tp).
+    return [("--tensor-parallel-size", str(layout.gpus)), ("--decode-context-parallel-size", str(layout.gpus))]
 
 
 def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:

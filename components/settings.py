@@ -102,6 +102,7 @@ EXAMPLES: dict[str, str] = {
     "apiInputPriceUsdPerM": "2.00",
     "apiOutputPriceUsdPerM": "10.00",
     "inputTokensPerOutputToken": "20",
+    "engineLayout": "tp8-dcp8",
 }
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
@@ -226,6 +227,8 @@ class Settings(BaseModel):
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024, le=2**24)
     context_window: int = Field(131072, alias="contextWindow", ge=1024, le=2**24)
     extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
+    # How vLLM places the model on its one node (catalog.VLLM_LAYOUTS); unset is tp8, today's layout.
+    engine_layout: Literal["tp8", "dp8-ep", "tp8-dcp8"] | None = Field(None, alias="engineLayout")
 
     # node bring-up knobs
     node_root: str = Field("/", alias="nodeRoot")
@@ -575,7 +578,7 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
-        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe())
+        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe(), self._layout_problem())
                     if p] + self._name_problems() + self._engine_arg_problems()
         if problems:
             raise ValueError("\n  ".join(problems))
@@ -592,6 +595,17 @@ class Settings(BaseModel):
         return (f"{NAMESPACE}:operatorCidr {self.operator_cidr} is {kind}: the VMs see your public address, so this "
                 "locks you out while they bill; use \"$(curl -4 -s https://ifconfig.me)/32\", or set "
                 f"{NAMESPACE}:allowPrivateOperatorCidr true if you reach the VMs over a private network (a VPN)")
+
+    def _layout_problem(self) -> str | None:
+        if self.engine_layout is None:
+            return None
+        layout = catalog.VLLM_LAYOUTS[self.engine_layout]
+        if self.engine_name != layout.engine or self.nodes != 1 or self.gpus_per_node_count != layout.gpus:
+            return (f"{NAMESPACE}:engineLayout {self.engine_layout} is a layout of vLLM on one node of {layout.gpus} "
+                    f"GPUs, and this stack runs {self.engine_name} on {self.nodes} x {self.gpus_per_node_count} "
+                    f"GPUs; use {NAMESPACE}:topology b300x1-vllm, or remove it with: pulumi config rm "
+                    f"{NAMESPACE}:engineLayout")
+        return None
 
     def _flavor_matches(self) -> str | None:
         if self.topology != "custom" or self.flavor is None:
@@ -646,7 +660,8 @@ class Settings(BaseModel):
             hit = next((o for o in sorted(owned) if o == flag or (len(flag) > 3 and o.startswith(flag))), None)
             if hit:
                 problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({_show(arg)}): the program owns it; "
-                                "set the matching key instead (apiPort, servedModelName, maxModelLen, topology ...)")
+                                "set the matching key instead (apiPort, servedModelName, maxModelLen, engineLayout, "
+                                "topology ...)")
         return problems
 
     # ---- derived values -------------------------------------------------------------------------
@@ -684,6 +699,24 @@ class Settings(BaseModel):
     def tensor_parallel(self) -> int:
         # SGLang shards one model over every GPU of every node; vLLM runs one TP group on its one node.
         return self.total_gpus
+
+    @property
+    def layout(self) -> catalog.EngineLayout | None:
+        """vLLM's layout on its one node (tp8 unless engineLayout says otherwise); None for other engines."""
+        if self.engine_layout is not None:
+            return catalog.VLLM_LAYOUTS[self.engine_layout]
+        default = catalog.VLLM_LAYOUTS[catalog.DEFAULT_VLLM_LAYOUT]
+        if self.engine_name != "vllm" or self.nodes != 1 or self.gpus_per_node_count != default.gpus:
+            return None  # another engine, or a custom vLLM node that is not 8 GPUs: tensor parallel over all
+        return default
+
+    @property
+    def client_context_window(self) -> int:
+        """The context client configs are told: contextWindow when set, else what the layout holds per session,
+        never beyond maxModelLen."""
+        if "context_window" in self.model_fields_set or self.layout is None:
+            return self.context_window
+        return min(self.layout.context_window, self.max_model_len or self.layout.context_window)
 
     @property
     def model_spec(self) -> catalog.ModelSpec:

@@ -116,6 +116,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "as_of": price.as_of,
         },
         "break_even": _break_even(settings, price_quote),
+        "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
         "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
@@ -126,6 +127,19 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
         "placeholders": placeholders(settings),
+    }
+
+
+def _layouts(settings: Settings) -> dict[str, Any] | None:
+    """vLLM's layouts on one node (kimi-cluster:engineLayout): the chosen one, and what each trades, with sources."""
+    if settings.layout is None:
+        return None
+    return {
+        "chosen": settings.layout.name,
+        "client_context_window": settings.client_context_window,
+        "layouts": [{"name": lay.name, "description": lay.description, "trades": lay.trades, "source": lay.source,
+                     "kv_cache_tokens": lay.kv_cache_tokens, "context_window": lay.context_window}
+                    for lay in catalog.VLLM_LAYOUTS.values()],
     }
 
 
@@ -190,6 +204,19 @@ def format_bringup(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_layouts(lay: dict[str, Any] | None) -> list[str]:
+    if lay is None:
+        return []
+    lines = ["", f"Layout       {lay['chosen']} (kimi-cluster:engineLayout; client configs get a context window of "
+                 f"{lay['client_context_window']:,} tokens unless kimi-cluster:contextWindow is set)"]
+    for row in lay["layouts"]:
+        mark = "*" if row["name"] == lay["chosen"] else " "
+        lines.append(f"  {mark} {row['name']:<9} {row['description']}")
+        lines.append(f"    {'':<9} trades: {row['trades']}")
+        lines.append(f"    {'':<9} source: {row['source']}")
+    return lines
+
+
 def format_break_even(b: dict[str, Any] | None) -> list[str]:
     if b is None:
         return ["Break-even  unknown: the cluster's hourly cost is unknown (set kimi-cluster:gpuHourlyPriceUsd)"]
@@ -236,6 +263,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  {s['summary']}")
     lines.append(f"  tensor parallel {s['tensor_parallel']} (valid: {', '.join(map(str, s['valid_tensor_parallel']))})")
     lines.append(f"  usable memory per GPU: {s['usable_memory_basis']}")
+    lines.extend(format_layouts(plan["engine_layout"]))
     lines.append("")
     lines.append(f"Cost         {plan['cost']['summary']}")
     if plan["hourly_cost_usd"] is not None:
