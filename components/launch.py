@@ -57,6 +57,10 @@ _OWNED_ALIASES = {
     "sglang": ("--model", "--tensor-parallel-size", "--tp", "--expert-parallel-size", "--ep", "--api-key",
                "--nnodes", "--node-rank", "--dist-init-addr", "--context-length"),
     # The layout's parallelism is engineLayout's, in every layout (vLLM's short spellings -tp, -dp, -dcp too).
+    # TokenSpeed 0.1.1: its CLI's aliases (cli/_argsplit.py), ServerArgs' parallelism and the smg gateway's key.
+    "tokenspeed": ("--model", "--model-path", "--tp", "--tensor-parallel-size", "--attn-tp-size", "--world-size",
+                   "--nprocs-per-node", "--nnodes", "--node-rank", "--dist-init-addr", "--headless", "--api-key",
+                   "--control-port", "--prometheus-port", "--prometheus-host", "--max-model-len"),
     "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address",
              "--tensor-parallel-size", "--data-parallel-size", "-dp", "--decode-context-parallel-size", "-dcp"),
 }
@@ -106,6 +110,8 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             max_len = settings.model_spec.context_window
         if max_len:
             items.append(("--max-model-len", str(max_len)))
+    elif settings.engine_name == "tokenspeed":
+        items = _tokenspeed_argv(settings, port)
     else:
         tp = str(settings.tensor_parallel)
         items = [
@@ -140,6 +146,36 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
     return items
 
 
+def tokenspeed_metrics_port(settings: Settings) -> int:
+    """The smg gateway's Prometheus listener: pinned (TokenSpeed picks a random one otherwise) so the proxy can
+    forward /metrics to it; the control server takes enginePort + 1 (cli/serve_smg.py)."""
+    return settings.engine_port + 2
+
+
+def _tokenspeed_argv(settings: Settings, port: str) -> list[Item]:
+    """`tokenspeed serve`: its CLI splits these between the engine (ServerArgs) and the smg gateway (host, port,
+    parsers, metrics). Kimi-K3 at TP8 wants the vision encoder at TP1 x DP8 and an FP8 KV cache (docs/recipes)."""
+    items: list[Item] = [
+        ("tokenspeed", "serve", settings.model),
+        ("--revision", settings.model_revision),
+        ("--served-model-name", settings.served_name),
+        "--trust-remote-code",
+        ("--tensor-parallel-size", str(settings.tensor_parallel)),
+        ("--mm-encoder-tp-mode", "data"),
+        ("--kv-cache-dtype", "fp8"),
+        # TokenSpeed's own names for Kimi K3's parsers (cli/serve_smg.py KIMI_K3_*_PARSER), the same words.
+        ("--reasoning-parser", PARSER),
+        ("--tool-call-parser", PARSER),
+        ("--host", ENGINE_HOST),
+        ("--port", port),
+        ("--prometheus-host", ENGINE_HOST),
+        ("--prometheus-port", str(tokenspeed_metrics_port(settings))),
+    ]
+    if settings.max_model_len:
+        items.append(("--max-model-len", str(settings.max_model_len)))
+    return items
+
+
 def _vllm_layout(settings: Settings) -> list[Item]:
     """The parallelism flags of the stack's vLLM layout (catalog.VLLM_LAYOUTS); tp8 is the one-node default."""
     layout = settings.layout
@@ -169,6 +205,13 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         env += [
             ("VLLM_ENGINE_READY_TIMEOUT_S", "3600"),
             ("VLLM_CACHE_ROOT", f"{CONTAINER_CACHE}/vllm"),
+        ]
+    elif settings.engine_name == "tokenspeed":
+        # TokenSpeed's own kernel caches, by the names tokenspeed-kernel 0.1.4 reads (ops/tuning.py,
+        # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves.
+        env += [
+            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{CONTAINER_CACHE}/tokenspeed/flashinfer-autotune"),
+            ("MINFER_FMHA_CACHE_DIR", f"{CONTAINER_CACHE}/minfer/fmha_sm100"),
         ]
     else:
         env += [
@@ -212,6 +255,8 @@ def docker_run_argv(
     items += [("--gpus", "all"), ("--network", "host")]
     if engine == "vllm":
         items += ["--privileged", "--ipc=host"]
+    elif engine == "tokenspeed":
+        items += ["--ipc=host", ("--ulimit", "memlock=-1")]
     else:
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [

@@ -188,13 +188,13 @@ class Settings(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
     stack: str
-    topology: Literal["h100x4-sglang", "b300x1-vllm", "custom"] = catalog.DEFAULT_TOPOLOGY
+    topology: Literal["h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom"] = catalog.DEFAULT_TOPOLOGY
     # custom topology only
     flavor: str | None = None
     node_count: int | None = Field(None, alias="nodeCount", ge=1, le=20)
     gpus_per_node: int | None = Field(None, alias="gpusPerNode", ge=1, le=16)
     gpu_memory_gb: int | None = Field(None, alias="gpuMemoryGb")
-    engine: Literal["sglang", "vllm"] | None = None
+    engine: Literal["sglang", "vllm", "tokenspeed"] | None = None
     gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0, le=1000, allow_inf_nan=False)
 
     region: str = catalog.DEFAULT_REGION
@@ -578,7 +578,8 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
-        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe(), self._layout_problem())
+        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe(), self._layout_problem(),
+                                self._tokenspeed_problem())
                     if p] + self._name_problems() + self._engine_arg_problems()
         if problems:
             raise ValueError("\n  ".join(problems))
@@ -595,6 +596,30 @@ class Settings(BaseModel):
         return (f"{NAMESPACE}:operatorCidr {self.operator_cidr} is {kind}: the VMs see your public address, so this "
                 "locks you out while they bill; use \"$(curl -4 -s https://ifconfig.me)/32\", or set "
                 f"{NAMESPACE}:allowPrivateOperatorCidr true if you reach the VMs over a private network (a VPN)")
+
+    def _tokenspeed_problem(self) -> str | None:
+        """TokenSpeed: one node (its multi-node launch is not wired here), an image the user names, and the two
+        loopback ports its launcher takes beside enginePort (control server, metrics)."""
+        if self.engine_name != "tokenspeed":
+            return None
+        if self.nodes != 1:
+            return (f"{NAMESPACE}:engine tokenspeed is supported on one node only ({NAMESPACE}:nodeCount 1); use "
+                    "sglang across nodes")
+        if not self.image:
+            return (f"{NAMESPACE}:image is required with TokenSpeed: its release image "
+                    f"{catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION} is published without a digest this "
+                    "project could check, so pin the one you trust (docker buildx imagetools inspect "
+                    f"{catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}); set it with: pulumi config set "
+                    f"{NAMESPACE}:image {catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}@sha256:<digest>")
+        taken = {self.engine_port + 1: "TokenSpeed's control server (enginePort + 1)",
+                 self.engine_port + 2: "TokenSpeed's metrics listener (enginePort + 2)"}
+        for port in (self.api_port, self.peer_port):
+            if port in taken:
+                return (f"{NAMESPACE}:apiPort or peerPort {port} collides with {taken[port]}; pick another, e.g. "
+                        f"{NAMESPACE}:enginePort 30000 with apiPort 8000")
+        if self.engine_port + 2 > 65535:
+            return f"{NAMESPACE}:enginePort {self.engine_port} leaves no room for TokenSpeed's two ports above it"
+        return None
 
     def _layout_problem(self) -> str | None:
         if self.engine_layout is None:
@@ -730,7 +755,8 @@ class Settings(BaseModel):
     def container_image(self) -> str:
         if self.image:
             return self.image
-        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE[self.engine_name]
+        # TokenSpeed has no default image: settings refuse the stack until kimi-cluster:image is set.
+        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE.get(self.engine_name, "")
 
     @property
     def image_pinned(self) -> bool:
