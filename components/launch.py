@@ -208,9 +208,10 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         ]
     elif settings.engine_name == "tokenspeed":
         # TokenSpeed's own kernel caches, by the names tokenspeed-kernel 0.1.4 reads (ops/tuning.py,
-        # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves.
+        # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves. Not its
+        # default ~/.cache/tokenspeed/...: the kernel cache never packs a path with "token" in it (a secret's name).
         env += [
-            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{CONTAINER_CACHE}/tokenspeed/flashinfer-autotune"),
+            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{CONTAINER_CACHE}/autotune/flashinfer"),
             ("MINFER_FMHA_CACHE_DIR", f"{CONTAINER_CACHE}/minfer/fmha_sm100"),
         ]
     else:

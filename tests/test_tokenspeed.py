@@ -64,7 +64,7 @@ def test_extra_engine_args_cannot_take_what_the_program_owns(arg):
 def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     s = _settings()
     env = dict(launch.container_env(s, private_ip="10.0.0.1", nic="ens6", threads="28"))
-    assert env["TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"] == "/root/.cache/tokenspeed/flashinfer-autotune"
+    assert env["TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"] == "/root/.cache/autotune/flashinfer"
     assert env["MINFER_FMHA_CACHE_DIR"] == "/root/.cache/minfer/fmha_sm100"
     key = kernel_cache.cache_key(s)
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
@@ -123,3 +123,19 @@ def test_status_reads_smgs_counters_by_token_type():
             'smg_router_tokens_total{model="m",token_type="output"} 45\n'
             'smg_router_tokens_total{model="other",token_type="output"} 5\n')
     assert cluster_status.parse_metrics(text) == {"requests": 3, "prompt_tokens": 120, "generation_tokens": 50}
+
+
+def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():
+    from components.launch import CONTAINER_CACHE
+    from scripts import kernel_cache as node_side
+
+    env = dict(launch.container_env(_settings(), private_ip="10.0.0.1", nic="ens6", threads="28"))
+    for name in ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", "MINFER_FMHA_CACHE_DIR"):
+        rel = str(env[name]).removeprefix(CONTAINER_CACHE + "/")
+        assert node_side.allowed_path(f"{rel}/0123abcd/autotune_configs.json"), name
+
+
+def test_the_sizing_guard_holds_for_tokenspeed_too():
+    with pytest.raises(SettingsError, match="25.29 GB .* short"):
+        load_settings({**BASE, "topology": "custom", "flavor": "n3-B200x8", "nodeCount": "1", "gpusPerNode": "8",
+                       "gpuMemoryGb": "192", "engine": "tokenspeed"}, "dev")
