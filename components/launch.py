@@ -27,6 +27,10 @@ CONTAINER_CACHE = "/root/.cache"
 # The engine gets no API key at all (not on its command line, in its environment or in its log): it listens on the
 # head's loopback only, and the TLS proxy in front of it (components/proxy.py) checks the key.
 ENGINE_HOST = "127.0.0.1"
+# TokenSpeed's release image installs it with `pip install --user` as its base image's user `runner`
+# (docker/Dockerfile.release), and TokenSpeed's docs mount the cache at /home/runner/.cache
+# (docs/guides/getting-started.md): its weights and caches go there, and that user must write the cache folder.
+_CONTAINER_HOME = {"tokenspeed": "/home/runner"}
 PLACEHOLDER_NIC = ShellExpr("${NIC}")
 PLACEHOLDER_THREADS = ShellExpr("${OMP_THREADS}")
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
@@ -35,6 +39,22 @@ PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 # run crash-loops NCCL (llm-d #352). With --ipc=host this is the host's /dev/shm, which only the engine uses.
 _CLEAR_SHM = "find /dev/shm -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null"
 _WRAPPER = f'{_CLEAR_SHM}; exec "$@"'
+
+
+def container_cache(settings: Settings) -> str:
+    """The container's ~/.cache for this engine's image: /root/.cache, or the image user's."""
+    home = _CONTAINER_HOME.get(settings.engine_name)
+    return f"{home}/.cache" if home else CONTAINER_CACHE
+
+
+def container_hf_home(settings: Settings) -> str:
+    return f"{container_cache(settings)}/huggingface"
+
+
+def cache_dir_mode(settings: Settings) -> str:
+    """chmod mode (recursive) the launch gives the host's cache folder, or "" to leave it: an image whose user is
+    not root must write its kernels there, restored ones included (the node steps create them as root)."""
+    return "a+rwX" if settings.engine_name in _CONTAINER_HOME else ""
 
 
 def flatten(items: Sequence[Item]) -> list[Word]:
@@ -190,16 +210,17 @@ def _vllm_layout(settings: Settings) -> list[Item]:
 
 def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
     """Environment of the engine container; it holds no secret."""
+    cache = container_cache(settings)
     env: list[tuple[str, Word]] = [
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
-        ("HF_HOME", CONTAINER_HF_HOME),
+        ("HF_HOME", container_hf_home(settings)),
         # Each GPU worker gets its share of the node's cores rather than all of them: when every worker claims all
         # cores, loading the weights is oversubscribed and many times slower.
         ("OMP_NUM_THREADS", threads),
-        ("TRITON_CACHE_DIR", f"{CONTAINER_CACHE}/triton"),
-        ("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/torchinductor"),
-        ("DG_JIT_CACHE_DIR", f"{CONTAINER_CACHE}/deep_gemm"),
+        ("TRITON_CACHE_DIR", f"{cache}/triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", f"{cache}/torchinductor"),
+        ("DG_JIT_CACHE_DIR", f"{cache}/deep_gemm"),
     ]
     if settings.engine_name == "vllm":
         env += [
@@ -211,8 +232,8 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves. Not its
         # default ~/.cache/tokenspeed/...: the kernel cache never packs a path with "token" in it (a secret's name).
         env += [
-            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{CONTAINER_CACHE}/autotune/flashinfer"),
-            ("MINFER_FMHA_CACHE_DIR", f"{CONTAINER_CACHE}/minfer/fmha_sm100"),
+            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{cache}/autotune/flashinfer"),
+            ("MINFER_FMHA_CACHE_DIR", f"{cache}/minfer/fmha_sm100"),
         ]
     else:
         env += [
@@ -262,8 +283,8 @@ def docker_run_argv(
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [
         ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
-        ("-v", _mount(hf_dir, CONTAINER_HF_HOME)),
-        ("-v", _mount(cache_dir, CONTAINER_CACHE)),
+        ("-v", _mount(hf_dir, container_hf_home(settings))),
+        ("-v", _mount(cache_dir, container_cache(settings))),
     ]
     env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
     items += [("-e", _env_word(k, v)) for k, v in env]

