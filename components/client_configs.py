@@ -112,8 +112,8 @@ def build_client_configs(
         raise ValueError("served_model_name must be the id the server lists at /v1/models")
     if isinstance(context_window, bool) or not isinstance(context_window, int) or context_window <= 0:
         raise ValueError(f"context_window must be a positive integer, got {context_window!r}")
-    if engine not in ("sglang", "vllm"):
-        raise ValueError(f"engine must be 'sglang' or 'vllm', got {engine!r}")
+    if engine not in ("sglang", "vllm", "tokenspeed"):
+        raise ValueError(f"engine must be 'sglang', 'vllm' or 'tokenspeed', got {engine!r}")
     env = _env_name(api_key_ref)
     root = _endpoint_root(endpoint_url)
     base_v1 = root + "/v1"

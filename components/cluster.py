@@ -187,7 +187,7 @@ class InferenceCluster(pulumi.ComponentResource):
             "hourly_cost_catalog_usd": quote.catalog_usd_per_hour,
             "client_configs": pulumi.Output.all(endpoint_url, ca_pem).apply(
                 lambda a: build_client_configs(
-                    a[0], settings.served_name, settings.context_window, engine=settings.engine_name,
+                    a[0], settings.served_name, settings.client_context_window, engine=settings.engine_name,
                     ca_certificate=a[1],
                 )
             ),

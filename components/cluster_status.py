@@ -28,7 +28,7 @@ import requests
 
 from components.hyperstack.api import HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner, probe_command
-from components.pricing import catalog_quote
+from components.pricing import catalog_quote, token_cost
 from components.settings import Settings
 from components.stack_state import NodeRecord, StackState
 
@@ -38,10 +38,14 @@ CRASH_LOOP_RESTARTS = 3      # the engine restarted this often: crash-looping
 PROBE_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
 
-# Prometheus counters the engines export on /metrics (SGLang with --enable-metrics; vLLM by default).
-_REQUESTS = ("sglang:num_requests_total", "vllm:request_success_total")
-_PROMPT_TOKENS = ("sglang:prompt_tokens_total", "vllm:prompt_tokens_total")
-_GEN_TOKENS = ("sglang:generation_tokens_total", "vllm:generation_tokens_total")
+# Prometheus counters the engines export on /metrics (SGLang with --enable-metrics; vLLM by default; TokenSpeed's smg
+# gateway on its metrics listener, tokens as smg_router_tokens_total{token_type="input"|"output"}, which smg counts
+# for streamed chat responses and Anthropic messages, not for non-streamed chat completions: its docs/metrics).
+_REQUESTS = ("sglang:num_requests_total", "vllm:request_success_total", "smg_router_requests_total")
+_PROMPT_TOKENS = ("sglang:prompt_tokens_total", "vllm:prompt_tokens_total", "smg_router_tokens_total:input")
+_GEN_TOKENS = ("sglang:generation_tokens_total", "vllm:generation_tokens_total", "smg_router_tokens_total:output")
+_BY_TOKEN_TYPE = "smg_router_tokens_total"
+_TOKEN_TYPE = re.compile(r'token_type="([a-z_]+)"')
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)")
 
 
@@ -241,7 +245,11 @@ def parse_metrics(text: str) -> dict[str, Any]:
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match and match.group(3) != "NaN":
-            sums[match.group(1)] = sums.get(match.group(1), 0.0) + float(match.group(3))
+            name = match.group(1)
+            if name == _BY_TOKEN_TYPE:
+                kind = _TOKEN_TYPE.search(match.group(2) or "")
+                name = f"{name}:{kind.group(1) if kind else ''}"
+            sums[name] = sums.get(name, 0.0) + float(match.group(3))
 
     def first(names: tuple[str, ...]) -> int | None:
         return next((int(sums[n]) for n in names if n in sums), None)
@@ -307,12 +315,17 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     endpoint = endpoint_view(base, state.outputs.get("api_key"), settings.served_name,
                              state.outputs.get("ca_certificate"))
     endpoint["ready_output"] = bool(state.endpoint_url)
+    cost_so_far = round(cost, 2) if per_node is not None and oldest else None
     report = {
         "stack": state.stack, "at": now, "topology": state.outputs.get("topology") or settings.topology,
         "region": state.outputs.get("region"), "nodes": nodes, "endpoint": endpoint,
         "hourly_cost_usd": hourly, "hourly_cost_source": price_source,
-        "uptime_s": oldest, "cost_so_far_usd": round(cost, 2) if per_node is not None and oldest else None,
+        "uptime_s": oldest, "cost_so_far_usd": cost_so_far,
     }
+    # The engine's counters start at zero with each engine start, the spend with the VMs: after a restart of the
+    # engine the cost per token counts the earlier hours against fewer tokens, never the other way round.
+    report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
+                                      endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
     for view in nodes:
         view.pop("probe")

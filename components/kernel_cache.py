@@ -28,6 +28,11 @@ KERNEL_FLAGS = frozenset({
     "--attention-backend", "--sampling-backend", "--context-length", "--max-model-len", "--compilation-config",
     "--cuda-graph-max-bs", "--cuda-graph-bs", "--disable-cuda-graph", "--enforce-eager", "-O",
     "--speculative-algorithm", "--speculative-num-steps",
+    # vLLM's engineLayout: data parallel and decode context parallel change the shapes each rank compiles.
+    "-dp", "--decode-context-parallel-size", "-dcp",
+    # TokenSpeed's split parallelism and backends (runtime/utils/server_args.py).
+    "--attn-tp-size", "--dense-tp-size", "--moe-tp-size", "--mm-encoder-tp-mode", "--moe-backend",
+    "--all2all-backend",
 })
 # Where an archive lives under the configured prefix: <prefix><key>/<file>.
 ARCHIVE_NAME = "cache.tar.gz"

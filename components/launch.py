@@ -27,6 +27,10 @@ CONTAINER_CACHE = "/root/.cache"
 # The engine gets no API key at all (not on its command line, in its environment or in its log): it listens on the
 # head's loopback only, and the TLS proxy in front of it (components/proxy.py) checks the key.
 ENGINE_HOST = "127.0.0.1"
+# TokenSpeed's release image installs it with `pip install --user` as its base image's user `runner`
+# (docker/Dockerfile.release), and TokenSpeed's docs mount the cache at /home/runner/.cache
+# (docs/guides/getting-started.md): its weights and caches go there, and that user must write the cache folder.
+_CONTAINER_HOME = {"tokenspeed": "/home/runner"}
 PLACEHOLDER_NIC = ShellExpr("${NIC}")
 PLACEHOLDER_THREADS = ShellExpr("${OMP_THREADS}")
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
@@ -35,6 +39,22 @@ PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 # run crash-loops NCCL (llm-d #352). With --ipc=host this is the host's /dev/shm, which only the engine uses.
 _CLEAR_SHM = "find /dev/shm -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null"
 _WRAPPER = f'{_CLEAR_SHM}; exec "$@"'
+
+
+def container_cache(settings: Settings) -> str:
+    """The container's ~/.cache for this engine's image: /root/.cache, or the image user's."""
+    home = _CONTAINER_HOME.get(settings.engine_name)
+    return f"{home}/.cache" if home else CONTAINER_CACHE
+
+
+def container_hf_home(settings: Settings) -> str:
+    return f"{container_cache(settings)}/huggingface"
+
+
+def cache_dir_mode(settings: Settings) -> str:
+    """chmod mode (recursive) the launch gives the host's cache folder, or "" to leave it: an image whose user is
+    not root must write its kernels there, restored ones included (the node steps create them as root)."""
+    return "a+rwX" if settings.engine_name in _CONTAINER_HOME else ""
 
 
 def flatten(items: Sequence[Item]) -> list[Word]:
@@ -56,7 +76,13 @@ def needs_marlin(settings: Settings) -> bool:
 _OWNED_ALIASES = {
     "sglang": ("--model", "--tensor-parallel-size", "--tp", "--expert-parallel-size", "--ep", "--api-key",
                "--nnodes", "--node-rank", "--dist-init-addr", "--context-length"),
-    "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address"),
+    # The layout's parallelism is engineLayout's, in every layout (vLLM's short spellings -tp, -dp, -dcp too).
+    # TokenSpeed 0.1.1: its CLI's aliases (cli/_argsplit.py), ServerArgs' parallelism and the smg gateway's key.
+    "tokenspeed": ("--model", "--model-path", "--tp", "--tensor-parallel-size", "--attn-tp-size", "--world-size",
+                   "--nprocs-per-node", "--nnodes", "--node-rank", "--dist-init-addr", "--headless", "--api-key",
+                   "--control-port", "--prometheus-port", "--prometheus-host", "--max-model-len"),
+    "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address",
+             "--tensor-parallel-size", "--data-parallel-size", "-dp", "--decode-context-parallel-size", "-dcp"),
 }
 
 
@@ -90,7 +116,7 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--revision", settings.model_revision),
             ("--served-model-name", settings.served_name),
             "--trust-remote-code",
-            ("--tensor-parallel-size", str(settings.tensor_parallel)),
+            *_vllm_layout(settings),
             ("--load-format", "fastsafetensors"),
             "--enable-auto-tool-choice",
             ("--tool-call-parser", PARSER),
@@ -98,8 +124,14 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--host", ENGINE_HOST),
             ("--port", port),
         ]
-        if settings.max_model_len:
-            items.append(("--max-model-len", str(settings.max_model_len)))
+        max_len = settings.max_model_len
+        if max_len is None and settings.engine_layout == "tp8-dcp8":
+            # The layout exists for long sessions: ask for the model's whole context unless maxModelLen says less.
+            max_len = settings.model_spec.context_window
+        if max_len:
+            items.append(("--max-model-len", str(max_len)))
+    elif settings.engine_name == "tokenspeed":
+        items = _tokenspeed_argv(settings, port)
     else:
         tp = str(settings.tensor_parallel)
         items = [
@@ -134,23 +166,74 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
     return items
 
 
+def tokenspeed_metrics_port(settings: Settings) -> int:
+    """The smg gateway's Prometheus listener: pinned (TokenSpeed picks a random one otherwise) so the proxy can
+    forward /metrics to it; the control server takes enginePort + 1 (cli/serve_smg.py)."""
+    return settings.engine_port + 2
+
+
+def _tokenspeed_argv(settings: Settings, port: str) -> list[Item]:
+    """`tokenspeed serve`: its CLI splits these between the engine (ServerArgs) and the smg gateway (host, port,
+    parsers, metrics). Kimi-K3 at TP8 wants the vision encoder at TP1 x DP8 and an FP8 KV cache (docs/recipes)."""
+    items: list[Item] = [
+        ("tokenspeed", "serve", settings.model),
+        ("--revision", settings.model_revision),
+        ("--served-model-name", settings.served_name),
+        "--trust-remote-code",
+        ("--tensor-parallel-size", str(settings.tensor_parallel)),
+        ("--mm-encoder-tp-mode", "data"),
+        ("--kv-cache-dtype", "fp8"),
+        # TokenSpeed's own names for Kimi K3's parsers (cli/serve_smg.py KIMI_K3_*_PARSER), the same words.
+        ("--reasoning-parser", PARSER),
+        ("--tool-call-parser", PARSER),
+        ("--host", ENGINE_HOST),
+        ("--port", port),
+        ("--prometheus-host", ENGINE_HOST),
+        ("--prometheus-port", str(tokenspeed_metrics_port(settings))),
+    ]
+    if settings.max_model_len:
+        items.append(("--max-model-len", str(settings.max_model_len)))
+    return items
+
+
+def _vllm_layout(settings: Settings) -> list[Item]:
+    """The parallelism flags of the stack's vLLM layout (catalog.VLLM_LAYOUTS); tp8 is the one-node default."""
+    layout = settings.layout
+    if layout is None or layout.name == "tp8":
+        return [("--tensor-parallel-size", str(settings.tensor_parallel))]
+    if layout.name == "dp8-ep":
+        # Attention replicated on every rank (tensor parallel 1, vLLM's default), experts sharded over the 8.
+        return [("--data-parallel-size", str(layout.gpus)), "--enable-expert-parallel"]
+    # tp8-dcp8: the KV cache is split over the tensor-parallel group (dcp must divide tp).
+    return [("--tensor-parallel-size", str(layout.gpus)), ("--decode-context-parallel-size", str(layout.gpus))]
+
+
 def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
     """Environment of the engine container; it holds no secret."""
+    cache = container_cache(settings)
     env: list[tuple[str, Word]] = [
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
-        ("HF_HOME", CONTAINER_HF_HOME),
+        ("HF_HOME", container_hf_home(settings)),
         # Each GPU worker gets its share of the node's cores rather than all of them: when every worker claims all
         # cores, loading the weights is oversubscribed and many times slower.
         ("OMP_NUM_THREADS", threads),
-        ("TRITON_CACHE_DIR", f"{CONTAINER_CACHE}/triton"),
-        ("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/torchinductor"),
-        ("DG_JIT_CACHE_DIR", f"{CONTAINER_CACHE}/deep_gemm"),
+        ("TRITON_CACHE_DIR", f"{cache}/triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", f"{cache}/torchinductor"),
+        ("DG_JIT_CACHE_DIR", f"{cache}/deep_gemm"),
     ]
     if settings.engine_name == "vllm":
         env += [
             ("VLLM_ENGINE_READY_TIMEOUT_S", "3600"),
             ("VLLM_CACHE_ROOT", f"{CONTAINER_CACHE}/vllm"),
+        ]
+    elif settings.engine_name == "tokenspeed":
+        # TokenSpeed's own kernel caches, by the names tokenspeed-kernel 0.1.4 reads (ops/tuning.py,
+        # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves. Not its
+        # default ~/.cache/tokenspeed/...: the kernel cache never packs a path with "token" in it (a secret's name).
+        env += [
+            ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", f"{cache}/autotune/flashinfer"),
+            ("MINFER_FMHA_CACHE_DIR", f"{cache}/minfer/fmha_sm100"),
         ]
     else:
         env += [
@@ -198,12 +281,14 @@ def docker_run_argv(
         # node (no InfiniBand devices to map) and, at TP 8, vLLM's fastsafetensors loader reads with pread (nogds),
         # not through GPUDirect Storage's /dev/nvidia-fs*.
         items += ["--ipc=host"]
+    elif engine == "tokenspeed":
+        items += ["--ipc=host", ("--ulimit", "memlock=-1")]
     else:
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [
         ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
-        ("-v", _mount(hf_dir, CONTAINER_HF_HOME)),
-        ("-v", _mount(cache_dir, CONTAINER_CACHE)),
+        ("-v", _mount(hf_dir, container_hf_home(settings))),
+        ("-v", _mount(cache_dir, container_cache(settings))),
     ]
     env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
     items += [("-e", _env_word(k, v)) for k, v in env]

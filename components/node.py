@@ -292,7 +292,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
         v.update(container=launch.CONTAINER_NAME, private_ip=private_ip, engine=settings.engine_name,
                  nodes=settings.nodes, repo_folder=_repo_folder(settings), revision=settings.model_revision,
                  needs_nic=settings.engine_name == "sglang" and settings.nodes > 1,
-                 gpus_per_node=settings.gpus_per_node_count,
+                 gpus_per_node=settings.gpus_per_node_count, cache_mode=launch.cache_dir_mode(settings),
                  fingerprint=launch.launch_fingerprint(settings, rank, private_ip, head_private_ip),
                  fingerprint_label=launch.FINGERPRINT_LABEL, docker_argv=argv, settle_seconds=timing.settle_seconds)
     elif step in ("cache-restore", "cache-save"):

@@ -1,7 +1,8 @@
-"""What the cluster costs per hour: the live pricebook when an API key is set, else the catalog, and how they differ.
+"""What the cluster costs per hour (the live pricebook when an API key is set, else the catalog, and how they
+differ), and what the same tokens would cost from the model's API: the break-even and the cost per token so far.
 
-Used by `scripts.plan` and by the program for the `hourly_cost_usd` output. A pricebook that cannot be read never
-blocks a deployment: the quote falls back to the catalog and says why.
+Used by `scripts.plan` and by the program for the `hourly_cost_usd` output, and by `scripts.status`. A pricebook that
+cannot be read never blocks a deployment: the quote falls back to the catalog and says why.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from components.catalog import ApiPrice, TokenMix
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, HyperstackClient, HyperstackError
 from components.hyperstack.api import Settings as ApiSettings
 from components.hyperstack.market import get_pricebook, list_all_flavors, price_for_flavor
@@ -108,3 +110,126 @@ def program_quote(settings: Settings) -> Quote:
 
     config = {key: runtime_config.get_config(key) for key in (API_KEY_CONFIG, API_URL_CONFIG)}
     return quote(settings, {k: v for k, v in config.items() if v})
+
+
+# ---- The cluster against the API ---------------------------------------------------------------------------------
+
+MILLION = 1_000_000
+
+
+def api_usd(api: ApiPrice, input_tokens: float, output_tokens: float) -> float:
+    """What the API charges for these tokens."""
+    return (input_tokens * api.usd_per_m_input + output_tokens * api.usd_per_m_output) / MILLION
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """The sustained output rate at which the cluster's hour costs what the API charges for that hour's tokens.
+
+    The API bills per token, the cluster per hour: below this rate the API is cheaper, above it the cluster. Input
+    tokens come with every output token at the mix's ratio, so they count towards the API's bill too.
+    """
+
+    cluster_usd_per_hour: float
+    api: ApiPrice
+    mix: TokenMix
+
+    @property
+    def api_usd_per_m_output(self) -> float:
+        """The API's dollars per 1M output tokens, with their input tokens at the mix's ratio."""
+        return self.mix.input_per_output * self.api.usd_per_m_input + self.api.usd_per_m_output
+
+    @property
+    def output_tokens_per_hour(self) -> float:
+        return self.cluster_usd_per_hour / self.api_usd_per_m_output * MILLION
+
+    @property
+    def input_tokens_per_hour(self) -> float:
+        return self.output_tokens_per_hour * self.mix.input_per_output
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.output_tokens_per_hour / 3600
+
+    def summary(self) -> str:
+        return (f"{self.output_tokens_per_hour:,.0f} output tokens per hour sustained "
+                f"({self.output_tokens_per_second:,.1f}/s) with {self.input_tokens_per_hour:,.0f} input tokens: the "
+                f"API would charge ${self.cluster_usd_per_hour:,.2f} for that hour (${self.api_usd_per_m_output:,.2f} "
+                "per 1M output tokens, their input included), what the cluster costs; below it the API is cheaper")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"output_tokens_per_hour": round(self.output_tokens_per_hour),
+                "output_tokens_per_second": round(self.output_tokens_per_second, 2),
+                "input_tokens_per_hour": round(self.input_tokens_per_hour),
+                "cluster_usd_per_hour": self.cluster_usd_per_hour,
+                "api_usd_per_m_output_with_input": round(self.api_usd_per_m_output, 4),
+                "api": _api_json(self.api), "input_tokens_per_output_token": self.mix.input_per_output,
+                "mix_source": self.mix.source, "summary": self.summary()}
+
+
+def break_even(cluster_usd_per_hour: float | None, api: ApiPrice, mix: TokenMix) -> BreakEven | None:
+    """None when the cluster's hourly cost is unknown (no price for its GPU)."""
+    if cluster_usd_per_hour is None:
+        return None
+    return BreakEven(cluster_usd_per_hour, api, mix)
+
+
+@dataclass(frozen=True)
+class TokenCost:
+    """What the tokens served so far cost on the cluster, and what the API would have charged for them."""
+
+    input_tokens: int
+    output_tokens: int
+    spent_usd: float | None  # None when the VMs' creation times are unknown (no Hyperstack API key)
+    api: ApiPrice
+
+    @property
+    def usd_per_m_output(self) -> float | None:
+        """The cluster's dollars so far per 1M output tokens so far; None while it has served none."""
+        if self.spent_usd is None or self.output_tokens <= 0:
+            return None
+        return self.spent_usd / self.output_tokens * MILLION
+
+    @property
+    def api_usd_same_tokens(self) -> float:
+        return api_usd(self.api, self.input_tokens, self.output_tokens)
+
+    @property
+    def api_usd_per_m_output(self) -> float | None:
+        """The API's price per 1M output tokens for this traffic, its input included."""
+        if self.output_tokens <= 0:
+            return None
+        return self.api_usd_same_tokens / self.output_tokens * MILLION
+
+    def summary(self) -> str:
+        served = f"{self.input_tokens:,} input + {self.output_tokens:,} output tokens served"
+        api = f"the API would have charged ${self.api_usd_same_tokens:,.2f}"
+        if self.spent_usd is None:
+            return f"{served}; {api} (the cluster's spend needs the VMs' creation times: set HYPERSTACK_API_KEY)"
+        per_m = self.usd_per_m_output
+        if per_m is None:
+            return (f"{served}: ${self.spent_usd:,.2f} spent and no output token yet, so no cost per token; "
+                    f"{api}")
+        api_per_m = self.api_usd_per_m_output
+        return (f"{served}: ${self.spent_usd:,.2f} spent, ${per_m:,.2f} per 1M output tokens so far; {api}, "
+                f"${api_per_m:,.2f} per 1M output tokens with their input ({self.api.name}, {self.api.as_of})")
+
+    def to_json(self) -> dict[str, Any]:
+        per_m, api_per_m = self.usd_per_m_output, self.api_usd_per_m_output
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "spent_usd": self.spent_usd,
+                "usd_per_m_output": None if per_m is None else round(per_m, 4),
+                "api_usd_same_tokens": round(self.api_usd_same_tokens, 4),
+                "api_usd_per_m_output_with_input": None if api_per_m is None else round(api_per_m, 4),
+                "api": _api_json(self.api), "summary": self.summary()}
+
+
+def token_cost(spent_usd: float | None, input_tokens: int | None, output_tokens: int | None,
+               api: ApiPrice) -> TokenCost:
+    """Missing counters count as zero: an engine that has served nothing exports none."""
+    return TokenCost(max(int(input_tokens or 0), 0), max(int(output_tokens or 0), 0), spent_usd, api)
+
+
+def _api_json(api: ApiPrice) -> dict[str, Any]:
+    return {"name": api.name, "usd_per_m_input": api.usd_per_m_input, "usd_per_m_output": api.usd_per_m_output,
+            "source": api.source, "as_of": api.as_of}

@@ -34,16 +34,26 @@ def upstream(settings: Settings) -> str:
     return f"127.0.0.1:{settings.engine_port}"
 
 
+def metrics_upstream(settings: Settings) -> str | None:
+    """Where /metrics lives when it is not on the engine's port: TokenSpeed's gateway has a listener for it."""
+    if settings.engine_name != "tokenspeed":
+        return None
+    from components.launch import tokenspeed_metrics_port  # launch imports this module's neighbours only
+
+    return f"127.0.0.1:{tokenspeed_metrics_port(settings)}"
+
+
 def render_config(settings: Settings) -> str:
     """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
-    return caddyfile(settings.api_port, upstream(settings))
+    return caddyfile(settings.api_port, upstream(settings), metrics_upstream(settings))
 
 
-def caddyfile(api_port: int, upstream_address: str) -> str:
-    """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT)."""
+def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None) -> str:
+    """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT), with /metrics sent to
+    `metrics_address` when the engine serves it elsewhere."""
     return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
                   upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
-                  unauthorized_body=UNAUTHORIZED_BODY)
+                  unauthorized_body=UNAUTHORIZED_BODY, metrics_upstream=metrics_address or "")
 
 
 def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,

@@ -117,6 +117,10 @@ EXAMPLES: dict[str, str] = {
     "tlsPrivateKey": "--secret < server.key",
     "proxyImage": "caddy:2.11.7-alpine@sha256:...",
     "apiHostname": "api.example.com",
+    "apiInputPriceUsdPerM": "2.00",
+    "apiOutputPriceUsdPerM": "10.00",
+    "inputTokensPerOutputToken": "20",
+    "engineLayout": "tp8-dcp8",
 }
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
@@ -324,13 +328,13 @@ class Settings(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
     stack: str
-    topology: Literal["h100x4-sglang", "b300x1-vllm", "custom"] = catalog.DEFAULT_TOPOLOGY
+    topology: Literal["h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom"] = catalog.DEFAULT_TOPOLOGY
     # custom topology only
     flavor: str | None = None
     node_count: int | None = Field(None, alias="nodeCount", ge=1, le=20)
     gpus_per_node: int | None = Field(None, alias="gpusPerNode", ge=1, le=16)
     gpu_memory_gb: int | None = Field(None, alias="gpuMemoryGb")
-    engine: Literal["sglang", "vllm"] | None = None
+    engine: Literal["sglang", "vllm", "tokenspeed"] | None = None
     gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0, le=1000, allow_inf_nan=False)
 
     region: str = catalog.DEFAULT_REGION
@@ -366,6 +370,8 @@ class Settings(BaseModel):
     max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024, le=2**24)
     context_window: int = Field(131072, alias="contextWindow", ge=1024, le=2**24)
     extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
+    # How vLLM places the model on its one node (catalog.VLLM_LAYOUTS); unset is tp8, today's layout.
+    engine_layout: Literal["tp8", "dp8-ep", "tp8-dcp8"] | None = Field(None, alias="engineLayout")
 
     # node bring-up knobs
     node_root: str = Field("/", alias="nodeRoot")
@@ -383,6 +389,14 @@ class Settings(BaseModel):
     peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
     kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
+
+    # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
+    api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
+                                                    allow_inf_nan=False)
+    api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", gt=0, le=10_000,
+                                                     allow_inf_nan=False)
+    input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,
+                                                        allow_inf_nan=False)
 
     # secrets: presence only, the values stay in Pulumi's secret config
     hf_token_set: bool = False
@@ -730,7 +744,8 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
-        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe())
+        problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe(), self._layout_problem(),
+                                self._tokenspeed_problem())
                     if p] + self._name_problems() + self._engine_arg_problems() + self._api_cidr_problems() \
             + self._api_hostname_problems()
         if problems:
@@ -797,6 +812,41 @@ class Settings(BaseModel):
         problem = tls_check.chain_problem(self.tls_certificate, self.api_hostname)
         return [f"{NAMESPACE}:tlsCertificate {problem}"] if problem else []
 
+    def _tokenspeed_problem(self) -> str | None:
+        """TokenSpeed: one node (its multi-node launch is not wired here), an image the user names, and the two
+        loopback ports its launcher takes beside enginePort (control server, metrics)."""
+        if self.engine_name != "tokenspeed":
+            return None
+        if self.nodes != 1:
+            return (f"{NAMESPACE}:engine tokenspeed is supported on one node only ({NAMESPACE}:nodeCount 1); use "
+                    "sglang across nodes")
+        if not self.image:
+            return (f"{NAMESPACE}:image is required with TokenSpeed: its release image "
+                    f"{catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION} is published without a digest this "
+                    "project could check, so pin the one you trust (docker buildx imagetools inspect "
+                    f"{catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}); set it with: pulumi config set "
+                    f"{NAMESPACE}:image {catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}@sha256:<digest>")
+        taken = {self.engine_port + 1: "TokenSpeed's control server (enginePort + 1)",
+                 self.engine_port + 2: "TokenSpeed's metrics listener (enginePort + 2)"}
+        for port in (self.api_port, self.peer_port):
+            if port in taken:
+                return (f"{NAMESPACE}:apiPort or peerPort {port} collides with {taken[port]}; pick another, e.g. "
+                        f"{NAMESPACE}:enginePort 30000 with apiPort 8000")
+        if self.engine_port + 2 > 65535:
+            return f"{NAMESPACE}:enginePort {self.engine_port} leaves no room for TokenSpeed's two ports above it"
+        return None
+
+    def _layout_problem(self) -> str | None:
+        if self.engine_layout is None:
+            return None
+        layout = catalog.VLLM_LAYOUTS[self.engine_layout]
+        if self.engine_name != layout.engine or self.nodes != 1 or self.gpus_per_node_count != layout.gpus:
+            return (f"{NAMESPACE}:engineLayout {self.engine_layout} is a layout of vLLM on one node of {layout.gpus} "
+                    f"GPUs, and this stack runs {self.engine_name} on {self.nodes} x {self.gpus_per_node_count} "
+                    f"GPUs; use {NAMESPACE}:topology b300x1-vllm, or remove it with: pulumi config rm "
+                    f"{NAMESPACE}:engineLayout")
+        return None
+
     def _flavor_matches(self) -> str | None:
         if self.topology != "custom" or self.flavor is None:
             return None
@@ -850,7 +900,8 @@ class Settings(BaseModel):
             hit = next((o for o in sorted(owned) if o == flag or (len(flag) > 3 and o.startswith(flag))), None)
             if hit:
                 problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({_show(arg)}): the program owns it; "
-                                "set the matching key instead (apiPort, servedModelName, maxModelLen, topology ...)")
+                                "set the matching key instead (apiPort, servedModelName, maxModelLen, engineLayout, "
+                                "topology ...)")
         return problems
 
     # ---- derived values -------------------------------------------------------------------------
@@ -890,6 +941,24 @@ class Settings(BaseModel):
         return self.total_gpus
 
     @property
+    def layout(self) -> catalog.EngineLayout | None:
+        """vLLM's layout on its one node (tp8 unless engineLayout says otherwise); None for other engines."""
+        if self.engine_layout is not None:
+            return catalog.VLLM_LAYOUTS[self.engine_layout]
+        default = catalog.VLLM_LAYOUTS[catalog.DEFAULT_VLLM_LAYOUT]
+        if self.engine_name != "vllm" or self.nodes != 1 or self.gpus_per_node_count != default.gpus:
+            return None  # another engine, or a custom vLLM node that is not 8 GPUs: tensor parallel over all
+        return default
+
+    @property
+    def client_context_window(self) -> int:
+        """The context client configs are told: contextWindow when set, else what the layout holds per session,
+        never beyond maxModelLen."""
+        if "context_window" in self.model_fields_set or self.layout is None:
+            return self.context_window
+        return min(self.layout.context_window, self.max_model_len or self.layout.context_window)
+
+    @property
     def model_spec(self) -> catalog.ModelSpec:
         return catalog.MODELS[self.model]
 
@@ -901,7 +970,8 @@ class Settings(BaseModel):
     def container_image(self) -> str:
         if self.image:
             return self.image
-        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE[self.engine_name]
+        # TokenSpeed has no default image: settings refuse the stack until kimi-cluster:image is set.
+        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE.get(self.engine_name, "")
 
     @property
     def image_pinned(self) -> bool:
@@ -946,6 +1016,27 @@ class Settings(BaseModel):
     @property
     def hourly_cost_usd(self) -> float | None:
         return sizing.hourly_cost_usd(self.price, self.total_gpus)
+
+    @property
+    def api_price(self) -> catalog.ApiPrice:
+        """The API's per-token price: the catalog's, with either side overridden from config."""
+        base = catalog.MOONSHOT_API_PRICE
+        if self.api_input_price_usd_per_m is None and self.api_output_price_usd_per_m is None:
+            return base
+        given = [k for k, v in (("apiInputPriceUsdPerM", self.api_input_price_usd_per_m),
+                                ("apiOutputPriceUsdPerM", self.api_output_price_usd_per_m)) if v is not None]
+        return catalog.ApiPrice(
+            base.name,
+            base.usd_per_m_input if self.api_input_price_usd_per_m is None else self.api_input_price_usd_per_m,
+            base.usd_per_m_output if self.api_output_price_usd_per_m is None else self.api_output_price_usd_per_m,
+            f"stack config {', '.join(NAMESPACE + ':' + k for k in given)} (otherwise: {base.source})", "now")
+
+    @property
+    def token_mix(self) -> catalog.TokenMix:
+        if self.input_tokens_per_output_token is None:
+            return catalog.AGENTIC_CODING_MIX
+        return catalog.TokenMix(self.input_tokens_per_output_token,
+                                f"stack config {NAMESPACE}:inputTokensPerOutputToken")
 
     def node_name(self, index: int) -> str:
         """Deterministic VM names let a re-run find a VM whose create answer was lost."""

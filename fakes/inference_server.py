@@ -1,9 +1,13 @@
-"""A local stand-in for the Kimi K3.1 Pro endpoint: OpenAI and Anthropic routes in SGLang's or vLLM's shape.
+"""A local stand-in for the Kimi K3.1 Pro endpoint: OpenAI and Anthropic routes in SGLang's, vLLM's or TokenSpeed's
+shape.
 Scripted answers that depend on the request (tool results, real pixels, prior reasoning), plus --fault modes.
 
 Like vLLM 0.33 (vllm/entrypoints/serve/middleware/authenticate.py guards only /v1, /v2, /inference, /cohere), the
 vLLM shape serves /invocations (full inference) and /tokenize without the key, and both shapes /metrics: the holes the
-head's proxy closes.
+head's proxy closes. TokenSpeed's shape is its smg gateway's (tokenspeed-smg 1.10.1): the thinking as
+`reasoning_content`, no /metrics on the API port but on a Prometheus listener of its own (--prometheus-host/-port),
+smg_router_requests_total and smg_router_tokens_total{token_type="input"|"output"}, tokens counted for streamed chat
+and Anthropic messages only (smg's metrics docs).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
-ENGINES = ("sglang", "vllm")
+ENGINES = ("sglang", "vllm", "tokenspeed")
 EFFORTS = ("low", "high", "max")
 
 FAULTS: dict[str, str] = {
@@ -75,12 +79,12 @@ class FakeSettings:
 
     @property
     def reasoning_field(self) -> str:
-        return "reasoning_content" if self.engine == "sglang" else "reasoning"
+        return "reasoning" if self.engine == "vllm" else "reasoning_content"
 
     @property
     def accepted_reasoning_fields(self) -> tuple[str, ...]:
-        # vLLM takes either name back in; SGLang reads only its own
-        return ("reasoning_content",) if self.engine == "sglang" else ("reasoning", "reasoning_content")
+        # vLLM takes either name back in; SGLang and smg read only their own
+        return ("reasoning", "reasoning_content") if self.engine == "vllm" else ("reasoning_content",)
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -508,6 +512,7 @@ class _Server(ThreadingHTTPServer):
     served_lock: threading.Lock
     verbose: bool = False
     tls: ssl.SSLContext | None = None
+    metrics_only: bool = False  # TokenSpeed's Prometheus listener: /metrics and nothing else
 
     def get_request(self) -> Any:
         sock, address = super().get_request()
@@ -516,23 +521,31 @@ class _Server(ThreadingHTTPServer):
             sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, address
 
-    def count(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """One request served, for /metrics."""
+    def count(self, prompt_tokens: int, completion_tokens: int, streamed: bool = True) -> None:
+        """One request served, for /metrics. smg (TokenSpeed) counts tokens of streamed chats and of Anthropic
+        messages only; the engines count every request's."""
         with self.served_lock:
             self.served["requests"] += 1
-            self.served["prompt_tokens"] += prompt_tokens
-            self.served["generation_tokens"] += completion_tokens
+            if streamed or self.settings.engine != "tokenspeed":
+                self.served["prompt_tokens"] += prompt_tokens
+                self.served["generation_tokens"] += completion_tokens
 
     def metrics(self) -> str:
         """Prometheus text with the counters each engine exports under its own names (SGLang with
         --enable-metrics: sglang:num_requests_total...; vLLM: vllm:request_success_total...)."""
+        with self.served_lock:
+            values = (self.served["requests"], self.served["prompt_tokens"], self.served["generation_tokens"])
+        model = self.settings.model_ids[0]
+        if self.settings.engine == "tokenspeed":
+            labels = f'router_type="grpc",backend_type="tokenspeed",model="{model}",endpoint="chat"'
+            return (f"# TYPE smg_router_requests_total counter\nsmg_router_requests_total{{{labels}}} {values[0]}\n"
+                    "# TYPE smg_router_tokens_total counter\n"
+                    f'smg_router_tokens_total{{{labels},token_type="input"}} {values[1]}\n'
+                    f'smg_router_tokens_total{{{labels},token_type="output"}} {values[2]}\n')
         names = {"sglang": ("sglang:num_requests_total", "sglang:prompt_tokens_total",
                             "sglang:generation_tokens_total"),
                  "vllm": ("vllm:request_success_total", "vllm:prompt_tokens_total",
                           "vllm:generation_tokens_total")}[self.settings.engine]
-        with self.served_lock:
-            values = (self.served["requests"], self.served["prompt_tokens"], self.served["generation_tokens"])
-        model = self.settings.model_ids[0]
         return "".join(f"# TYPE {name} counter\n{name}{{model_name=\"{model}\"}} {float(value)}\n"
                        for name, value in zip(names, values, strict=False))
 
@@ -626,13 +639,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path in ("/health", "/health_generate", "/ping"):
+        if self.server.metrics_only and path != "/metrics":
+            return self._send_json(404, {"detail": "Not Found"})
+        if path in ("/health", "/health_generate", "/ping") or (self.settings.engine == "tokenspeed"
+                                                                and path in ("/readiness", "/liveness")):
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.send_header("Connection", "close")
             self.end_headers()
             return
-        if path == "/metrics":  # as vLLM serves it: its --api-key guards only the /v1 paths (same here for both)
+        if path == "/metrics" and (self.settings.engine != "tokenspeed" or self.server.metrics_only):
+            # as vLLM serves it: its --api-key guards only the /v1 paths (same here for SGLang); smg on its own port
             data = self.server.metrics().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -663,6 +680,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
+        if self.server.metrics_only:
+            return self._send_json(404, {"detail": "Not Found"})
         try:
             if not self._authorized(path):
                 raise HttpError(401, "Unauthorized")
@@ -696,7 +715,7 @@ class _Handler(BaseHTTPRequestHandler):
         tool_names = [t.get("function", {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
         reply = compose_reply(messages, tool_names, body.get("reasoning_effort", "max"), self.settings)
         usage = _usage(messages, reply)
-        self.server.count(usage["prompt_tokens"], usage["completion_tokens"])
+        self.server.count(usage["prompt_tokens"], usage["completion_tokens"], streamed=bool(body.get("stream")))
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = _stream_chunks(reply, self.settings, model, include_usage, usage)
@@ -772,8 +791,10 @@ class FakeInferenceServer:
     """The fake on a background thread: `with FakeInferenceServer(settings) as fake: fake.url`."""
 
     def __init__(self, settings: FakeSettings, host: str = "127.0.0.1", port: int = 0, verbose: bool = False,
-                 tls: tuple[str, str] | None = None, ca_certificate: str | None = None) -> None:
-        """`tls` (certificate chain file, key file) serves https; `ca_certificate` is the PEM a client should trust."""
+                 tls: tuple[str, str] | None = None, ca_certificate: str | None = None,
+                 metrics_address: tuple[str, int] | None = None) -> None:
+        """`tls` (certificate chain file, key file) serves https; `ca_certificate` is the PEM a client should trust;
+        `metrics_address` is TokenSpeed's Prometheus listener (its shape only: the engines serve /metrics inline)."""
         self.settings = settings
         self.ca_certificate = ca_certificate
         self.httpd = _Server((host, port), _Handler)
@@ -787,10 +808,24 @@ class FakeInferenceServer:
         self.httpd.served_lock = threading.Lock()
         self.httpd.verbose = verbose
         self._thread: threading.Thread | None = None
+        self.metrics_httpd: _Server | None = None
+        if settings.engine == "tokenspeed":
+            # smg binds a Prometheus listener of its own (a free port unless --prometheus-port pins one).
+            self.metrics_httpd = _Server(metrics_address or (host, 0), _Handler)
+            for name in ("settings", "stop_event", "served", "served_lock", "verbose"):
+                setattr(self.metrics_httpd, name, getattr(self.httpd, name))
+            self.metrics_httpd.metrics_only = True
+        self._metrics_thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return self.httpd.server_address[1]
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self.metrics_httpd is None:
+            return None
+        return f"http://127.0.0.1:{self.metrics_httpd.server_address[1]}"
 
     @property
     def url(self) -> str:
@@ -804,6 +839,10 @@ class FakeInferenceServer:
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-inference", daemon=True
         )
         self._thread.start()
+        if self.metrics_httpd is not None:
+            self._metrics_thread = threading.Thread(target=self.metrics_httpd.serve_forever,
+                                                    kwargs={"poll_interval": 0.05}, name="fake-metrics", daemon=True)
+            self._metrics_thread.start()
         return self
 
     def stop(self) -> None:
@@ -812,6 +851,11 @@ class FakeInferenceServer:
         self.httpd.server_close()
         if self._thread:
             self._thread.join(timeout=5)
+        if self.metrics_httpd is not None:
+            if self._metrics_thread:
+                self.metrics_httpd.shutdown()
+                self._metrics_thread.join(timeout=5)
+            self.metrics_httpd.server_close()
 
     def __enter__(self) -> FakeInferenceServer:
         return self.start()
@@ -848,6 +892,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="SGLang rank; ranks above 0 serve no HTTP API, so the fake only idles")
     parser.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp", type=int,
                         help="ignored; declared so its value is not taken for the positional model")
+    parser.add_argument("--prometheus-host", default="0.0.0.0", help="TokenSpeed's (smg's) metrics listener")
+    parser.add_argument("--prometheus-port", type=int, default=None,
+                        help="TokenSpeed's metrics port; a free one when not given, as `tokenspeed serve` picks")
     parser.add_argument("--fault", action="append", default=[],
                         help="break the server on purpose (repeatable or comma list): " + ", ".join(FAULTS))
     parser.add_argument("--slow-seconds", type=float, default=30.0, help="delay of the 'slow' fault")
@@ -892,7 +939,8 @@ def settings_from_args(argv: Sequence[str] | None = None) -> tuple[FakeSettings,
 
 # Flags that decide which kernels a real engine compiles (the same idea as components/kernel_cache.py).
 _SHAPE_FLAGS = ("--ep-size", "--moe-runner-backend", "--quantization", "--kv-cache-dtype", "--attention-backend",
-                "--dtype", "--enable-expert-parallel")
+                "--dtype", "--enable-expert-parallel", "--data-parallel-size", "--decode-context-parallel-size",
+                "--mm-encoder-tp-mode", "--moe-backend")
 
 
 def kernel_files(engine: str, args: argparse.Namespace, ignored: Sequence[str], env: dict[str, str]) -> list[str]:
@@ -925,6 +973,12 @@ def kernel_files(engine: str, args: argparse.Namespace, ignored: Sequence[str], 
         out.append(f"{dg}/cache/kernel.fp8_gemm.{h}/kernel.cubin")
     if engine == "vllm" and env.get("VLLM_CACHE_ROOT"):
         out.append(f"{env['VLLM_CACHE_ROOT']}/torch_compile_cache/{h}/rank_0_0/backbone/artifact")
+    if engine == "tokenspeed":
+        # tokenspeed-kernel 0.1.4: ops/tuning.py (<root>/<digest>/autotune_configs.json), thirdparty/msa/jit.py
+        if env.get("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"):
+            out.append(f"{env['TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR']}/{h[:24]}/autotune_configs.json")
+        if env.get("MINFER_FMHA_CACHE_DIR"):
+            out.append(f"{env['MINFER_FMHA_CACHE_DIR']}/{h}/fmha_kernel.so")
     return out
 
 
@@ -969,7 +1023,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         addresses = [_address(a) for a in args.listen] or [(args.host, args.port)]
-        servers = [FakeInferenceServer(settings, host, port, verbose=args.verbose) for host, port in addresses]
+        # One metrics listener for the gateway (TokenSpeed), beside its first API address.
+        metrics = (args.prometheus_host, args.prometheus_port or 0)
+        servers = [FakeInferenceServer(settings, host, port, verbose=args.verbose,
+                                       metrics_address=metrics if i == 0 else None)
+                   for i, (host, port) in enumerate(addresses)]
     except (OSError, ValueError) as exc:
         print(f"fake-inference: cannot listen: {exc}", file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ ENGINE_HOOK = REPO_ROOT / "fakes" / "node" / "engine_hook.py"
 STACK = "sandbox"
 CLUSTER_REF = f"organization/kimi-cluster/{STACK}"
 VERIFY_NS = "kimi-cluster-verification"
-TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "custom")  # custom: its shape keys come with --config
+TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom")  # custom: shape keys with --config
 DEFAULT_WORKDIR = ".sandbox"
 # Written into a workdir the sandbox created; without it a non-empty directory is someone else's and is refused.
 MARKER = ".kimi-sandbox"

@@ -39,9 +39,12 @@ CHUNK = 8 * 1024 * 1024
 
 # The kernel caches under the container's /root/.cache (components/launch.py sets the first three; SGLang puts
 # DeepGEMM's under sglang/deep_gemm whatever DG_JIT_CACHE_DIR says, vLLM its torch.compile artifacts under
-# VLLM_CACHE_ROOT). Nothing else in that folder travels: not the Hugging Face folder, not pip's cache.
+# VLLM_CACHE_ROOT; TokenSpeed's kernel package its autotune results and MSA FMHA builds where launch.py points
+# TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR and MINFER_FMHA_CACHE_DIR). Nothing else in that folder travels: not the
+# Hugging Face folder, not pip's cache.
 ALLOWED_ROOTS = ("triton", "torchinductor", "deep_gemm", "sglang/deep_gemm", "vllm/torch_compile_cache",
-                 "vllm/torch_aot_compile", "flashinfer", "torch_extensions")
+                 "vllm/torch_aot_compile", "flashinfer", "torch_extensions", "autotune/flashinfer",
+                 "minfer/fmha_sm100")
 # Names that are never a kernel, wherever they are: tokens, env files, keys, credentials.
 DENIED_NAMES = ("token", "stored_tokens", "*.env", ".env", ".env.*", "*.netrc", ".netrc", "netrc", "credentials",
                 "credentials.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.header", "*secret*",

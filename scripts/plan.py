@@ -19,7 +19,7 @@ from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from components.node import Timing, running_steps
-from components.pricing import Quote, catalog_quote, quote
+from components.pricing import Quote, break_even, catalog_quote, quote
 from components.settings import (
     SECRET_KEYS,
     Settings,
@@ -116,6 +116,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "usd_per_gpu_hour": price.usd_per_gpu_hour, "basis": price.basis, "source": price.source,
             "as_of": price.as_of,
         },
+        "break_even": _break_even(settings, price_quote),
+        "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
         "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
@@ -127,6 +129,25 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "warnings": settings.warnings(),
         "placeholders": placeholders(settings),
     }
+
+
+def _layouts(settings: Settings) -> dict[str, Any] | None:
+    """vLLM's layouts on one node (kimi-cluster:engineLayout): the chosen one, and what each trades, with sources."""
+    if settings.layout is None:
+        return None
+    return {
+        "chosen": settings.layout.name,
+        "client_context_window": settings.client_context_window,
+        "layouts": [{"name": lay.name, "description": lay.description, "trades": lay.trades, "source": lay.source,
+                     "kv_cache_tokens": lay.kv_cache_tokens, "context_window": lay.context_window}
+                    for lay in catalog.VLLM_LAYOUTS.values()],
+    }
+
+
+def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None:
+    """The sustained output rate at which this cluster costs what the API charges (components/pricing.py)."""
+    point = break_even(price_quote.usd_per_hour, settings.api_price, settings.token_mix)
+    return None if point is None else point.to_json()
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
@@ -184,6 +205,33 @@ def format_bringup(b: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_layouts(lay: dict[str, Any] | None) -> list[str]:
+    if lay is None:
+        return []
+    lines = ["", f"Layout       {lay['chosen']} (kimi-cluster:engineLayout; client configs get a context window of "
+                 f"{lay['client_context_window']:,} tokens unless kimi-cluster:contextWindow is set)"]
+    for row in lay["layouts"]:
+        mark = "*" if row["name"] == lay["chosen"] else " "
+        lines.append(f"  {mark} {row['name']:<9} {row['description']}")
+        lines.append(f"    {'':<9} trades: {row['trades']}")
+        lines.append(f"    {'':<9} source: {row['source']}")
+    return lines
+
+
+def format_break_even(b: dict[str, Any] | None) -> list[str]:
+    if b is None:
+        return ["Break-even  unknown: the cluster's hourly cost is unknown (set kimi-cluster:gpuHourlyPriceUsd)"]
+    api = b["api"]
+    return [
+        f"Break-even   {b['summary']}",
+        f"             API: {api['name']}, ${api['usd_per_m_input']:.2f} per 1M input and "
+        f"${api['usd_per_m_output']:.2f} per 1M output tokens ({api['source']}; as of {api['as_of']}; "
+        "kimi-cluster:apiInputPriceUsdPerM, apiOutputPriceUsdPerM)",
+        f"             assumes {b['input_tokens_per_output_token']:g} input tokens per output token "
+        f"({b['mix_source']}; kimi-cluster:inputTokensPerOutputToken)",
+    ]
+
+
 def _secret_flag(key: str) -> str:
     return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
             "kernelCacheCredentials": "kernel_cache_credentials_set",
@@ -216,10 +264,12 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  {s['summary']}")
     lines.append(f"  tensor parallel {s['tensor_parallel']} (valid: {', '.join(map(str, s['valid_tensor_parallel']))})")
     lines.append(f"  usable memory per GPU: {s['usable_memory_basis']}")
+    lines.extend(format_layouts(plan["engine_layout"]))
     lines.append("")
     lines.append(f"Cost         {plan['cost']['summary']}")
     if plan["hourly_cost_usd"] is not None:
         lines.append("             billed per minute until `pulumi destroy`")
+    lines.extend(format_break_even(plan["break_even"]))
     lo, hi = plan["download_minutes_per_node"]
     lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
     deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())

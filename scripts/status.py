@@ -106,6 +106,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     if not ep.get("ready_output"):
         text += " (readiness not passed yet: no endpoint_url output)"
     lines.append(text)
+    if report.get("token_cost"):
+        lines.append(f"tokens: {report['token_cost']['summary']}")
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
     # Node and endpoint text was made printable when it was read; this also covers the API's and the state's.

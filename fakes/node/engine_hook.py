@@ -22,11 +22,13 @@ VALUE_OPTS = {"--name", "--restart", "--label", "-l", "--gpus", "-p", "--publish
               "--ulimit", "--log-opt", "-v", "--volume", "--env-file", "-e", "--env", "--entrypoint", "--ipc",
               "--user", "-u", "-w", "--workdir", "--hostname", "--cpus", "--memory"}
 # Where each engine listens unless told otherwise (SGLang's and vLLM's own defaults).
-DEFAULT_LISTEN = {"sglang": ("127.0.0.1", 30000), "vllm": ("0.0.0.0", 8000)}
+DEFAULT_LISTEN = {"sglang": ("127.0.0.1", 30000), "vllm": ("0.0.0.0", 8000),
+                  "tokenspeed": ("0.0.0.0", 8000)}  # TokenSpeed's gateway: cli/serve_smg.py DEFAULT_GATEWAY_*
 KEY_ENV_NAMES = ("KIMI_API_KEY", "VLLM_API_KEY")
 # Paths the engines write their compiled kernels to (components/launch.py sets them; SGLang's own variable too).
 CACHE_ENV_NAMES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR",
-                   "VLLM_CACHE_ROOT", "XDG_CACHE_HOME")
+                   "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR",
+                   "MINFER_FMHA_CACHE_DIR")
 CONTAINER_HOME_CACHE = "/root/.cache"  # the image's user is root: its ~/.cache
 
 
@@ -111,14 +113,15 @@ def engine_command(run: dict, env: dict[str, str]) -> list[str]:
 
 
 def engine_shape(argv: list[str], image: str) -> tuple[str, list[str]]:
-    """(engine, its flags): from `sglang serve`/`vllm serve`/`python -m sglang.launch_server`, else the image name."""
+    """(engine, its flags): from `sglang serve`/`vllm serve`/`tokenspeed serve`/`python -m sglang.launch_server`,
+    else the image name."""
     head = os.path.basename(argv[0]) if argv else ""
-    if head in ("sglang", "vllm"):
+    if head in ("sglang", "vllm", "tokenspeed"):
         rest = argv[1:]
         return head, rest[1:] if rest[:1] == ["serve"] else rest
     if head.startswith("python") and argv[1:3] == ["-m", "sglang.launch_server"]:
         return "sglang", argv[3:]
-    for engine in ("vllm", "sglang"):
+    for engine in ("vllm", "sglang", "tokenspeed"):
         if engine in image.lower():
             return engine, argv
     raise HookError(f"cannot tell the engine from the command {argv[:3]} or the image {image!r}")

@@ -6,6 +6,7 @@ request log; b300x1-vllm runs exactly the README's commands, with the services t
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -106,3 +107,29 @@ def test_b300_flow_with_its_own_services_and_reruns(sandbox) -> None:
     assert "nothing deployed" in ok(run("destroy"))
     report(f"b300x1-vllm (own services): up {up.seconds:.1f} s, second up {again.seconds:.1f} s, "
            f"verify {verify.seconds:.1f} s, destroy {destroy.seconds:.1f} s, whole flow {elapsed:.1f} s")
+
+
+def test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape(sandbox) -> None:
+    run = sandbox()
+    refused = run("up", "--topology", "b300x1-tokenspeed")
+    assert refused.code != 0 and "kimi-cluster:image is required with TokenSpeed" in refused.output, refused.output
+    assert not run.workdir.joinpath("state.json").exists() or "VirtualMachine" not in \
+        run.workdir.joinpath("state.json").read_text()  # refused before anything was created
+
+    up = run("up", "--topology", "b300x1-tokenspeed", "--config", "image=lightseekorg/tokenspeed:0.1.1")
+    out = ok(up)
+    assert re.search(r"^  engine +tokenspeed$", out, re.M), out
+
+    verify = run("verify")
+    _verified(ok(verify))
+    assert "owned_by tokenspeed" in verify.output and "reasoning_content" in verify.output
+
+    # /metrics is the gateway's own listener, reached through the proxy: status prices the streamed tokens.
+    text = ok(run("status", "--json"))
+    report_json = json.loads(text[text.index("{"):])
+    assert report_json["endpoint"]["requests"] > 0 and report_json["token_cost"]["output_tokens"] > 0
+
+    destroy = run("destroy")
+    assert "emulator: nothing left" in ok(destroy)
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-tokenspeed: up {up.seconds:.1f} s, verify {verify.seconds:.1f} s, destroy {destroy.seconds:.1f} s")

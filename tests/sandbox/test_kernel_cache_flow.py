@@ -100,3 +100,21 @@ def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbo
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm with an unreachable kernel-cache store: up {up.seconds:.1f} s (cold, endpoint up)")
+
+
+def test_tokenspeeds_kernel_folders_travel_across_destroy_and_up(sandbox) -> None:
+    run = sandbox()
+    image = ("--config", "image=lightseekorg/tokenspeed:0.1.1")
+    first = run("up", "--topology", "b300x1-tokenspeed", *image)
+    ok(first)
+    # Triton x3, inductor, DeepGEMM, and TokenSpeed's autotune and MSA FMHA folders (components/launch.py).
+    assert "compiling 7 of 7 kernels" in engine_log(run.workdir)
+    assert re.search(r"saved 7 kernel files .* as key [0-9a-f]{32}", step_output(run.workdir, "kimi-kernel-cache-save"))
+    ok(run("destroy"))
+    second = run("up", "--topology", "b300x1-tokenspeed", *image)
+    ok(second)
+    assert re.search(r"restored 7 kernel files", step_output(run.workdir, "kimi-node0-cache-restore"))
+    assert "all 7 kernels found in the cache; no compile" in engine_log(run.workdir)
+    ok(run("destroy"))
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-tokenspeed kernel cache: up cold {first.seconds:.1f} s, up restored {second.seconds:.1f} s")

@@ -9,6 +9,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from components import cluster_status
 from components.node_exec import SshRunner, probe_command
@@ -209,3 +212,60 @@ def test_without_an_api_key_the_screen_says_what_it_cannot_know():
     text = format_report(report)
     assert "$83.20/h (cost so far needs the VMs' creation times: set HYPERSTACK_API_KEY)" in text
     assert "unknown (no API key)" in text and "$0.00" not in text
+
+
+class _Api:
+    """The one call status makes of the Hyperstack API: each VM's creation time (here, an hour ago). Passed where a
+    HyperstackClient goes (cast: gather calls get_vm only)."""
+
+    def __init__(self, created_at: float) -> None:
+        self.created_at = created_at
+
+    def get_vm(self, vm_id: int) -> dict:
+        return {"status": "ACTIVE", "created_at": self.created_at}
+
+
+def _api() -> Any:
+    return _Api(time.time() - 3600)
+
+
+def _one_node_state(url: str):
+    from components.stack_state import NodeRecord, StackState
+
+    node = NodeRecord(rank=0, name="kimi-dev-node0", vm_id="1001", public_ip="127.0.0.1", private_ip=None,
+                      connection=None)
+    return StackState(stack="dev", outputs={"api_key": "k", "hourly_cost_usd": 83.2, "endpoint_url": url},
+                      nodes=[node])
+
+
+def _settings():
+    from components.settings import load_settings
+
+    return load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza test",
+                          "servedModelName": "m"}, "dev")
+
+
+def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_shows_no_cost_per_token_yet():
+    import requests
+
+    from fakes.inference_server import FakeInferenceServer, FakeSettings
+    from scripts.status import format_report
+
+    with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
+        fresh = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
+        assert fresh["token_cost"]["output_tokens"] == 0 and fresh["token_cost"]["usd_per_m_output"] is None
+        assert "no output token yet" in format_report(fresh)
+        answer = requests.post(f"{fake.url}/v1/chat/completions", headers={"Authorization": "Bearer k"},
+                               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+        usage = answer.json()["usage"]
+        report = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
+    tc = report["token_cost"]
+    assert (tc["input_tokens"], tc["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
+    spent = report["cost_so_far_usd"]
+    assert 83.0 < spent < 83.5  # one hour of $83.20/h
+    assert tc["usd_per_m_output"] == pytest.approx(spent / usage["completion_tokens"] * 1e6, rel=1e-4)
+    api = (usage["prompt_tokens"] * 2.0 + usage["completion_tokens"] * 10.0) / 1e6
+    assert tc["api_usd_same_tokens"] == pytest.approx(api, abs=1e-4)
+    text = format_report(report)
+    assert "per 1M output tokens so far" in text and "the API would have charged" in text
+    assert json.loads(json.dumps(report))["token_cost"]["api"]["as_of"] == "2026-11-10"  # the --json form

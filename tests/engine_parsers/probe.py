@@ -1,0 +1,112 @@
+"""Parses an engine command line with the engine's own parser, from the pinned wheels, and prints what it read.
+
+Run by tests/engine_parsers/test_engine_parsers.py under the parsers' virtualenv (tests/engine_parsers/install.sh),
+never imported by the project: vLLM and TokenSpeed pin their own torch, pydantic and openai, which must not meet the
+project's pins. Reads {"engine": "vllm" | "tokenspeed", "argv": [...flags after `<engine> serve`]} on stdin and prints
+one JSON object: {"ok": true, "values": {...}} or {"ok": false, "error": "..."}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def vllm(argv: list[str]) -> dict[str, Any]:
+    """`vllm serve`'s parser (make_arg_parser) and its pre-load validation (validate_parsed_serve_args)."""
+    # vLLM fills defaults from the current platform and refuses to guess one on a machine without a GPU; its own
+    # CPU platform stands in. It changes defaults only, never which flags or values the parser accepts.
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = parser.parse_args(argv)
+    validate_parsed_serve_args(args)
+    return {k: getattr(args, k, None) for k in (
+        "model_tag", "revision", "served_model_name", "trust_remote_code", "tensor_parallel_size",
+        "data_parallel_size", "decode_context_parallel_size", "enable_expert_parallel", "max_model_len",
+        "load_format", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "host", "port")}
+
+
+def _tokenspeed_engine_options(server_args: Path) -> tuple[set[str], dict[str, list[str]]]:
+    """Every option string of TokenSpeed's ServerArgs.add_cli_args, and the literal choices of each, read from the
+    wheel's source: the module itself cannot be imported without a GPU (tokenspeed-kernel probes one at import)."""
+    tree = ast.parse(server_args.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args")
+    flags: set[str] = set()
+    choices: dict[str, list[str]] = {}
+    for call in ast.walk(fn):
+        if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument"):
+            continue
+        names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        flags.update(n for n in names if n.startswith("--"))
+        for kw in call.keywords:
+            if kw.arg == "choices" and isinstance(kw.value, (ast.List, ast.Tuple)):
+                values = [e.value for e in kw.value.elts if isinstance(e, ast.Constant)]
+                if len(values) == len(kw.value.elts):
+                    for n in names:
+                        choices[n] = [str(v) for v in values]
+    return flags, choices
+
+
+def tokenspeed(argv: list[str]) -> dict[str, Any]:
+    """`tokenspeed serve`: its own splitter (cli/_argsplit.py) routes each flag to the engine or the smg gateway;
+    the gateway's part is parsed by smg's parser (launch_router.parse_router_args, what `python -m smg launch` runs),
+    the engine's part is checked against ServerArgs' options and choices."""
+    spec = importlib.util.find_spec("tokenspeed")
+    assert spec is not None and spec.submodule_search_locations
+    root = Path(next(iter(spec.submodule_search_locations)))
+    flags, choices = _tokenspeed_engine_options(root / "runtime/utils/server_args.py")
+    from tokenspeed.cli import _argsplit
+
+    # The splitter asks ServerArgs for its flags through this cached helper; the same set, read from the source.
+    _argsplit._engine_recognized_flags = lambda: flags
+    split = _argsplit.split_argv(argv)
+    engine: dict[str, Any] = {}
+    i = 0
+    while i < len(split.engine):
+        name = split.engine[i]
+        value = split.engine[i + 1] if i + 1 < len(split.engine) and not split.engine[i + 1].startswith("--") \
+            else None
+        if name not in flags:
+            raise SystemExit(f"the engine (ServerArgs) has no option {name}")
+        if value is not None and name in choices and value not in choices[name]:
+            raise SystemExit(f"{name} {value}: ServerArgs accepts {choices[name]}")
+        engine[name] = value
+        i += 2 if value is not None else 1
+    from smg.launch_router import parse_router_args
+
+    # As tokenspeed's _proc.spawn_gateway starts it: the engine's gRPC address first, then the routed flags.
+    gateway = parse_router_args(["--worker-urls", "grpc://127.0.0.1:50051", "--disable-retries",
+                                 "--disable-circuit-breaker", *split.gateway])
+    return {"engine": engine, "gateway_argv": split.gateway,
+            "gateway": {k: getattr(gateway, k, None) for k in (
+                "host", "port", "reasoning_parser", "tool_call_parser", "prometheus_host", "prometheus_port",
+                "model_path", "api_key")}}
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    try:
+        values = {"vllm": vllm, "tokenspeed": tokenspeed}[request["engine"]](list(request["argv"]))
+    # Any refusal is the answer asked for: argparse exits, the validators raise their own types.
+    except (SystemExit, Exception) as exc:  # noqa: BLE001
+        print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+        return 0
+    print(json.dumps({"ok": True, "values": values}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    sys.exit(main())
