@@ -28,8 +28,8 @@ GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
-ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save")  # every step that runs on a node;
-# each has a deadline (Timing.deadline_s)
+ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save",  # every step that runs on a node;
+             "engine-ready", "front-ready")  # each has a deadline (Timing.deadline_s); the last two: replicas >= 2
 # What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
 PIP_BUDGET_S = 600
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -67,6 +67,10 @@ SUMMARIES = {
                  "print the engine log and fail",
     "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
     "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
+    # replicas >= 2 (components/front.py): each replica's head answers the front, the front holds the endpoint.
+    "engine-ready": "wait until this replica's engine serves the model on its private address, where the front "
+                    "asks it, or print the engine log and fail",
+    "front-ready": "wait for cloud-init and Docker on the front",
 }
 
 
@@ -127,6 +131,8 @@ class Timing:
             # never fail, so theirs must stay inside this one (kernel_cache_transfer_s).
             "cache-restore": self._cache_minutes(settings, "restore") * 60 + PIP_BUDGET_S + slack,
             "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
+            "engine-ready": self.readiness_s(settings) + slack,
+            "front-ready": self.cloud_init_timeout_s + self.docker_timeout_s + slack,
         }
         if step not in defaults:
             raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")
@@ -196,6 +202,11 @@ def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[
     }
 
 
+def serves_api(settings: Settings, rank: int) -> bool:
+    """Whether this node runs the TLS proxy: the head, unless a front (replicas >= 2) holds the endpoint."""
+    return rank == 0 and not settings.has_front
+
+
 def settings_key(key: str) -> str:
     return f"kimi-cluster:{key}"
 
@@ -249,7 +260,8 @@ def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
 
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
                 timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
-                peer_ips: Sequence[str] | None = None) -> str:
+                peer_ips: Sequence[str] | None = None, *, container: str | None = None,
+                identity: str | None = None) -> str:
     """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
     value.
 
@@ -267,7 +279,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  docker_timeout_s=timing.docker_timeout_s)
     elif step == "image":
         # The head also runs the proxy; its image comes down with the engine's, before the long weight download ends.
-        images = [settings.container_image] + ([settings.proxy_container_image] if rank == 0 else [])
+        images = [settings.container_image] + ([settings.proxy_container_image] if serves_api(settings, rank) else [])
         v.update(images=images, pull_attempts=timing.pull_attempts,
                  pull_timeout_s=timing.pull_timeout_s, pull_backoff_s=timing.pull_backoff_s)
     elif step == "weights":
@@ -296,17 +308,21 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
     elif step in ("cache-restore", "cache-save"):
         v.update(_kernel_cache_values(settings, step, timing))
     elif step == "proxy":
-        v.update(container=proxy.CONTAINER_NAME, api_port=settings.api_port, upstream=proxy.upstream(settings),
-                 config_b64=_b64(proxy.render_config(settings)), cert_b64=_b64(tls.cert_chain_pem),
-                 ca_b64=_b64(tls.ca_pem), config_file=proxy.CONFIG_FILE, cert_file=proxy.CERT_FILE,
-                 ca_file=proxy.CA_FILE, tls_key_file=proxy.TLS_KEY_FILE, key_file=proxy.KEY_FILE,
-                 fingerprint=proxy.proxy_fingerprint(settings, tls.cert_chain_pem, tls.ca_pem),
-                 fingerprint_label=proxy.FINGERPRINT_LABEL, settle_seconds=timing.proxy_settle_seconds,
-                 docker_argv=proxy.docker_run_argv(settings, ShellExpr("${PROXY_DIR}")))
+        v.update(proxy.step_values(settings, tls.cert_chain_pem, tls.ca_pem, proxy.render_config(settings),
+                                   proxy.upstream(settings), timing.proxy_settle_seconds))
     elif step == "readiness":
-        v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
+        # On the front (replicas >= 2) the container it watches is the proxy itself: no engine runs there.
+        role = "proxy" if container == proxy.CONTAINER_NAME else "engine"
+        v.update(container=container or launch.CONTAINER_NAME, container_role=role,
+                 served_name=settings.served_name, api_port=settings.api_port,
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
-                 public_host=public_ip, ca_file=proxy.CA_FILE, launch_identity=readiness_identity(settings, tls))
+                 public_host=public_ip, ca_file=proxy.CA_FILE,
+                 launch_identity=identity or readiness_identity(settings, tls))
+    elif step == "engine-ready":
+        v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name,
+                 engine_url=f"http://{head_private_ip}:{settings.engine_port}",
+                 readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
+                 launch_identity=readiness_identity(settings, tls))
     else:
         raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
     return render(f"{step}.sh.j2", **v)
@@ -321,7 +337,9 @@ def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_pri
         return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips)
 
     scripts = {step: one(step) for step in steps_for(settings)}
-    if rank == 0:
+    if rank == 0 and settings.has_front:
+        scripts["engine-ready"] = one("engine-ready")  # the proxy and the readiness wait run on the front
+    elif rank == 0:
         for step in (*HEAD_STEPS, "readiness"):
             scripts[step] = one(step)
         if settings.kernel_cache is not None:
@@ -421,17 +439,18 @@ class GpuNode(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(GPU_NODE_TYPE, name, None, opts)
-        if rank == 0 and (api_key is None or tls_cert_chain is None or tls_ca is None or tls_private_key is None):
+        proxied = serves_api(settings, rank)
+        if proxied and (api_key is None or tls_cert_chain is None or tls_ca is None or tls_private_key is None):
             raise ValueError("the head (rank 0) runs the proxy: it needs the API key and the TLS certificate and key")
-        if rank > 0 and api_key is not None:
-            raise ValueError("only the head gets the API key; workers serve no HTTP")
+        if not proxied and api_key is not None:
+            raise ValueError("only the head gets the API key, and no replica behind a front; workers serve no HTTP")
         self._name = name
         self._settings = settings
         self._timing = timing
         self._vm_id = pulumi.Output.from_input(vm_id)
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
-                      if rank == 0 else PLAN_TLS)
+                      if proxied else PLAN_TLS)
         sharing = settings.nodes > 1 and len(peer_private_ips) == settings.nodes and peer_token is not None
         scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls, *peer_private_ips).apply(
             lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2],
@@ -460,7 +479,7 @@ class GpuNode(pulumi.ComponentResource):
         self.launched = self._step("launch", scripts, [*before_launch, *launch_after])
         self.commands["launch"] = self.launched
         self.proxy = None
-        if rank == 0:
+        if proxied:
             # The proxy needs only its image: it runs (answering 502 for anything but 401s) while the weights arrive.
             self.proxy = self._step("proxy", scripts, [image], stdin=_proxy_stdin(api_key, tls_private_key))
             self.commands["proxy"] = self.proxy
@@ -539,13 +558,15 @@ class Readiness(pulumi.ComponentResource):
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
         timing: Timing = Timing(),
+        container: str | None = None,
+        identity: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(READINESS_TYPE, name, None, opts)
         deadline = timing.deadline_s("readiness", settings)
-        text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca).apply(lambda a: remote_command_text(
+        text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca, identity).apply(lambda a: remote_command_text(
             "readiness", render_step(settings, "readiness", 0, "<unused>", "<unused>", timing, ProxyTls(a[1], a[2]),
-                                     a[0]), deadline_s=deadline))
+                                     a[0], container=container, identity=a[3]), deadline_s=deadline))
         self.command = _command(
             self, f"{name}-wait", text,
             node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),

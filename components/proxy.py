@@ -9,6 +9,7 @@ restart of the proxy or the engine. Shared by the proxy step's template and the 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 from components import catalog
@@ -66,12 +67,28 @@ def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
     return items
 
 
-def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str) -> str:
+def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str | None = None) -> str:
     """Names one proxy configuration (config, certificates, image); the API key is not part of it, since a new key
     needs no restart. A running proxy with the same label is left alone."""
     argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None)
-    text = "\n".join([render_config(settings), cert_chain_pem, ca_pem, shell_words(argv)])
+    text = "\n".join([render_config(settings) if config is None else config, cert_chain_pem, ca_pem,
+                      shell_words(argv)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def step_values(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str, upstream_text: str,
+                settle_seconds: float) -> dict[str, object]:
+    """The proxy step's template values for one Caddyfile: a head's (render_config) or the front's."""
+    return dict(container=CONTAINER_NAME, api_port=settings.api_port, upstream=upstream_text,
+                config_b64=_b64(config), cert_b64=_b64(cert_chain_pem), ca_b64=_b64(ca_pem),
+                config_file=CONFIG_FILE, cert_file=CERT_FILE, ca_file=CA_FILE, tls_key_file=TLS_KEY_FILE,
+                key_file=KEY_FILE, fingerprint=proxy_fingerprint(settings, cert_chain_pem, ca_pem, config),
+                fingerprint_label=FINGERPRINT_LABEL, settle_seconds=settle_seconds,
+                docker_argv=docker_run_argv(settings, ShellExpr("${PROXY_DIR}")))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def command_text(settings: Settings) -> str:

@@ -66,6 +66,9 @@ FLAVORS: list[dict[str, Any]] = [
      "labels": _NETWORK_OPTIMISED},
     {"id": 104, "name": "n1-cpu-small", "display_name": "n1-cpu-small", "region_name": "NORWAY-1",
      "gpu": "", "gpu_count": 0, "cpu": 4, "ram": 4.0, "disk": 100, "ephemeral": 0, "labels": []},
+    # Hyperstack's flavor-labels page lists CPU-only flavors in CANADA-1 as well: the replicas' front runs on one.
+    {"id": 107, "name": "n1-cpu-small", "display_name": "n1-cpu-small", "region_name": "CANADA-1",
+     "gpu": "", "gpu_count": 0, "cpu": 4, "ram": 4.0, "disk": 100, "ephemeral": 0, "labels": []},
 ]
 
 IMAGES: list[dict[str, Any]] = [
@@ -87,6 +90,8 @@ PRICEBOOK: list[dict[str, Any]] = [
     {"id": 2, "name": "H100-80G-PCIe", "value": 2.40, "original_value": 2.40, "discount_applied": False},
     {"id": 3, "name": "B300-SXM6", "value": 7.40, "original_value": 7.40, "discount_applied": False},
     {"id": 4, "name": "Public IP", "value": 0.00672, "original_value": 0.00672, "discount_applied": False},
+    # Per VM-hour, the rate card's figure for the cheapest CPU flavor (components/catalog.py FRONT_FLAVOR).
+    {"id": 5, "name": "n1-cpu-small", "value": 0.35, "original_value": 0.35, "discount_applied": False},
 ]
 
 PROTOCOLS = ["any", "ah", "dccp", "egp", "esp", "gre", "hopopt", "icmp", "igmp", "ip", "ipip", "ipv6-encap",

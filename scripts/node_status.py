@@ -26,7 +26,7 @@ from typing import Any
 
 # Every step components/node.py runs (its SUMMARIES; a test keeps the two in step).
 STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "proxy", "readiness",
-         "cache-save")
+         "cache-save", "engine-ready", "front-ready")
 PROGRESS_FILE = "kimi/progress/weights.json"  # components/weights.py PROGRESS_FILE (this file runs without it)
 CONTAINER = "kimi-engine"
 WEIGHTS_UNIT = "kimi-weights"
