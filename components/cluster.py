@@ -222,8 +222,9 @@ class InferenceCluster(pulumi.ComponentResource):
         fvm, front_host_key = front.front_vm(self, f"{name}-front", settings, **where)
         front_public_ip = cast(pulumi.Output[str], fvm.public_ip)
         chain, ca_pem, tls_key = self._tls(name, settings, front_public_ip, tls_private_key)
-        peer_token = (pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
-                      if settings.nodes > 1 else None)
+        peer_token: pulumi.Output[str] | None = None
+        if settings.nodes > 1:  # one token for every replica: the fan-out's peers are all the stack's nodes
+            peer_token = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
         built: list[replicas.Replica] = []
         for r, (vms, host_keys) in enumerate(groups):
             built.append(replicas.build_replica(

@@ -15,7 +15,7 @@ from components import front
 from components.node import PLAN_TLS
 from components.settings import SettingsError, load_settings
 from tests.pulumi_harness import dumps, run_program
-from tests.test_program import CANARY_API, CANARY_TLS, CA_PEM, config
+from tests.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
 from tests.test_program import outputs_for as one_replica_outputs
 
 # Replica r, rank n: public 198.51.100.<10 + 10r + n>, private 10.0.<r>.<10 + n>; the front .200 / 10.0.9.9.
@@ -114,8 +114,8 @@ def test_the_front_balances_over_every_replica_with_health_checks_and_post_retri
     assert blob, "the proxy step writes no Caddyfile"
     caddyfile = base64.b64decode(blob.group(1)).decode()
     assert "to 10.0.0.10:30000 10.0.1.10:30000" in caddyfile
-    for directive in ("health_uri /health", "lb_retry_match", "method GET HEAD POST", "fail_duration", "lb_try_duration",
-                      'header Authorization "Bearer {file../api-key}"', "header_up -Authorization"):
+    for directive in ("health_uri /health", "lb_retry_match", "method GET HEAD POST", "fail_duration",
+                      "lb_try_duration", 'header Authorization "Bearer {file../api-key}"', "header_up -Authorization"):
         assert directive in caddyfile, directive
 
 

@@ -46,17 +46,19 @@ def choose_region(regions: list[str], flavor_name: str, count: int,
         table = region_stock(api, regions, flavor_name)
         # CPU flavors are not in the stocks endpoint's GPU models: the flavor's own stock flag is what there is.
         fronts = {r.region: r for r in region_stock(api, regions, front_flavor_name)} if front_flavor_name else {}
-    seen = [{"region": r.region, "vms_available": r.vms_available, "offered": r.offered,
-             "stock_available": r.stock_available, "holds_cluster": r.holds(count)} for r in table]
-    for row in seen:
+    seen: list[dict[str, Any]] = []
+    for r in table:
+        entry: dict[str, Any] = {"region": r.region, "vms_available": r.vms_available, "offered": r.offered,
+                                 "stock_available": r.stock_available, "holds_cluster": r.holds(count)}
         if front_flavor_name:
-            f = fronts[row["region"]]
-            row["front"] = {"flavor_name": front_flavor_name, "offered": f.offered,
-                            "stock_available": f.stock_available}
-            row["holds_cluster"] = row["holds_cluster"] and f.offered and f.stock_available
-    for row, entry in zip(table, seen, strict=True):
+            f = fronts[r.region]
+            entry["front"] = {"flavor_name": front_flavor_name, "offered": f.offered,
+                              "stock_available": f.stock_available}
+            entry["holds_cluster"] = entry["holds_cluster"] and f.offered and f.stock_available
+        seen.append(entry)
+    for entry in seen:
         if entry["holds_cluster"]:
-            return row.region, seen
+            return str(entry["region"]), seen
     if front_flavor_name and any(row.holds(count) for row in table):
         without = ", ".join(r for r, f in fronts.items() if not (f.offered and f.stock_available))
         raise PlacementError(
