@@ -180,3 +180,17 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
     assert "warn" not in done.stderr.lower(), done.stderr
     # The step renders it into the same proxy.sh as a head's.
     assert "Caddyfile" in front.render_front_step(settings, "proxy", ["10.0.0.10", "10.0.1.10"], PLAN_TLS)
+
+
+def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():
+    from scripts.plan import build_plan, format_plan
+
+    settings = load_settings({"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x",
+                              "replicas": 2, "topology": "b300x1-vllm"}, "dev")
+    plan = build_plan(settings, {}, "test")
+    assert plan["hourly_cost_usd"] == 118.75 and plan["replicas"]["front"]["flavor"] == "n1-cpu-small"
+    assert plan["replicas"]["front"]["upstreams"] == ["<replica0-head-private-ip>:30000",
+                                                     "<replica1-head-private-ip>:30000"]
+    assert not any("port 8000" in rule for n in plan["nodes"] for rule in n["firewall"])
+    text = format_plan(plan)
+    assert "front kimi-dev-front  n1-cpu-small" in text and "2 replicas" in text
