@@ -459,6 +459,12 @@ class Emulator:
         with self.lock:
             self.state.capacity[(region, flavor_name)] = vms
 
+    def reclaim(self, name: str, mode: str = "delete") -> None:
+        """The VM named `name` is reclaimed by the cloud: deleted (mode "delete") or left in ERROR (mode "error")."""
+        status, answer = self._reclaim(name, mode)
+        if status != 200:
+            raise ValueError(answer["message"])
+
     def set_price(self, name: str, value: float) -> None:
         """A pricebook entry's value (its original_value stays the list price)."""
         with self.lock:
@@ -664,12 +670,31 @@ class Emulator:
         if method == "POST" and what == "capacity" and isinstance(body, dict):
             self.set_capacity(str(body["flavor_name"]), int(body["vms"]), region=str(body["region"]))
             return 200, {"status": True}
+        if method == "POST" and what == "reclaim" and isinstance(body, dict):
+            return self._reclaim(str(body.get("name") or ""), str(body.get("mode") or "delete"))
         if method == "GET" and what == "inventory":
             return 200, self.inventory()
         if method == "GET" and what == "requests":
             return 200, [{"method": r.method, "path": r.path, "status": r.status, "authorized": r.authorized}
                          for r in self.requests]
-        return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests)"}
+        return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests, capacity, "
+                                "reclaim)"}
+
+    def _reclaim(self, name: str, mode: str) -> tuple[int, Any]:
+        """What the cloud does to a VM on a hardware fault or a maintenance reclaim: it goes (mode "delete": DELETING,
+        then gone, as after a DELETE) or stays in ERROR (mode "error"), without anyone asking the API."""
+        with self.lock:
+            vm = next((v for v in self.state.vms.values() if v.name == name and v.deleting_since is None), None)
+            if vm is None:
+                return 404, {"status": False, "message": f"no live VM named {name!r}"}
+            if mode == "delete":
+                vm.deleting_since = time.monotonic()
+                vm.events.append(self._event(vm, "warning", "RECLAIMED", "the host reclaimed this virtual machine"))
+            elif mode == "error":
+                vm.fate, vm.error_reason = "error", "hypervisor fault: the host of this virtual machine failed"
+            else:
+                return 400, {"status": False, "message": f"mode must be delete or error, not {mode!r}"}
+            return 200, {"status": True, "id": vm.id, "name": vm.name, "mode": mode}
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
         known = False
