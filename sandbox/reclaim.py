@@ -1,4 +1,5 @@
-"""`python -m scripts.sandbox reclaim NODE`: the cloud takes a VM away, as a hardware fault or a maintenance reclaim would.
+"""`python -m scripts.sandbox reclaim NODE`: the cloud takes a VM away, as a hardware fault or a maintenance reclaim
+would.
 
 The emulator deletes the VM (or leaves it in ERROR) without anyone asking its API, and every process of that fake
 node dies at once (SIGKILL: a reclaimed host gives no one time to shut down). Nothing else is told: the state still
