@@ -51,7 +51,9 @@ class FrontTuning:
     health_timeout: str = "1s"
     health_fails: int = 2
     health_passes: int = 2
-    fail_duration: str = "30s"
+    fail_duration: str = "10s"
+    max_fails: int = 3
+    request_buffers: str = "16MiB"  # bodies up to this are replayed on a retry (an agent's long context fits)
     lb_retries: int = 3
     lb_try_duration: str = "10s"
     lb_try_interval: str = "100ms"

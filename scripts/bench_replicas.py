@@ -74,7 +74,16 @@ class Observer:
         self.seen: list[tuple[float, str]] = []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        deadline = time.monotonic() + 10
+        while True:  # the killed engine's socket may take a moment to go
+            try:
+                self.sock.bind((host, port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.bound_at = time.monotonic()
         self.sock.listen(64)
         self.sock.settimeout(0.2)
         self.stop = threading.Event()
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if sandbox.up(args.topology, echo=False, config={"replicas": "2"}) != 0:
             raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
         print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
-        figures = measure(sandbox, args)
+        figures = measure(sandbox, args, log)
     finally:
         if not args.keep:
             sandbox.destroy(echo=False)
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
+def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
     outputs, _ = sandbox.dir.outputs()
     lost = outputs["replica_node_names"][1][0]
     lost_ip = outputs["replica_head_private_ips"][1]
@@ -210,9 +219,11 @@ def measure(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
                        args.chats, stop, tally)
     time.sleep(args.before)
     before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
-    reclaimed_at = time.monotonic()
+    reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
     sandbox.reclaim(lost)
     observer = Observer(lost_ip, engine_port)
+    print(f"bench: {log.getvalue().strip().splitlines()[-1]}; observer on {lost_ip}:{engine_port} after "
+          f"{observer.bound_at - reclaimed_at:.2f} s", flush=True)
     time.sleep(args.after)
     stop.set()
     deadline = time.monotonic() + 60
@@ -224,7 +235,9 @@ def measure(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
     proxied = [(t - reclaimed_at, line) for t, line in observer.seen if not line.startswith(("GET /health",
                                                                                              "HEAD /health"))]
     probes = [t - reclaimed_at for t, line in observer.seen if line.startswith(("GET /health", "HEAD /health"))]
+    tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
     return {
+        "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
         "lost_replica_head": lost, "chats": args.chats, "token_seconds": args.token_seconds,
         "requests": tally.requests, "requests_before_reclaim": before["requests"],
         "streams_in_flight_at_reclaim": before["in_flight_streams"],
@@ -238,6 +251,22 @@ def measure(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
         "health_probes_to_lost_replica": len(probes),
     }
+
+
+def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
+    """Seconds after `since` at which the front's Caddy logged a proxied request to `upstream` failing (its log is
+    JSON lines; the active health checker's own lines are left out: it keeps probing a lost replica on purpose)."""
+    log = front_dir / "var/lib/fake-node/docker/containers/kimi-proxy.log"
+    out = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(entry, dict) and upstream in (entry.get("upstream"), entry.get("host"))
+                and "health_checker" not in str(entry.get("logger")) and float(entry.get("ts") or 0) >= since):
+            out.append(float(entry["ts"]) - since)
+    return out
 
 
 def format_figures(f: dict[str, Any]) -> str:
@@ -254,6 +283,8 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "
         f"({f['requests_reaching_lost_replica_after_reclaim']} requests reached it after the reclaim; "
         f"{f['health_probes_to_lost_replica']} health probes)",
+        f"{'last failed try the front logged for it, s':<52} {f['front_log_last_try_s']} "
+        f"({f['front_log_tries']} failed tries in the front's log after the reclaim)",
     ]
     lines += [f"  failed: {x}" for x in f["failures"]]
     lines += [f"  cut: {x}" for x in f["cut"]]
