@@ -524,7 +524,7 @@ def test_each_429_backoff_is_logged_with_its_delay(base, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["delete", "error"])
-def test_a_vm_the_cloud_took_away_is_replaced_by_the_next_up(base: Emulator, mode: str):
+def test_a_vm_the_cloud_took_away_is_replaced_by_the_next_up(base, mode: str):
     """A reclaim (deleted, or left in ERROR) makes the VM's diff a replacement: `pulumi up` alone brings it back."""
     vm_p = providers.VirtualMachineProvider()
     vm = vm_p.create(vm_props())
