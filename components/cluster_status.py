@@ -248,6 +248,10 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
         "uptime_s": oldest, "cost_so_far_usd": round(cost, 2) if per_node is not None and oldest else None,
     }
     report["advice"] = advice(nodes, endpoint)
+    from components.replica_status import replicas_view  # replicas >= 2: it reads this module's metrics parser
+
+    if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
+        report["replicas"] = replicas
     for view in nodes:
         view.pop("probe")
     return report

@@ -103,6 +103,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     if not ep.get("ready_output"):
         text += " (readiness not passed yet: no endpoint_url output)"
     lines.append(text)
+    if report.get("replicas"):
+        from components.replica_status import format_replicas
+
+        lines.extend(format_replicas(report["replicas"]))
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
     return "\n".join(lines)
