@@ -72,6 +72,7 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
         if not all(c.isalnum() or c in ".:[]<>-" for c in ip):
             raise ValueError(f"replica head address {ip!r} is not an IP address")
     return render("front.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(settings.api_port),
+                  admin_socket=proxy.ADMIN_SOCKET,
                   upstreams=upstreams(settings, head_private_ips), key_file=proxy.KEY_FILE,
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
                   unauthorized_body=proxy.UNAUTHORIZED_BODY, **tuning.__dict__)
@@ -88,7 +89,8 @@ def render_front_step(settings: Settings, step: str, head_private_ips: Sequence[
         raise ValueError(f"the front runs {', '.join(FRONT_STEPS)} and readiness, not {step!r}")
     config = caddyfile(settings, head_private_ips, tuning)
     v.update(proxy.step_values(settings, tls.cert_chain_pem, tls.ca_pem, config,
-                               " ".join(upstreams(settings, head_private_ips)), timing.proxy_settle_seconds))
+                               " ".join(upstreams(settings, head_private_ips)), timing.proxy_settle_seconds,
+                               admin=True))
     return render("proxy.sh.j2", **v)
 
 

@@ -512,7 +512,7 @@ class Sandbox:
             self.say(f"timeline: not drawn ({type(exc).__name__}: {exc})")
             return
         if bars:
-            self.say(f"timeline: {out} ({len(bars)} steps on {len({b.rank for b in bars})} nodes)")
+            self.say(f"timeline: {out} ({len(bars)} steps on {len({b.row for b in bars})} nodes)")
 
     # -- verify --
 
