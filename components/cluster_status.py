@@ -126,6 +126,11 @@ def step_in_progress(probe: Mapping[str, Any]) -> str:
     engine_state = (probe.get("engine") or {}).get("state")
     if last in ("launch", "readiness", "cache-save") and engine_state in ("running", "restarting"):
         return "done"
+    # replicas >= 2: a replica head ends with its engine-ready wait; the front runs no engine, only the proxy.
+    if last == "engine-ready" and engine_state in ("running", "restarting"):
+        return "done"
+    if last == "readiness" and (probe.get("proxy") or {}).get("state") == "running":
+        return "done"
     return f"idle after {last} (failed or interrupted: pulumi up runs it again)"
 
 

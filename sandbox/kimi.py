@@ -573,7 +573,8 @@ class Sandbox:
         record = self.dir.record()
         if not self.dir.state_path.exists() or not record:
             raise SandboxUsageError(f"nothing deployed in {self.dir.root}: run python -m scripts.sandbox up first")
-        overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000)}
+        overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000),
+                     "enginePort": str(record.get("engine_port") or 30000)}
         settings = stack_settings(record.get("topology") or TOPOLOGIES[0], overrides)
         key = (os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY) if record.get("external_emulator") \
             else self.dir.secret("hyperstack_api_key", _emulator_key)

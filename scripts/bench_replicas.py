@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=".sandbox-bench-replicas")
     ap.add_argument("--keep", action="store_true", help="leave the sandbox up afterwards")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--rolling", metavar="IMAGE",
+                    help="instead of a reclaim: change the engine image to IMAGE with `up` under the load, and count "
+                         "what fails while the replicas restart one after the other")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     if (workdir / "state.json").exists() and json.loads((workdir / "state.json").read_text()).get("resources"):
@@ -196,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         if sandbox.up(args.topology, echo=False, config={"replicas": "2"}) != 0:
             raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
         print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
-        figures = measure(sandbox, args, log)
+        figures = measure_rolling(sandbox, args) if args.rolling else measure(sandbox, args, log)
     finally:
         if not args.keep:
             sandbox.destroy(echo=False)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print(format_figures(figures))
+        print(format_rolling(figures) if args.rolling else format_figures(figures))
     return 0
 
 
@@ -251,6 +254,60 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
         "health_probes_to_lost_replica": len(probes),
     }
+
+
+def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
+    """Load through the front while `up` rolls a new image over the replicas; what failed, and in which order the
+    replicas restarted (from the steps' own marks in the state)."""
+    from scripts.timeline import bars_from_state
+
+    outputs, _ = sandbox.dir.outputs()
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
+        ca.write(outputs["ca_certificate"])
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
+                       args.chats, stop, tally)
+    time.sleep(args.before)
+    before = tally.requests
+    started = time.monotonic()
+    code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling})
+    took = time.monotonic() - started
+    time.sleep(args.after)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    os.unlink(ca.name)
+    bars = bars_from_state(json.loads(sandbox.dir.state_path.read_text()))
+    order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
+             if b.step in ("launch", "engine-ready")]
+    return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,
+            "requests": tally.requests, "requests_before_up": before,
+            "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
+            "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
+            "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
+            "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
+            "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
+            "restart_order": sorted(order, key=lambda o: o[2])}
+
+
+def format_rolling(f: dict[str, Any]) -> str:
+    t0 = min((o[2] for o in f["restart_order"]), default=0.0)
+    lines = [
+        f"rolling image change to {f['image']}: up exit {f['up_exit']} in {f['up_seconds']} s, under {f['chats']} "
+        "chats",
+        f"{'requests through the front':<52} {f['requests']}",
+        f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
+        f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
+        f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
+        f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
+        f"{f['tool_round_trips_started']}",
+        "restart order (s from the first launch):",
+    ]
+    lines += [f"  {label:<18} {step:<13} {start - t0:7.1f} -> {'' if end is None else f'{end - t0:.1f}'}"
+              for label, step, start, end in f["restart_order"]]
+    lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
+    lines += [f"  refused: {x}" for x in f["refused"]]
+    return "\n".join(lines)
 
 
 def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
