@@ -161,6 +161,13 @@ def _replicas(settings: Settings) -> dict[str, Any]:
                   "upstreams": front.upstreams(settings, heads),
                   "config": front.caddyfile(settings, heads)},
         "rolling": "replica k+1 launches only after replica k's engine serves again (engine-ready)",
+        # A lost replica comes back through the same chain as a first bring-up of one replica (the phases above);
+        # its weights come from the hub again: the fan-out shares files only within a replica.
+        "recovery": {"seconds": _bringup(settings)["this_stack"],
+                     "phases": "as 'Time to a verified endpoint' below, for one replica",
+                     "weights_from": "the hub (sharded within the replica; the surviving replica's disks are not used "
+                                     "yet)",
+                     "meanwhile": f"the front serves from the other {settings.replicas - 1} replica(s)"},
     }
 
 
@@ -260,6 +267,11 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"  front {rp['front']['name']}  {rp['front']['flavor']}  image \"{rp['front']['os_image']}\"  "
                      f"-> {', '.join(rp['front']['upstreams'])}")
         lines.extend(f"      firewall: {rule}" for rule in rp["front"]["firewall"])
+        from components.bringup import fmt_minutes
+
+        rc = rp["recovery"]
+        lines.append(f"  a lost replica is back in about {fmt_minutes(*rc['seconds'])} (next `pulumi up`; phases "
+                     f"{rc['phases']}; weights from {rc['weights_from']}); meanwhile {rc['meanwhile']}")
         for g in rp["groups"][1:]:
             for n in g["nodes"]:
                 lines.append(f"  {n['name']}  replica {g['replica']} rank {n['rank']}")

@@ -194,3 +194,7 @@ def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():
     assert not any("port 8000" in rule for n in plan["nodes"] for rule in n["firewall"])
     text = format_plan(plan)
     assert "front kimi-dev-front  n1-cpu-small" in text and "2 replicas" in text
+    # The time to bring a lost replica back: one replica's modelled bring-up, its weights from the hub.
+    low, high = plan["replicas"]["recovery"]["seconds"]
+    assert 0 < low < high and plan["replicas"]["recovery"]["weights_from"].startswith("the hub")
+    assert "a lost replica is back in about" in text
