@@ -60,7 +60,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
     api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
     secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
     dl_low, dl_high = sizing.download_minutes(settings.model_spec)
-    plan = {
+    plan: dict[str, Any] = {
         "stack": settings.stack,
         "source": source,
         "topology": settings.topology,
