@@ -222,15 +222,15 @@ class InferenceCluster(pulumi.ComponentResource):
         fvm, front_host_key = front.front_vm(self, f"{name}-front", settings, **where)
         front_public_ip = cast(pulumi.Output[str], fvm.public_ip)
         chain, ca_pem, tls_key = self._tls(name, settings, front_public_ip, tls_private_key)
-        peer_token: pulumi.Output[str] | None = None
-        if settings.nodes > 1:  # one token for every replica: the fan-out's peers are all the stack's nodes
-            peer_token = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
+        # One token for the whole fan-out: its peers are every GPU node of every replica.
+        peer_token = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
+        fan_out_ips = [vm.private_ip for vms, _ in groups for vm in vms]
         built: list[replicas.Replica] = []
         for r, (vms, host_keys) in enumerate(groups):
             built.append(replicas.build_replica(
                 self, name, settings, r, vms=vms, host_keys=host_keys, front_private_ip=fvm.private_ip,
                 ssh_private_key=ssh_private_key, hf_token=hf_token, kernel_cache_credentials=kernel_cache_credentials,
-                peer_token=peer_token, after=[built[-1].ready] if built else []))
+                peer_token=peer_token, after=[built[-1].ready] if built else [], fan_out_ips=fan_out_ips))
         the_front = front.Front(
             f"{name}-front", settings=settings, vm=fvm, host_key=front_host_key, ssh_private_key=ssh_private_key,
             api_key=api_key_value, tls_cert_chain=chain, tls_ca=ca_pem, tls_private_key=tls_key,

@@ -97,3 +97,17 @@ def replica_node_rules(settings: Settings, rank: int, peer_private_ips: list[Any
     if rank == 0:
         rules.append(engine_rule(settings, front_private_ip))
     return rules
+
+
+def fan_out_rules(settings: Settings, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
+    """The weight fan-out across replicas: peerPort from every node of the other replicas, by its private /32 (the
+    file server behind the stack's peer token; nothing else crosses between replicas)."""
+    rules = []
+    for i, ip in enumerate(other_ips):
+        other = i // settings.nodes
+        other = other if other < replica else other + 1
+        prefix = ip.apply(lambda v: f"{v}/32") if isinstance(ip, pulumi.Output) else f"{ip}/32"
+        rules.append(RuleSpec(f"weights-r{other}-node{i % settings.nodes}",
+                              f"weight files from replica {other} node {i % settings.nodes}", "tcp", prefix, "IPv4",
+                              settings.peer_port, settings.peer_port))
+    return rules

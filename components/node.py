@@ -249,19 +249,25 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
     }
 
 
+def fan_out_size(settings: Settings) -> int:
+    """How many nodes share one download: the replica's, or behind a front every GPU node of every replica (a
+    re-created replica then fetches from its twin's disks, and a first bring-up takes each file from the hub once)."""
+    return settings.nodes * settings.replicas if settings.has_front else settings.nodes
+
+
 def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
     """Every node's private address and peer port, in rank order; empty when this node fetches alone."""
-    if settings.nodes < 2 or not peer_ips:
+    if fan_out_size(settings) < 2 or not peer_ips:
         return ""
-    if len(peer_ips) != settings.nodes:
-        raise ValueError(f"{len(peer_ips)} peer addresses for {settings.nodes} nodes")
+    if len(peer_ips) != fan_out_size(settings):
+        raise ValueError(f"{len(peer_ips)} peer addresses for {fan_out_size(settings)} nodes")
     return ",".join(f"{ip}:{settings.peer_port}" for ip in peer_ips)
 
 
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
                 timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
                 peer_ips: Sequence[str] | None = None, *, container: str | None = None,
-                identity: str | None = None) -> str:
+                identity: str | None = None, peer_rank: int | None = None) -> str:
     """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
     value.
 
@@ -287,6 +293,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  repo_folder=_repo_folder(settings), checkpoint_bytes=ckpt, hf_hub_version=HF_HUB_VERSION,
                  download_workers=settings.download_workers, hf_endpoint=settings.hf_endpoint,
                  download_timeout_s=timing.download_s(settings), peers=peer_list(settings, peer_ips),
+                 peer_rank=rank if peer_rank is None else peer_rank, serve_complete=settings.has_front,
                  peer_timeout_s=timing.peer_timeout_s, stall_seconds=timing.stall_seconds,
                  progress_file=weights.PROGRESS_FILE, verified_dir=weights.VERIFIED_DIR,
                  plan_source=_source(SPLIT_SOURCE), program_source=_source(FETCH_SOURCE))
@@ -330,11 +337,14 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
 
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
                         timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS,
-                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None) -> dict[str, str]:
+                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None,
+                        peer_rank: int | None = None) -> dict[str, str]:
     """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
-    kernelCache, cache-save). Safe to write to disk."""
+    kernelCache, cache-save). Safe to write to disk. `peer_rank`: this node's place in `peer_ips` (behind a front
+    the fan-out spans every replica), else its rank."""
     def one(step: str) -> str:
-        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips)
+        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips,
+                           peer_rank=peer_rank)
 
     scripts = {step: one(step) for step in steps_for(settings)}
     if rank == 0 and settings.has_front:
@@ -436,6 +446,7 @@ class GpuNode(pulumi.ComponentResource):
         vm_id: pulumi.Input[str | int] | None = None,
         launch_after: Sequence[pulumi.Resource] = (),
         timing: Timing = Timing(),
+        peer_rank: int | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(GPU_NODE_TYPE, name, None, opts)
@@ -451,10 +462,11 @@ class GpuNode(pulumi.ComponentResource):
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
                       if proxied else PLAN_TLS)
-        sharing = settings.nodes > 1 and len(peer_private_ips) == settings.nodes and peer_token is not None
+        sharing = (fan_out_size(settings) > 1 and len(peer_private_ips) == fan_out_size(settings)
+                   and peer_token is not None)
         scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls, *peer_private_ips).apply(
             lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2],
-                                          peer_ips=a[4:] if sharing else None)
+                                          peer_ips=a[4:] if sharing else None, peer_rank=peer_rank)
         )
         token = _stdin_secret(hf_token) if hf_token is not None else None
         # The weights step reads the hub token, then (when the nodes share the download) the peer token.

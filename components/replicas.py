@@ -82,16 +82,23 @@ def build_replica(parent: pulumi.Resource, name: str, settings: Settings, replic
                   front_private_ip: pulumi.Input[str], ssh_private_key: pulumi.Output[str],
                   hf_token: pulumi.Output[str] | None, kernel_cache_credentials: pulumi.Output[str] | None,
                   peer_token: pulumi.Output[str] | None, after: Sequence[pulumi.Resource] = (),
-                  timing: Timing = _TIMING) -> Replica:
-    """Rules, the per-node chains and the engine-ready wait of one replica; its launch starts after `after`."""
+                  fan_out_ips: Sequence[pulumi.Output[str]] = (), timing: Timing = _TIMING) -> Replica:
+    """Rules, the per-node chains and the engine-ready wait of one replica; its launch starts after `after`.
+
+    `fan_out_ips`: every GPU node of every replica, replica after replica: the weight download is shared across
+    all of them (components/node.py fan_out_size), so each file comes from the hub once for the whole stack and a
+    re-created replica fetches from its twin.
+    """
     base = prefix(name, replica)
     peer_ips = [vm.private_ip for vm in vms]
+    others = [ip for i, ip in enumerate(fan_out_ips) if i // settings.nodes != replica]
     rules_by_rank = [
         [SecurityRule(f"{base}-node{rank}-{spec.key}", vm_id=vms[rank].vm_id, direction="ingress",
                       protocol=spec.protocol, ethertype=spec.ethertype, remote_ip_prefix=spec.remote_ip_prefix,
                       port_range_min=spec.port_range_min, port_range_max=spec.port_range_max,
                       opts=pulumi.ResourceOptions(parent=parent))
-         for spec in firewall.replica_node_rules(settings, rank, peer_ips, front_private_ip)]
+         for spec in firewall.replica_node_rules(settings, rank, peer_ips, front_private_ip)
+         + firewall.fan_out_rules(settings, replica, others)]
         for rank in range(settings.nodes)]
     public_ips = [cast(pulumi.Output[str], vm.public_ip) for vm in vms]
     head_private_ip = vms[0].private_ip
@@ -100,8 +107,9 @@ def build_replica(parent: pulumi.Resource, name: str, settings: Settings, replic
         nodes.append(GpuNode(
             f"{base}-node{rank}", settings=settings, rank=rank, public_ip=public_ips[rank], private_ip=vm.private_ip,
             head_private_ip=head_private_ip, ssh_private_key=ssh_private_key, hf_token=hf_token,
-            kernel_cache_credentials=kernel_cache_credentials, peer_private_ips=peer_ips,
-            peer_token=peer_token if settings.nodes > 1 else None, host_key=host_keys[rank], vm_id=vm.vm_id,
+            kernel_cache_credentials=kernel_cache_credentials, peer_private_ips=list(fan_out_ips),
+            peer_rank=replica * settings.nodes + rank, peer_token=peer_token, host_key=host_keys[rank],
+            vm_id=vm.vm_id,
             # No key and no proxy on any replica: the front holds both.
             launch_after=[nodes[0].launched] if rank > 0 else list(after), timing=timing,
             opts=pulumi.ResourceOptions(parent=parent, depends_on=rules_by_rank[rank])))

@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
     ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
     ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")
+    ap.add_argument("--serve-complete", action="store_true",
+                    help="with peers: a node that already has every file still serves them until each peer has them "
+                         "too (replicas: a re-created replica fetches from its twin, not from the hub)")
     return ap.parse_args(argv)
 
 
@@ -484,7 +487,7 @@ class Node:
         log(f"{len(self.manifest)} files, {total / 1e9:,.2f} GB; node {self.args.rank} of {self.n}"
             + (f", sharing with {len(self.peers)} peers" if self.peers else ", every file from the hub"))
         server = None
-        if self.peers and len(self.done) < len(self.manifest):
+        if self.peers and (len(self.done) < len(self.manifest) or self.args.serve_complete):
             if not self.peer_token:
                 raise Fatal("peers given but no peer token (--peer-token-file)")
             bind = self.peers_spec[self.args.rank].rpartition(":")[0] or self.peers_spec[self.args.rank]
@@ -608,7 +611,14 @@ def main(argv: list[str] | None = None) -> int:
     cache = Cache(args.cache_dir, args.repo, args.revision, args.record)
     try:
         recorded = cache.recorded_manifest()
-        if recorded is not None and all(cache.is_verified(e) for e in recorded):
+        complete = recorded is not None and all(cache.is_verified(e) for e in recorded)
+        if complete and recorded is not None and args.serve_complete and args.peers:
+            # The record is this revision's manifest: serve every file to the peers, and ask the hub nothing.
+            log(f"all {len(recorded)} files were verified on an earlier run; serving them until every peer has them")
+            Node(args, recorded, cache, None).run()
+            record_result(args.result_file, f"ok {args.revision}")
+            return 0
+        if complete and recorded is not None:
             # A finished download of this revision, unchanged since: nothing to ask the hub or the peers.
             log(f"all {len(recorded)} files of {args.repo}@{args.revision} were verified on an earlier run and are "
                 "unchanged; nothing to fetch")

@@ -79,13 +79,18 @@ def test_each_engine_port_is_open_only_to_the_fronts_private_32(two):
     assert sorted(r.name for r in engine) == ["kimi-node0-engine", "kimi-r1-node0-engine"]
     assert {r.inputs["remote_ip_prefix"] for r in engine} == {f"{FRONT_PRIVATE}/32"}
     assert {(r.inputs["protocol"], r.inputs["port_range_max"]) for r in engine} == {("tcp", 30000)}
-    # Peers stay within their replica: no rule on replica 1 names a replica 0 address and back.
+    # Peers reach each other on every port only within their replica; across replicas only the weight server's
+    # peerPort is open (the fan-out spans the replicas), by each node's private /32.
     for r in rules:
         prefix = r.inputs["remote_ip_prefix"]
-        if r.name.startswith("kimi-r1-") and prefix.startswith("10.0."):
-            assert prefix.startswith(("10.0.1.", FRONT_PRIVATE)), r.name
-        if r.name.startswith("kimi-node") and prefix.startswith("10.0."):
-            assert prefix.startswith(("10.0.0.", FRONT_PRIVATE)), r.name
+        mine = "10.0.1." if r.name.startswith("kimi-r1-") else "10.0.0."
+        if prefix.startswith("10.0.") and not prefix.startswith((mine, FRONT_PRIVATE)):
+            assert "-weights-r" in r.name, r.name
+            assert (r.inputs["protocol"], r.inputs["port_range_min"], r.inputs["port_range_max"]) == \
+                ("tcp", 20100, 20100), r.name
+    cross = [r for r in rules if "-weights-r" in r.name]
+    assert len(cross) == 8 * 4 and {r.inputs["remote_ip_prefix"] for r in cross if r.name.startswith("kimi-r1-")} \
+        == {f"10.0.0.{10 + n}/32" for n in range(4)}
     # The front: SSH from the operator and the API port, nothing else.
     assert sorted(r.name for r in rules if r.name.startswith("kimi-front")) == ["kimi-front-api", "kimi-front-ssh"]
 
@@ -198,3 +203,14 @@ def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():
     low, high = plan["replicas"]["recovery"]["seconds"]
     assert 0 < low < high and plan["replicas"]["recovery"]["weights_from"].startswith("the hub")
     assert "a lost replica is back in about" in text
+
+
+def test_the_weight_fan_out_spans_every_replica(two, two_b300):
+    """Every GPU node of every replica shares one download, each with its own place in it; complete nodes serve."""
+    script = two.by_name["kimi-r1-node2-weights"].script()
+    peers = ",".join([f"10.0.0.{10 + n}:20100" for n in range(4)] + [f"10.0.1.{10 + n}:20100" for n in range(4)])
+    assert f"--rank 6 --peers {peers}" in script and "--serve-complete" in script
+    # b300 x 2: one node per replica, and still a fan-out of two (1.0x the checkpoint from the hub).
+    b300 = two_b300.by_name["kimi-r1-node0-weights"].script()
+    assert "--rank 1 --peers 10.0.0.10:20100,10.0.1.10:20100" in b300
+    assert two_b300.by_name["kimi-r1-node0-weights"].values()["stdin"].count("\n") == 2  # hub token, peer token
