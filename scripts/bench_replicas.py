@@ -295,7 +295,7 @@ def format_rolling(f: dict[str, Any]) -> str:
     lines = [
         f"rolling image change to {f['image']}: up exit {f['up_exit']} in {f['up_seconds']} s, under {f['chats']} "
         "chats",
-        f"{'requests through the front':<52} {f['requests']}",
+        f"{'non-streamed requests through the front':<52} {f['requests']}",
         f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
         f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
         f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
@@ -330,7 +330,7 @@ def format_figures(f: dict[str, Any]) -> str:
     lines = [
         f"lost replica head: {f['lost_replica_head']} (reclaimed after {f['requests_before_reclaim']} requests, "
         f"{f['streams_in_flight_at_reclaim']} streams in flight)",
-        f"{'requests through the front':<52} {f['requests']}",
+        f"{'non-streamed requests through the front':<52} {f['requests']}",
         f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
         f"{'streams: started / completed / cut / refused / hung':<52} {f['streams_started']} / "
         f"{f['streams_completed']} / {f['streams_cut']} / {f['streams_refused_before_first_chunk']} / "

@@ -536,7 +536,7 @@ class Node:
                         names_inflight.add(e.name)
                         peer_n += 1
                 elif own[e.name] == a.rank or e.name in self.hub_only or self._nobody_else(own[e.name]):
-                    if hub_n < a.workers:
+                    if hub_n < a.workers and (e.name in self.hub_only or self._peers_seen()):
                         inflight[pool.submit(self.fetch, e, None)] = (e, None)
                         names_inflight.add(e.name)
                         hub_n += 1
@@ -564,6 +564,12 @@ class Node:
                     return
             if not inflight:
                 time.sleep(a.poll_seconds)
+
+    def _peers_seen(self) -> bool:
+        """With --serve-complete (replicas), nothing comes from the hub until every peer has answered once or was
+        given up on: a peer may already hold every file (a re-created replica's twin), and it must get the chance
+        to say so before this node downloads its own share again. Bounded by --peer-timeout."""
+        return not self.args.serve_complete or all(p.last_ok is not None or p.dead for p in self.peers.values())
 
     def _nobody_else(self, owner: int) -> bool:
         p = self.peers.get(owner)

@@ -38,3 +38,39 @@ def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monke
     assert figures["front_log_last_try_s"] < 5
     # After the reclaim the load went on through the surviving replica.
     assert figures["requests"] > figures["requests_before_reclaim"]
+
+
+def _hub_bytes(sandbox) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{sandbox.dir.record()['hub_url']}/_fake/stats", timeout=10) as answer:
+        return int(json.load(answer)["body_bytes"])
+
+
+def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Path):
+    """First bring-up of 2 replicas: each file from the hub once (1.0x). Reclaim replica 1's head, `up` again: the VM
+    is re-created, its weights come from replica 0's node over the fan-out (0 hub bytes), the front serves again."""
+    from sandbox.kimi import Sandbox
+
+    log = io.StringIO()
+    sandbox = Sandbox(tmp_path / "sb", out=log)
+    try:
+        assert sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        first = _hub_bytes(sandbox)
+        outputs, _ = sandbox.dir.outputs()
+        progress = json.loads((sandbox.dir.nodes / outputs["node_private_ips"][0] / "ephemeral/kimi/progress"
+                               / "weights.json").read_text())
+        assert first == progress["bytes_total"], (first, progress)  # 1.0x the checkpoint for the whole stack
+        lost = outputs["replica_node_names"][1][0]
+        sandbox.reclaim(lost)
+        assert sandbox.up(None, echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        assert _hub_bytes(sandbox) == first, "the re-created replica pulled from the hub"
+        again, _ = sandbox.dir.outputs()
+        new_ip = again["replica_head_private_ips"][1]
+        assert new_ip != outputs["replica_head_private_ips"][1]
+        fetched = json.loads((sandbox.dir.nodes / new_ip / "ephemeral/kimi/progress/weights.json").read_text())
+        assert fetched["hub_bytes"] == 0 and fetched["peer_bytes"] == progress["bytes_total"], fetched
+        assert again["endpoint_url"] == outputs["endpoint_url"]
+        assert sandbox.verify() == 0
+    finally:
+        sandbox.destroy(echo=False)
