@@ -561,6 +561,10 @@ class Node:
                 # (one that has not answered yet may still be starting: it is waited for up to --peer-timeout).
                 if all(p.complete or p.dead or (p.last_ok is not None and not p.reachable)
                        for p in self.peers.values()):
+                    if a.serve_complete:
+                        # Stay up a few polls more so that a peer serving with --serve-complete sees this node
+                        # complete; otherwise it never saw it and waits out --peer-timeout for it.
+                        time.sleep(max(5.0, 3 * a.poll_seconds))
                     return
             if not inflight:
                 time.sleep(a.poll_seconds)
