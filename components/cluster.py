@@ -223,7 +223,7 @@ class InferenceCluster(pulumi.ComponentResource):
         front_public_ip = cast(pulumi.Output[str], fvm.public_ip)
         chain, ca_pem, tls_key = self._tls(name, settings, front_public_ip, tls_private_key)
         # One token for the whole fan-out: its peers are every GPU node of every replica.
-        peer_token = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
+        peer_token: pulumi.Output[str] = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
         fan_out_ips = [vm.private_ip for vms, _ in groups for vm in vms]
         built: list[replicas.Replica] = []
         for r, (vms, host_keys) in enumerate(groups):

@@ -74,3 +74,25 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
         assert sandbox.verify() == 0
     finally:
         sandbox.destroy(echo=False)
+
+
+def test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench_replicas.main(["--rolling", "vllm/vllm-openai:kimi-k31-rolled", "--chats", "4", "--before", "3",
+                                    "--after", "3", "--json", "--workdir", str(tmp_path / "sb")])
+    assert code == 0
+    text = out.getvalue()
+    figures = json.loads(text[text.index("{"):])
+    print(bench_replicas.format_rolling(figures))
+    assert figures["up_exit"] == 0
+    assert figures["failed_non_streamed"] == 0, figures["failures"]
+    assert figures["tool_round_trips_completed"] == figures["tool_round_trips_started"] > 0
+    steps = {(label, step): (start, end) for label, step, start, end in figures["restart_order"]}
+    r0_ready_end = steps[("replica 0 node0", "engine-ready")][1]
+    r1_launch_start = steps[("replica 1 node0", "launch")][0]
+    # Replica 1 restarts only once replica 0 serves again on the new image.
+    assert r0_ready_end is not None and r1_launch_start >= r0_ready_end
+    assert steps[("replica 0 node0", "launch")][0] < r1_launch_start

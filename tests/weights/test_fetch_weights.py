@@ -288,8 +288,7 @@ def test_a_complete_node_with_serve_complete_feeds_a_new_twin_with_no_hub_bytes(
         # The same node 0 directory, now in a fan-out of two with serve-complete.
         c = cluster(hub, 2)
         argv = c.argv
-        # Instance attribute over the method: the same argv with the flag (mypy: assigning to a method).
-        c.argv = lambda r: argv(r) + ["--serve-complete"]  # type: ignore[method-assign]
+        c.argv = lambda r: argv(r) + ["--serve-complete"]  # the same argv, with the flag
         c.start(0)
         c.start(1)
         assert c.wait() == {0: 0, 1: 0}, (c.log(0), c.log(1))
