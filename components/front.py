@@ -42,9 +42,9 @@ FRONT_STEPS = ("front-ready", "proxy")  # then the readiness wait through it
 class FrontTuning:
     """How fast the front gives up on a replica. Each figure bounds the time a lost replica still gets traffic.
 
-    A reclaimed VM stops answering: a request to it fails at the dial (dial_timeout) and is retried elsewhere, and
-    that one failure marks the replica down for fail_duration (passive); the active check marks it down after
-    health_fails missed intervals, and back up after health_passes good ones.
+    A reclaimed VM stops answering: a request to it fails at the dial (dial_timeout) and is retried elsewhere;
+    max_fails such failures within fail_duration mark the replica down (passive), and the active check marks it
+    down after health_fails missed intervals and back up after health_passes good ones.
     """
 
     health_interval: str = "1s"
