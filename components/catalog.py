@@ -267,3 +267,33 @@ VLLM_LAYOUTS: dict[str, EngineLayout] = {
     ),
 }
 DEFAULT_VLLM_LAYOUT: Final = "tp8"
+
+
+# ---- the front (replicas >= 2) --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuFlavor:
+    """A CPU-only Hyperstack flavor, priced per VM-hour, for the front that load-balances over the replicas."""
+
+    name: str
+    cpus: int
+    ram_gb: int
+    root_disk_gb: int
+    usd_per_hour: float
+    source: str
+    as_of: str
+
+
+# The cheapest CPU flavor on Hyperstack's public rate card (n1-cpu-small, then -medium $0.65, -large $1.30, -xlarge
+# $1.90, -xxlarge $3.74): Caddy in front of a few upstreams needs a couple of cores, not more. Hyperstack's
+# flavor-labels page lists CPU-only flavors in CANADA-1 and NORWAY-1.
+FRONT_FLAVOR = CpuFlavor(
+    name="n1-cpu-small", cpus=4, ram_gb=4, root_disk_gb=100, usd_per_hour=0.35,
+    source="Hyperstack pricing page (https://www.hyperstack.cloud/gpu-pricing) as transcribed 2026-08-26",
+    as_of="2026-08-26",
+)
+CPU_FLAVORS: dict[str, CpuFlavor] = {FRONT_FLAVOR.name: FRONT_FLAVOR}
+# The front runs only Docker and Caddy; the GPU nodes' image carries Docker, which is all it needs from an image.
+FRONT_OS_IMAGE = OS_IMAGE_CUDA_12_8
+MAX_REPLICAS = 8

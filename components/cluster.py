@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pulumi
 
-from components import firewall, tls
+from components import firewall, front, replicas, tls
 from components.client_configs import build_client_configs
 from components.generated_secret import GeneratedSecret
 from components.hyperstack.placement import Placement
@@ -43,8 +43,9 @@ class InferenceCluster(pulumi.ComponentResource):
 
         # Chosen once from live stock, then kept: everything billable hangs off this region.
         placement = Placement(f"{name}-placement", regions=settings.region_choices,
-                              flavor_name=settings.flavor_name, count=settings.nodes,
-                              environment_name=settings.env_name, opts=child)
+                              flavor_name=settings.flavor_name, count=settings.nodes * settings.replicas,
+                              environment_name=settings.env_name, opts=child,
+                              **({"front_flavor_name": settings.front_flavor} if settings.has_front else {}))
         env = Environment(f"{name}-env", name=settings.env_name, region=placement.region, opts=child)
         if settings.keypair_name:
             key_name: pulumi.Input[str] = settings.keypair_name
@@ -64,6 +65,11 @@ class InferenceCluster(pulumi.ComponentResource):
         api_key = GeneratedSecret(f"{name}-api-key", version=settings.api_key_version, opts=child)
         # Wrapped explicitly so the key stays secret however the engine treats additional_secret_outputs.
         api_key_value: pulumi.Output[str] = pulumi.Output.secret(api_key.value)
+        if settings.has_front:
+            self.outputs = self._replicated(name, settings, placement, env, key_name, api_key_value, ssh_private_key,
+                                            hf_token, kernel_cache_credentials, tls_private_key, quote)
+            self.register_outputs(self.outputs)
+            return
 
         vms: list[VirtualMachine] = []
         host_keys: list[pulumi.Output[str]] = []
@@ -159,7 +165,14 @@ class InferenceCluster(pulumi.ComponentResource):
         endpoint_url = pulumi.Output.all(ready.stdout, vms[0].public_ip).apply(
             lambda args: f"https://{settings.api_hostname or args[1]}:{settings.api_port}"
         )
-        self.outputs = {
+        self.outputs = self._outputs(settings, endpoint_url, api_key_value, ca_pem, vms, env, placement, quote)
+        self.register_outputs(self.outputs)
+
+    def _outputs(self, settings: Settings, endpoint_url: pulumi.Output[str], api_key_value: pulumi.Output[str],
+                 ca_pem: pulumi.Input[str], vms: list[VirtualMachine], env: Environment, placement: Placement,
+                 quote: Quote) -> dict[str, Any]:
+        """The stack outputs (a contract: added to, never renamed); `vms` are every GPU node, the head first."""
+        return {
             "endpoint_url": endpoint_url,
             "openai_base_url": endpoint_url.apply(lambda u: f"{u}/v1"),
             "anthropic_base_url": endpoint_url,
@@ -174,13 +187,14 @@ class InferenceCluster(pulumi.ComponentResource):
             "head_public_ip": vms[0].public_ip,
             "node_public_ips": pulumi.Output.all(*[vm.public_ip for vm in vms]),
             "node_private_ips": pulumi.Output.all(*[vm.private_ip for vm in vms]),
-            "node_names": [settings.node_name(r) for r in range(settings.nodes)],
+            "node_names": [settings.replica_node_name(r // settings.nodes, r % settings.nodes)
+                           for r in range(settings.nodes * settings.replicas)],
             "environment_name": env.name,
             "region": placement.region,
             "topology": settings.topology,
             "engine": settings.engine_name,
             "flavor": settings.flavor_name,
-            "gpu_count": settings.total_gpus,
+            "gpu_count": settings.all_gpus,
             "hourly_cost_usd": quote.usd_per_hour,
             # Where that figure comes from (pricebook and when, or the catalog and its date), and the catalog's.
             "hourly_cost_source": quote.summary(),
@@ -192,7 +206,56 @@ class InferenceCluster(pulumi.ComponentResource):
                 )
             ),
         }
-        self.register_outputs(self.outputs)
+
+    def _replicated(self, name: str, settings: Settings, placement: Placement, env: Environment,
+                    key_name: pulumi.Input[str], api_key_value: pulumi.Output[str],
+                    ssh_private_key: pulumi.Output[str], hf_token: pulumi.Output[str] | None,
+                    kernel_cache_credentials: pulumi.Output[str] | None, tls_private_key: pulumi.Output[str] | None,
+                    quote: Quote) -> dict[str, Any]:
+        """replicas >= 2: every replica's engine group, and the front that holds the endpoint (components/front.py).
+
+        The API key and the TLS key go to the front alone; each replica's head engine listens on its private address,
+        open to the front's /32 only.
+        """
+        child = pulumi.ResourceOptions(parent=self)
+        where = {"environment_name": env.name, "region": placement.region, "key_name": key_name}
+        groups = [replicas.replica_vms(self, name, settings, r, **where) for r in range(settings.replicas)]
+        fvm, front_host_key = front.front_vm(self, f"{name}-front", settings, **where)
+        front_public_ip = cast(pulumi.Output[str], fvm.public_ip)
+        chain, ca_pem, tls_key = self._tls(name, settings, front_public_ip, tls_private_key)
+        # One token for the whole fan-out: its peers are every GPU node of every replica.
+        peer_token: pulumi.Output[str] = pulumi.Output.secret(GeneratedSecret(f"{name}-peer-token", opts=child).value)
+        fan_out_ips = [vm.private_ip for vms, _ in groups for vm in vms]
+        built: list[replicas.Replica] = []
+        for r, (vms, host_keys) in enumerate(groups):
+            built.append(replicas.build_replica(
+                self, name, settings, r, vms=vms, host_keys=host_keys, front_private_ip=fvm.private_ip,
+                ssh_private_key=ssh_private_key, hf_token=hf_token, kernel_cache_credentials=kernel_cache_credentials,
+                peer_token=peer_token, after=[built[-1].ready] if built else [], fan_out_ips=fan_out_ips))
+        the_front = front.Front(
+            f"{name}-front", settings=settings, vm=fvm, host_key=front_host_key, ssh_private_key=ssh_private_key,
+            api_key=api_key_value, tls_cert_chain=chain, tls_ca=ca_pem, tls_private_key=tls_key,
+            head_private_ips=[g.head_private_ip for g in built], wait_for=[g.ready for g in built], opts=child)
+        if settings.kernel_cache is not None and kernel_cache_credentials is not None:
+            # Replica 0's head, once it serves: every replica compiles the same kernels for the same key.
+            KernelCacheSave(f"{name}-kernel-cache", settings=settings, public_ip=built[0].public_ips[0],
+                            ssh_private_key=ssh_private_key, credentials=kernel_cache_credentials,
+                            host_key=built[0].host_keys[0], opts=pulumi.ResourceOptions(parent=self,
+                                                                                        depends_on=[built[0].ready]))
+        endpoint_url = pulumi.Output.all(the_front.ready.stdout, front_public_ip).apply(
+            lambda args: f"https://{args[1]}:{settings.api_port}")
+        all_vms = [vm for g in built for vm in g.vms]
+        outputs = self._outputs(settings, endpoint_url, api_key_value, ca_pem, all_vms, env, placement, quote)
+        outputs.update({
+            "replicas": settings.replicas,
+            "front_public_ip": front_public_ip,
+            "front_private_ip": fvm.private_ip,
+            "front_flavor": settings.front_flavor,
+            "replica_node_names": [[settings.replica_node_name(r, n) for n in range(settings.nodes)]
+                                   for r in range(settings.replicas)],
+            "replica_head_private_ips": pulumi.Output.all(*[g.head_private_ip for g in built]),
+        })
+        return outputs
 
     def _tls(self, name: str, settings: Settings, head_public_ip: pulumi.Output[str], own_key: pulumi.Output[str] | None
              ) -> tuple[pulumi.Input[str], pulumi.Input[str], pulumi.Output[str]]:

@@ -193,6 +193,11 @@ def step_in_progress(probe: Mapping[str, Any]) -> str:
     engine_state = (probe.get("engine") or {}).get("state")
     if last in ("launch", "readiness", "cache-save") and engine_state in ("running", "restarting"):
         return "done"
+    # replicas >= 2: a replica head ends with its engine-ready wait; the front runs no engine, only the proxy.
+    if last == "engine-ready" and engine_state in ("running", "restarting"):
+        return "done"
+    if last == "readiness" and (probe.get("proxy") or {}).get("state") == "running":
+        return "done"
     return f"idle after {last} (failed or interrupted: pulumi up runs it again)"
 
 
@@ -327,6 +332,10 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
                                       endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
+    from components.replica_status import replicas_view  # replicas >= 2: it reads this module's metrics parser
+
+    if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
+        report["replicas"] = replicas
     for view in nodes:
         view.pop("probe")
     return report

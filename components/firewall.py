@@ -74,3 +74,40 @@ def peer_rules(rank: int, peer_private_ips: list[Any]) -> list[RuleSpec]:
 
 def node_rules(settings: Settings, rank: int, peer_private_ips: list[Any]) -> list[RuleSpec]:
     return operator_rules(settings, rank) + peer_rules(rank, peer_private_ips)
+
+
+# ---- replicas behind a front (replicas >= 2) -----------------------------------------------------------------------
+
+
+def engine_rule(settings: Settings, front_private_ip: Any) -> RuleSpec:
+    """A replica head's engine port, open to the front's private /32 alone: the only way in to an engine."""
+    prefix = (front_private_ip.apply(lambda v: f"{v}/32") if isinstance(front_private_ip, pulumi.Output)
+              else f"{front_private_ip}/32")
+    return RuleSpec("engine", "the engine, from the front only", "tcp", prefix, "IPv4",
+                    settings.engine_port, settings.engine_port)
+
+
+def replica_node_rules(settings: Settings, rank: int, peer_private_ips: list[Any],
+                       front_private_ip: Any) -> list[RuleSpec]:
+    """SSH from the operator, the replica's own peers, and on its head the engine port from the front. No API port:
+    only the front serves the API."""
+    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr,
+                      _ethertype(settings.operator_cidr), 22, 22)]
+    rules += peer_rules(rank, peer_private_ips)
+    if rank == 0:
+        rules.append(engine_rule(settings, front_private_ip))
+    return rules
+
+
+def fan_out_rules(settings: Settings, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
+    """The weight fan-out across replicas: peerPort from every node of the other replicas, by its private /32 (the
+    file server behind the stack's peer token; nothing else crosses between replicas)."""
+    rules = []
+    for i, ip in enumerate(other_ips):
+        other = i // settings.nodes
+        other = other if other < replica else other + 1
+        prefix = ip.apply(lambda v: f"{v}/32") if isinstance(ip, pulumi.Output) else f"{ip}/32"
+        rules.append(RuleSpec(f"weights-r{other}-node{i % settings.nodes}",
+                              f"weight files from replica {other} node {i % settings.nodes}", "tcp", prefix, "IPv4",
+                              settings.peer_port, settings.peer_port))
+    return rules

@@ -108,8 +108,15 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Ite
     return _program_argv(settings, rank, head_private_ip) + list(settings.extra_engine_args)
 
 
+def engine_host(settings: Settings, rank: int, head_private_ip: str) -> str:
+    """Loopback behind the head's own proxy; behind a front (replicas >= 2) the head binds its private address, which
+    the firewall opens to the front's /32 alone."""
+    return head_private_ip if settings.has_front and rank == 0 else ENGINE_HOST
+
+
 def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
     port = str(settings.engine_port)
+    host = engine_host(settings, rank, head_private_ip)
     if settings.engine_name == "vllm":
         items: list[Item] = [
             ("vllm", "serve", settings.model),
@@ -121,7 +128,7 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             "--enable-auto-tool-choice",
             ("--tool-call-parser", PARSER),
             ("--reasoning-parser", PARSER),
-            ("--host", ENGINE_HOST),
+            ("--host", host),
             ("--port", port),
         ]
         max_len = settings.max_model_len
@@ -158,7 +165,7 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--max-running-requests", "64"),
             ("--reasoning-parser", PARSER),
             ("--tool-call-parser", PARSER),
-            ("--host", ENGINE_HOST),
+            ("--host", host),
             ("--port", port),
         ]
         if settings.max_model_len:

@@ -28,8 +28,8 @@ GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
-ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save")  # every step that runs on a node;
-# each has a deadline (Timing.deadline_s)
+ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save",  # every step that runs on a node;
+             "engine-ready", "front-ready")  # each has a deadline (Timing.deadline_s); the last two: replicas >= 2
 # What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
 PIP_BUDGET_S = 600
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -68,6 +68,10 @@ SUMMARIES = {
                  "print the engine log and fail",
     "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
     "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
+    # replicas >= 2 (components/front.py): each replica's head answers the front, the front holds the endpoint.
+    "engine-ready": "wait until this replica's engine serves the model on its private address, where the front "
+                    "asks it, or print the engine log and fail",
+    "front-ready": "wait for cloud-init and Docker on the front",
 }
 
 
@@ -128,6 +132,8 @@ class Timing:
             # never fail, so theirs must stay inside this one (kernel_cache_transfer_s).
             "cache-restore": self._cache_minutes(settings, "restore") * 60 + PIP_BUDGET_S + slack,
             "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
+            "engine-ready": self.readiness_s(settings) + slack,
+            "front-ready": self.cloud_init_timeout_s + self.docker_timeout_s + slack,
         }
         if step not in defaults:
             raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")
@@ -197,6 +203,11 @@ def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[
     }
 
 
+def serves_api(settings: Settings, rank: int) -> bool:
+    """Whether this node runs the TLS proxy: the head, unless a front (replicas >= 2) holds the endpoint."""
+    return rank == 0 and not settings.has_front
+
+
 def settings_key(key: str) -> str:
     return f"kimi-cluster:{key}"
 
@@ -239,18 +250,25 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
     }
 
 
+def fan_out_size(settings: Settings) -> int:
+    """How many nodes share one download: the replica's, or behind a front every GPU node of every replica (a
+    re-created replica then fetches from its twin's disks, and a first bring-up takes each file from the hub once)."""
+    return settings.nodes * settings.replicas if settings.has_front else settings.nodes
+
+
 def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
     """Every node's private address and peer port, in rank order; empty when this node fetches alone."""
-    if settings.nodes < 2 or not peer_ips:
+    if fan_out_size(settings) < 2 or not peer_ips:
         return ""
-    if len(peer_ips) != settings.nodes:
-        raise ValueError(f"{len(peer_ips)} peer addresses for {settings.nodes} nodes")
+    if len(peer_ips) != fan_out_size(settings):
+        raise ValueError(f"{len(peer_ips)} peer addresses for {fan_out_size(settings)} nodes")
     return ",".join(f"{ip}:{settings.peer_port}" for ip in peer_ips)
 
 
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
                 timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
-                peer_ips: Sequence[str] | None = None) -> str:
+                peer_ips: Sequence[str] | None = None, *, container: str | None = None,
+                identity: str | None = None, peer_rank: int | None = None) -> str:
     """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
     value.
 
@@ -268,7 +286,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  docker_timeout_s=timing.docker_timeout_s)
     elif step == "image":
         # The head also runs the proxy; its image comes down with the engine's, before the long weight download ends.
-        images = [settings.container_image] + ([settings.proxy_container_image] if rank == 0 else [])
+        images = [settings.container_image] + ([settings.proxy_container_image] if serves_api(settings, rank) else [])
         v.update(images=images, pull_attempts=timing.pull_attempts,
                  pull_timeout_s=timing.pull_timeout_s, pull_backoff_s=timing.pull_backoff_s)
     elif step == "weights":
@@ -276,6 +294,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
                  repo_folder=_repo_folder(settings), checkpoint_bytes=ckpt, hf_hub_version=HF_HUB_VERSION,
                  download_workers=settings.download_workers, hf_endpoint=settings.hf_endpoint,
                  download_timeout_s=timing.download_s(settings), peers=peer_list(settings, peer_ips),
+                 peer_rank=rank if peer_rank is None else peer_rank, serve_complete=settings.has_front,
                  peer_timeout_s=timing.peer_timeout_s, stall_seconds=timing.stall_seconds,
                  progress_file=weights.PROGRESS_FILE, verified_dir=weights.VERIFIED_DIR,
                  plan_source=_source(SPLIT_SOURCE), program_source=_source(FETCH_SOURCE),
@@ -298,18 +317,21 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
     elif step in ("cache-restore", "cache-save"):
         v.update(_kernel_cache_values(settings, step, timing))
     elif step == "proxy":
-        v.update(container=proxy.CONTAINER_NAME, api_port=settings.api_port, upstream=proxy.upstream(settings),
-                 config_b64=_b64(proxy.render_config(settings)), cert_b64=_b64(tls.cert_chain_pem),
-                 ca_b64=_b64(tls.ca_pem), config_file=proxy.CONFIG_FILE, cert_file=proxy.CERT_FILE,
-                 ca_file=proxy.CA_FILE, tls_key_file=proxy.TLS_KEY_FILE, key_file=proxy.KEY_FILE,
-                 fingerprint=proxy.proxy_fingerprint(settings, tls.cert_chain_pem, tls.ca_pem),
-                 fingerprint_label=proxy.FINGERPRINT_LABEL, settle_seconds=timing.proxy_settle_seconds,
-                 docker_argv=proxy.docker_run_argv(settings, ShellExpr("${PROXY_DIR}")))
+        v.update(proxy.step_values(settings, tls.cert_chain_pem, tls.ca_pem, proxy.render_config(settings),
+                                   proxy.upstream(settings), timing.proxy_settle_seconds))
     elif step == "readiness":
-        v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name, api_port=settings.api_port,
+        # On the front (replicas >= 2) the container it watches is the proxy itself: no engine runs there.
+        role = "proxy" if container == proxy.CONTAINER_NAME else "engine"
+        v.update(container=container or launch.CONTAINER_NAME, container_role=role,
+                 served_name=settings.served_name, api_port=settings.api_port,
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
                  # The name clients dial: the certificate is checked for it (curl connects to the head's loopback).
                  public_host=settings.api_hostname or public_ip, ca_file=proxy.CA_FILE,
+                 launch_identity=identity or readiness_identity(settings, tls))
+    elif step == "engine-ready":
+        v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name,
+                 engine_url=f"http://{head_private_ip}:{settings.engine_port}",
+                 readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
                  launch_identity=readiness_identity(settings, tls))
     else:
         raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
@@ -318,14 +340,19 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
 
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
                         timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS,
-                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None) -> dict[str, str]:
+                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None,
+                        peer_rank: int | None = None) -> dict[str, str]:
     """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
-    kernelCache, cache-save). Safe to write to disk."""
+    kernelCache, cache-save). Safe to write to disk. `peer_rank`: this node's place in `peer_ips` (behind a front
+    the fan-out spans every replica), else its rank."""
     def one(step: str) -> str:
-        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips)
+        return render_step(settings, step, rank, private_ip, head_private_ip, timing, tls, public_ip, peer_ips,
+                           peer_rank=peer_rank)
 
     scripts = {step: one(step) for step in steps_for(settings)}
-    if rank == 0:
+    if rank == 0 and settings.has_front:
+        scripts["engine-ready"] = one("engine-ready")  # the proxy and the readiness wait run on the front
+    elif rank == 0:
         for step in (*HEAD_STEPS, "readiness"):
             scripts[step] = one(step)
         if settings.kernel_cache is not None:
@@ -422,24 +449,27 @@ class GpuNode(pulumi.ComponentResource):
         vm_id: pulumi.Input[str | int] | None = None,
         launch_after: Sequence[pulumi.Resource] = (),
         timing: Timing = Timing(),
+        peer_rank: int | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(GPU_NODE_TYPE, name, None, opts)
-        if rank == 0 and (api_key is None or tls_cert_chain is None or tls_ca is None or tls_private_key is None):
+        proxied = serves_api(settings, rank)
+        if proxied and (api_key is None or tls_cert_chain is None or tls_ca is None or tls_private_key is None):
             raise ValueError("the head (rank 0) runs the proxy: it needs the API key and the TLS certificate and key")
-        if rank > 0 and api_key is not None:
-            raise ValueError("only the head gets the API key; workers serve no HTTP")
+        if not proxied and api_key is not None:
+            raise ValueError("only the head gets the API key, and no replica behind a front; workers serve no HTTP")
         self._name = name
         self._settings = settings
         self._timing = timing
         self._vm_id = pulumi.Output.from_input(vm_id)
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
-                      if rank == 0 else PLAN_TLS)
-        sharing = settings.nodes > 1 and len(peer_private_ips) == settings.nodes and peer_token is not None
+                      if proxied else PLAN_TLS)
+        sharing = (fan_out_size(settings) > 1 and len(peer_private_ips) == fan_out_size(settings)
+                   and peer_token is not None)
         scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls, *peer_private_ips).apply(
             lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2],
-                                          peer_ips=a[4:] if sharing else None)
+                                          peer_ips=a[4:] if sharing else None, peer_rank=peer_rank)
         )
         token = _stdin_secret(hf_token) if hf_token is not None else None
         # The weights step reads the hub token, then (when the nodes share the download) the peer token.
@@ -464,7 +494,7 @@ class GpuNode(pulumi.ComponentResource):
         self.launched = self._step("launch", scripts, [*before_launch, *launch_after])
         self.commands["launch"] = self.launched
         self.proxy = None
-        if rank == 0:
+        if proxied:
             # The proxy needs only its image: it runs (answering 502 for anything but 401s) while the weights arrive.
             self.proxy = self._step("proxy", scripts, [image], stdin=_proxy_stdin(api_key, tls_private_key))
             self.commands["proxy"] = self.proxy
@@ -543,13 +573,15 @@ class Readiness(pulumi.ComponentResource):
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
         timing: Timing = Timing(),
+        container: str | None = None,
+        identity: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(READINESS_TYPE, name, None, opts)
         deadline = timing.deadline_s("readiness", settings)
-        text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca).apply(lambda a: remote_command_text(
+        text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca, identity).apply(lambda a: remote_command_text(
             "readiness", render_step(settings, "readiness", 0, "<unused>", "<unused>", timing, ProxyTls(a[1], a[2]),
-                                     a[0]), deadline_s=deadline))
+                                     a[0], container=container, identity=a[3]), deadline_s=deadline))
         self.command = _command(
             self, f"{name}-wait", text,
             node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port),

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from components import catalog
 from components.catalog import ApiPrice, TokenMix
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, HyperstackClient, HyperstackError
 from components.hyperstack.api import Settings as ApiSettings
-from components.hyperstack.market import get_pricebook, list_all_flavors, price_for_flavor
+from components.hyperstack.market import LivePrice, get_pricebook, list_all_flavors, price_for_flavor
 from components.settings import NAMESPACE, Settings
 
 # A price lookup must not hold up a plan or a preview for long: one try, short deadlines.
@@ -68,7 +69,23 @@ def catalog_quote(settings: Settings, note: str = "") -> Quote:
         return Quote(None, "catalog", "", "no catalog price", None, note)
     detail = (f"from the catalog: {settings.total_gpus} GPUs x ${price.usd_per_gpu_hour:.2f} per GPU-hour "
               f"{price.basis} ({price.source}, as of {price.as_of})")
+    if settings.has_front:
+        detail = f"{settings.replicas} replicas, each {detail.removeprefix('from the catalog: ')}"
+        detail = f"from the catalog: {detail}{front_detail(settings)}"
     return Quote(cost, "catalog", price.as_of, detail, cost, note)
+
+
+def front_detail(settings: Settings, live: LivePrice | None = None) -> str:
+    """The front's part of a quote, ", plus the front ..." (empty without a front)."""
+    if not settings.has_front:
+        return ""
+    if live is not None:
+        return f", plus the front {settings.front_flavor} at ${live.usd_per_vm_hour:.2f} per VM-hour (pricebook)"
+    if settings.front_hourly_price_usd is not None:
+        return (f", plus the front {settings.front_flavor} at ${settings.front_hourly_price_usd:.2f} "
+                "(frontHourlyPriceUsd)")
+    spec = catalog.CPU_FLAVORS[settings.front_flavor]
+    return f", plus the front {spec.name} at ${spec.usd_per_hour:.2f} per VM-hour ({spec.source})"
 
 
 def quote(settings: Settings, config: Mapping[str, Any] | None = None, *,
@@ -101,6 +118,16 @@ def quote(settings: Settings, config: Mapping[str, Any] | None = None, *,
             if live.per_gpu else f"${live.usd_per_vm_hour:.2f} per VM-hour x {settings.nodes} VMs")
     discount = " (discount applied)" if live.discount_applied else ""
     detail = f"from the Hyperstack pricebook read at {read_at}: entry {live.entry!r}, {unit}{discount}"
+    if settings.has_front:
+        # Every replica bills the same; the front is priced from the pricebook's entry for its flavor when it has
+        # one, else from the catalog (or frontHourlyPriceUsd).
+        front_live = (price_for_flavor(book, settings.front_flavor, "", 0)
+                      if settings.front_hourly_price_usd is None else None)
+        front_usd = front_live.usd_per_vm_hour if front_live is not None else settings.front_usd_per_hour
+        if front_usd is None:
+            return catalog_quote(settings, f"no price for the front's flavor {settings.front_flavor}")
+        total = round(total * settings.replicas + front_usd, 2)
+        detail += f" x {settings.replicas} replicas{front_detail(settings, front_live)}"
     return Quote(total, "pricebook", read_at, detail, settings.hourly_cost_usd)
 
 

@@ -9,6 +9,7 @@ restart of the proxy or the engine. Shared by the proxy step's template and the 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 from components import catalog
@@ -26,6 +27,10 @@ CERT_FILE = "server.crt"
 TLS_KEY_FILE = "server.key"
 CA_FILE = "ca.crt"
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+# The front's graceful reload (components/front.py): Caddy's admin API on a unix socket in a writable run/ directory.
+RUN_LABEL = "kimi-cluster.proxy-run"
+ADMIN_DIR = "run"
+ADMIN_SOCKET = f"{ADMIN_DIR}/admin.sock"
 UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
 
 
@@ -57,18 +62,29 @@ def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None 
 
 
 def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
-                    fingerprint: str | ShellExpr | None = PLACEHOLDER_FINGERPRINT) -> list:
+                    fingerprint: str | ShellExpr | None = PLACEHOLDER_FINGERPRINT, admin: bool = False) -> list:
     """`docker run` of the proxy: host network (it must bind apiPort on the public side and reach the engine on
-    loopback), the proxy's directory mounted read-only as its working directory, the official image's caddy."""
+    loopback), the proxy's directory mounted read-only as its working directory, the official image's caddy.
+
+    `admin` (the front): a writable run/ inside it for Caddy's admin socket, so a new upstream list is a graceful
+    `caddy reload` (in-flight requests finish) instead of a restart; the socket is in the root-only proxy directory.
+    """
     items: list = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
     if fingerprint is not None:
         label = f"{FINGERPRINT_LABEL}={fingerprint}"
         items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
+    if admin and fingerprint is not None:
+        items.append(("--label", f"{RUN_LABEL}={run_fingerprint(settings)}"))
     mount = f"{proxy_dir}:{CONTAINER_DIR}:ro"
     items += [
         ("--network", "host"),
         ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
         ("-v", ShellExpr(mount) if isinstance(proxy_dir, ShellExpr) else mount),
+    ]
+    if admin:
+        run_mount = f"{proxy_dir}/{ADMIN_DIR}:{CONTAINER_DIR}/{ADMIN_DIR}"
+        items.append(("-v", ShellExpr(run_mount) if isinstance(proxy_dir, ShellExpr) else run_mount))
+    items += [
         ("-w", CONTAINER_DIR),
         settings.proxy_container_image,
         ("caddy", "run", "--config", CONFIG_FILE, "--adapter", "caddyfile"),
@@ -76,12 +92,44 @@ def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
     return items
 
 
-def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str) -> str:
+def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str | None = None) -> str:
     """Names one proxy configuration (config, certificates, image); the API key is not part of it, since a new key
     needs no restart. A running proxy with the same label is left alone."""
     argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None)
-    text = "\n".join([render_config(settings), cert_chain_pem, ca_pem, shell_words(argv)])
+    text = "\n".join([render_config(settings) if config is None else config, cert_chain_pem, ca_pem,
+                      shell_words(argv)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_fingerprint(settings: Settings) -> str:
+    """Names how the front's proxy container runs (image, mounts, flags), not its configuration: while it matches,
+    a new configuration is reloaded into the running Caddy."""
+    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None, admin=True)
+    return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
+
+
+def reload_argv() -> list:
+    """`docker exec` of a graceful reload in the running proxy: Caddy's own `reload` through its admin socket."""
+    return [("docker", "exec", CONTAINER_NAME), ("caddy", "reload"), ("--config", CONFIG_FILE),
+            ("--adapter", "caddyfile"), ("--address", f"unix/{ADMIN_SOCKET}")]
+
+
+def step_values(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str, upstream_text: str,
+                settle_seconds: float, admin: bool = False) -> dict[str, object]:
+    """The proxy step's template values for one Caddyfile: a head's (render_config) or the front's (admin: it
+    reloads a new configuration into the running Caddy)."""
+    return dict(container=CONTAINER_NAME, api_port=settings.api_port, upstream=upstream_text,
+                reload=admin, run_label=RUN_LABEL, run_fingerprint=run_fingerprint(settings) if admin else "",
+                reload_argv=reload_argv(), admin_dir=ADMIN_DIR,
+                config_b64=_b64(config), cert_b64=_b64(cert_chain_pem), ca_b64=_b64(ca_pem),
+                config_file=CONFIG_FILE, cert_file=CERT_FILE, ca_file=CA_FILE, tls_key_file=TLS_KEY_FILE,
+                key_file=KEY_FILE, fingerprint=proxy_fingerprint(settings, cert_chain_pem, ca_pem, config),
+                fingerprint_label=FINGERPRINT_LABEL, settle_seconds=settle_seconds,
+                docker_argv=docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), admin=admin))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 def command_text(settings: Settings) -> str:

@@ -389,6 +389,12 @@ class Settings(BaseModel):
     peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
     kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
+    # Replicas behind one front (components/replicas.py, components/front.py): whole engine groups, each sized alone.
+    replicas: int = Field(1, ge=1, le=catalog.MAX_REPLICAS)
+    front_flavor: str = Field(catalog.FRONT_FLAVOR.name, alias="frontFlavor")
+    front_os_image: str | None = Field(None, alias="frontOsImage")
+    front_hourly_price_usd: float | None = Field(None, alias="frontHourlyPriceUsd", gt=0, le=1000,
+                                                 allow_inf_nan=False)
 
     # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
     api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
@@ -742,6 +748,30 @@ class Settings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _replica_rules(self) -> Settings:
+        """replicas >= 2: the front's flavor and image are names the API sees, and every derived VM name fits."""
+        if self.replicas == 1:
+            return self
+        problems = []
+        if not _FLAVOR.fullmatch(self.front_flavor):
+            problems.append(f"{NAMESPACE}:frontFlavor {_show(self.front_flavor)} is not a Hyperstack flavor name")
+        elif self.front_flavor not in catalog.CPU_FLAVORS and self.front_hourly_price_usd is None:
+            problems.append(f"{NAMESPACE}:frontFlavor {self.front_flavor} has no catalog price (known: "
+                            f"{', '.join(catalog.CPU_FLAVORS)}); set {NAMESPACE}:frontHourlyPriceUsd for it")
+        if self.front_os_image is not None and not _PRINTABLE.fullmatch(self.front_os_image):
+            problems.append(f"{NAMESPACE}:frontOsImage {_show(self.front_os_image)} has control characters")
+        if _NAME.fullmatch(self.env_name):
+            longest = max((self.replica_node_name(self.replicas - 1, self.nodes - 1), self.front_name), key=len)
+            if len(longest) > NAME_MAX:
+                room = NAME_MAX - (len(longest) - len(self.env_name))
+                problems.append(f"{NAMESPACE}:replicas {self.replicas} makes the VM name {longest!r} "
+                                f"{len(longest)} characters; Hyperstack allows {NAME_MAX}: set "
+                                f"{NAMESPACE}:environmentName to at most {room} characters")
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _rules(self) -> Settings:
         """Rules across keys; every problem found is reported at once, each naming its key."""
         problems = [p for p in (self._operator_scope(), self._hf_endpoint_safe(), self._layout_problem(),
@@ -1015,7 +1045,11 @@ class Settings(BaseModel):
 
     @property
     def hourly_cost_usd(self) -> float | None:
-        return sizing.hourly_cost_usd(self.price, self.total_gpus)
+        one = sizing.hourly_cost_usd(self.price, self.total_gpus)
+        if one is None or self.replicas == 1:
+            return one
+        front = self.front_usd_per_hour
+        return None if front is None else round(one * self.replicas + front, 2)
 
     @property
     def api_price(self) -> catalog.ApiPrice:
@@ -1041,6 +1075,39 @@ class Settings(BaseModel):
     def node_name(self, index: int) -> str:
         """Deterministic VM names let a re-run find a VM whose create answer was lost."""
         return f"{self.env_name}-node{index}"
+
+    # ---- replicas and the front (replicas >= 2) ----------------------------------------------------------------
+
+    def replica_node_name(self, replica: int, index: int) -> str:
+        """Replica 0 keeps the names a one-replica stack has, so adding a replica never replaces a running VM."""
+        return self.node_name(index) if replica == 0 else f"{self.env_name}-r{replica}-node{index}"
+
+    @property
+    def has_front(self) -> bool:
+        return self.replicas > 1
+
+    @property
+    def front_name(self) -> str:
+        return f"{self.env_name}-front"
+
+    @property
+    def front_vm_image(self) -> str:
+        return self.front_os_image or catalog.FRONT_OS_IMAGE
+
+    @property
+    def front_usd_per_hour(self) -> float | None:
+        """The front's hourly price (0 without a front); None when its flavor has no known price."""
+        if not self.has_front:
+            return 0.0
+        if self.front_hourly_price_usd is not None:
+            return self.front_hourly_price_usd
+        spec = catalog.CPU_FLAVORS.get(self.front_flavor)
+        return spec.usd_per_hour if spec else None
+
+    @property
+    def all_gpus(self) -> int:
+        """GPUs billed across every replica (total_gpus is one replica's: its tensor-parallel group)."""
+        return self.total_gpus * self.replicas
 
     def warnings(self) -> list[str]:
         out = []

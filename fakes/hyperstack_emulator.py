@@ -66,6 +66,9 @@ FLAVORS: list[dict[str, Any]] = [
      "labels": _NETWORK_OPTIMISED},
     {"id": 104, "name": "n1-cpu-small", "display_name": "n1-cpu-small", "region_name": "NORWAY-1",
      "gpu": "", "gpu_count": 0, "cpu": 4, "ram": 4.0, "disk": 100, "ephemeral": 0, "labels": []},
+    # Hyperstack's flavor-labels page lists CPU-only flavors in CANADA-1 as well: the replicas' front runs on one.
+    {"id": 107, "name": "n1-cpu-small", "display_name": "n1-cpu-small", "region_name": "CANADA-1",
+     "gpu": "", "gpu_count": 0, "cpu": 4, "ram": 4.0, "disk": 100, "ephemeral": 0, "labels": []},
 ]
 
 IMAGES: list[dict[str, Any]] = [
@@ -87,6 +90,8 @@ PRICEBOOK: list[dict[str, Any]] = [
     {"id": 2, "name": "H100-80G-PCIe", "value": 2.40, "original_value": 2.40, "discount_applied": False},
     {"id": 3, "name": "B300-SXM6", "value": 7.40, "original_value": 7.40, "discount_applied": False},
     {"id": 4, "name": "Public IP", "value": 0.00672, "original_value": 0.00672, "discount_applied": False},
+    # Per VM-hour, the rate card's figure for the cheapest CPU flavor (components/catalog.py FRONT_FLAVOR).
+    {"id": 5, "name": "n1-cpu-small", "value": 0.35, "original_value": 0.35, "discount_applied": False},
 ]
 
 PROTOCOLS = ["any", "ah", "dccp", "egp", "esp", "gre", "hopopt", "icmp", "igmp", "ip", "ipip", "ipv6-encap",
@@ -454,6 +459,12 @@ class Emulator:
         with self.lock:
             self.state.capacity[(region, flavor_name)] = vms
 
+    def reclaim(self, name: str, mode: str = "delete") -> None:
+        """The VM named `name` is reclaimed by the cloud: deleted (mode "delete") or left in ERROR (mode "error")."""
+        status, answer = self._reclaim(name, mode)
+        if status != 200:
+            raise ValueError(answer["message"])
+
     def set_price(self, name: str, value: float) -> None:
         """A pricebook entry's value (its original_value stays the list price)."""
         with self.lock:
@@ -659,12 +670,31 @@ class Emulator:
         if method == "POST" and what == "capacity" and isinstance(body, dict):
             self.set_capacity(str(body["flavor_name"]), int(body["vms"]), region=str(body["region"]))
             return 200, {"status": True}
+        if method == "POST" and what == "reclaim" and isinstance(body, dict):
+            return self._reclaim(str(body.get("name") or ""), str(body.get("mode") or "delete"))
         if method == "GET" and what == "inventory":
             return 200, self.inventory()
         if method == "GET" and what == "requests":
             return 200, [{"method": r.method, "path": r.path, "status": r.status, "authorized": r.authorized}
                          for r in self.requests]
-        return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests)"}
+        return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests, capacity, "
+                                "reclaim)"}
+
+    def _reclaim(self, name: str, mode: str) -> tuple[int, Any]:
+        """What the cloud does to a VM on a hardware fault or a maintenance reclaim: it goes (mode "delete": DELETING,
+        then gone, as after a DELETE) or stays in ERROR (mode "error"), without anyone asking the API."""
+        with self.lock:
+            vm = next((v for v in self.state.vms.values() if v.name == name and v.deleting_since is None), None)
+            if vm is None:
+                return 404, {"status": False, "message": f"no live VM named {name!r}"}
+            if mode == "delete":
+                vm.deleting_since = time.monotonic()
+                vm.events.append(self._event(vm, "warning", "RECLAIMED", "the host reclaimed this virtual machine"))
+            elif mode == "error":
+                vm.fate, vm.error_reason = "error", "hypervisor fault: the host of this virtual machine failed"
+            else:
+                return 400, {"status": False, "message": f"mode must be delete or error, not {mode!r}"}
+            return 200, {"status": True, "id": vm.id, "name": vm.name, "mode": mode}
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> Any:
         known = False

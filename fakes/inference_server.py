@@ -67,6 +67,9 @@ class FakeSettings:
     max_model_len: int = 1048576
     faults: frozenset[str] = frozenset()
     slow_seconds: float = 30.0
+    # Decode time per generated token (FAKE_ENGINE_TOKEN_SECONDS): a stream is paced by it and a non-streamed
+    # answer comes after all of it, as on a real engine, so that load tests have requests in flight.
+    token_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -719,8 +722,9 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = _stream_chunks(reply, self.settings, model, include_usage, usage)
-            events = (b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            events = (self._paced(b"data: " + json.dumps(c).encode() + b"\n\n") for c in chunks)
             return self._send_sse(_then_done(events))
+        self.server.stop_event.wait(self.settings.token_seconds * usage["completion_tokens"])
         self._send_json(200, {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
@@ -730,6 +734,12 @@ class _Handler(BaseHTTPRequestHandler):
                          "finish_reason": reply.finish_reason}],
             "usage": usage,
         })
+
+    def _paced(self, event: bytes) -> bytes:
+        """One SSE event, after one token's decode time."""
+        if self.settings.token_seconds:
+            self.server.stop_event.wait(self.settings.token_seconds)
+        return event
 
     def _messages(self, body: dict[str, Any]) -> None:
         model = self._generation_preamble(body)
@@ -931,6 +941,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> tuple[FakeSettings,
         max_model_len=args.context_length or args.max_model_len or FakeSettings.max_model_len,
         faults=faults,
         slow_seconds=args.slow_seconds,
+        token_seconds=float(os.environ.get("FAKE_ENGINE_TOKEN_SECONDS") or 0),
     )
     return settings, args, ignored
 

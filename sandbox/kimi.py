@@ -293,7 +293,9 @@ class Sandbox:
                          "starting a fresh one, which holds nothing of the earlier run")
             port = _port_for(previous)
             service = services.start(
-                "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE),
+                # --admin: `reclaim` takes a VM away as the cloud would, through the emulator's admin route.
+                "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE,
+                                                   "--admin"),
                 host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=self.dir.logs,
                 # The key goes by environment, not argv, which every user of the machine can read.
                 env={"HYPERSTACK_API_KEY": key},
@@ -510,7 +512,7 @@ class Sandbox:
             self.say(f"timeline: not drawn ({type(exc).__name__}: {exc})")
             return
         if bars:
-            self.say(f"timeline: {out} ({len(bars)} steps on {len({b.rank for b in bars})} nodes)")
+            self.say(f"timeline: {out} ({len(bars)} steps on {len({b.row for b in bars})} nodes)")
 
     # -- verify --
 
@@ -571,13 +573,35 @@ class Sandbox:
         record = self.dir.record()
         if not self.dir.state_path.exists() or not record:
             raise SandboxUsageError(f"nothing deployed in {self.dir.root}: run python -m scripts.sandbox up first")
-        overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000)}
+        overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000),
+                     "enginePort": str(record.get("engine_port") or 30000)}
         settings = stack_settings(record.get("topology") or TOPOLOGIES[0], overrides)
         key = (os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY) if record.get("external_emulator") \
             else self.dir.secret("hyperstack_api_key", _emulator_key)
         api = _api(record["emulator_url"], key) if record.get("emulator_url") else None
         return run(lambda: load_state_file(self.dir.state_path, STACK), settings, self.node_execution(settings), api,
                    as_json=as_json, watch=watch, out=self.out)
+
+    # -- reclaim (sandbox/reclaim.py) --
+
+    def reclaim(self, node: str, mode: str = "delete") -> int:
+        """The cloud takes the VM named `node` (or with that address) away; the state is not told."""
+        from sandbox import reclaim
+
+        record = self.dir.record()
+        outputs, _ = self.dir.outputs()
+        addresses = reclaim.node_addresses(outputs)
+        name = next((n for n, a in addresses.items() if node in (n, a)), None)
+        if name is None or not record.get("emulator_url"):
+            raise SandboxUsageError(f"no VM {node!r} in the sandbox in {self.dir.root}; its VMs: "
+                                    f"{', '.join(f'{n} ({a})' for n, a in addresses.items()) or 'none'}")
+        started = time.monotonic()
+        answer = reclaim.ask_emulator(record["emulator_url"], name, mode)
+        killed = reclaim.kill_node(self.dir.nodes / addresses[name])
+        self.say(f"reclaimed {name} ({addresses[name]}, VM {answer.get('id')}): the emulator "
+                 f"{'deletes it' if mode == 'delete' else 'shows it in ERROR'}, {len(killed)} node processes killed, "
+                 f"in {time.monotonic() - started:.2f} s")
+        return 0
 
     # -- destroy --
 

@@ -242,8 +242,8 @@ class Deployment:
         if old is None:
             return self._create(reg, provider, checked)
         trigger_changed = reg.replacement_trigger is not None and reg.replacement_trigger != old.replacement_trigger
-        if checked == old.inputs and not trigger_changed:
-            return self._same(reg, old, checked)
+        # Unchanged inputs still go to the provider's diff, as the Pulumi engine does (step_generator.go: only
+        # UseLegacyDiff skips it): a provider may see that the cloud lost the resource (a reclaimed VM).
         try:
             diff = provider.diff(replace(call, timeout=self._timeout(reg.timeouts, "update")),
                                  old.inputs, old.outputs, checked, [_root(p) for p in reg.ignore_changes])

@@ -122,6 +122,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
     ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
     ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")
+    ap.add_argument("--serve-complete", action="store_true",
+                    help="with peers: a node that already has every file still serves them until each peer has them "
+                         "too (replicas: a re-created replica fetches from its twin, not from the hub)")
     return ap.parse_args(argv)
 
 
@@ -708,7 +711,7 @@ class Node:
         log(f"{len(self.manifest)} files, {total / 1e9:,.2f} GB; node {self.args.rank} of {self.n}"
             + (f", sharing with {len(self.peers)} peers" if self.peers else ", every file from the hub"))
         server = None
-        if self.peers and len(self.done) < len(self.manifest):
+        if self.peers and (len(self.done) < len(self.manifest) or self.args.serve_complete):
             if not self.peer_token:
                 raise Fatal("peers given but no peer token (--peer-token-file)")
             bind = self.peers_spec[self.args.rank].rpartition(":")[0] or self.peers_spec[self.args.rank]
@@ -758,7 +761,7 @@ class Node:
                         names_inflight.add(e.name)
                         peer_n += 1
                 elif own[e.name] == a.rank or e.name in self.hub_only or self._nobody_else(own[e.name]):
-                    if hub_n < a.workers:
+                    if hub_n < a.workers and (e.name in self.hub_only or self._peers_seen()):
                         inflight[pool.submit(self.fetch, e, None)] = (e, None)
                         names_inflight.add(e.name)
                         hub_n += 1
@@ -783,9 +786,19 @@ class Node:
                 # (one that has not answered yet may still be starting: it is waited for up to --peer-timeout).
                 if all(p.complete or p.dead or (p.last_ok is not None and not p.reachable)
                        for p in self.peers.values()):
+                    if a.serve_complete:
+                        # Stay up a few polls more so that a peer serving with --serve-complete sees this node
+                        # complete; otherwise it never saw it and waits out --peer-timeout for it.
+                        time.sleep(max(5.0, 3 * a.poll_seconds))
                     return
             if not inflight:
                 time.sleep(a.poll_seconds)
+
+    def _peers_seen(self) -> bool:
+        """With --serve-complete (replicas), nothing comes from the hub until every peer has answered once or was
+        given up on: a peer may already hold every file (a re-created replica's twin), and it must get the chance
+        to say so before this node downloads its own share again. Bounded by --peer-timeout."""
+        return not self.args.serve_complete or all(p.last_ok is not None or p.dead for p in self.peers.values())
 
     def _nobody_else(self, owner: int) -> bool:
         p = self.peers.get(owner)
@@ -838,7 +851,14 @@ def main(argv: list[str] | None = None) -> int:
     cache = Cache(args.cache_dir, args.repo, args.revision, args.record)
     try:
         recorded = cache.recorded_manifest()
-        if recorded is not None and all(cache.is_verified(e) for e in recorded):
+        complete = recorded is not None and all(cache.is_verified(e) for e in recorded)
+        if complete and recorded is not None and args.serve_complete and args.peers:
+            # The record is this revision's manifest: serve every file to the peers, and ask the hub nothing.
+            log(f"all {len(recorded)} files were verified on an earlier run; serving them until every peer has them")
+            Node(args, recorded, cache, None).run()
+            record_result(args.result_file, f"ok {args.revision}")
+            return 0
+        if complete and recorded is not None:
             # A finished download of this revision, unchanged since: nothing to ask the hub or the peers.
             log(f"all {len(recorded)} files of {args.repo}@{args.revision} were verified on an earlier run and are "
                 "unchanged; nothing to fetch")

@@ -26,9 +26,10 @@ from typing import Any
 
 # Every step components/node.py runs (its SUMMARIES; a test keeps the two in step).
 STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "proxy", "readiness",
-         "cache-save")
+         "cache-save", "engine-ready", "front-ready")
 PROGRESS_FILE = "kimi/progress/weights.json"  # components/weights.py PROGRESS_FILE (this file runs without it)
 CONTAINER = "kimi-engine"
+PROXY_CONTAINER = "kimi-proxy"  # components/proxy.py CONTAINER_NAME
 WEIGHTS_UNIT = "kimi-weights"
 
 
@@ -124,8 +125,8 @@ def last_line(path: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def engine() -> dict[str, Any]:
-    code, out = _run(_as_root(["docker", "inspect", CONTAINER]))
+def engine(container: str = CONTAINER) -> dict[str, Any]:
+    code, out = _run(_as_root(["docker", "inspect", container]))
     if code != 0:
         return {"state": "absent" if "No such" in out or not out else "unknown", "restart_count": 0}
     try:
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "weights_unit": unit_state(WEIGHTS_UNIT),
         "weights_log": last_line(os.path.join(root, "var/log/kimi-cluster/weights.log")),
         "engine": engine(),
+        "proxy": engine(PROXY_CONTAINER),  # a one-replica head's proxy, or the front's (replicas >= 2)
     }
     json.dump(report, sys.stdout)
     sys.stdout.write("\n")

@@ -60,7 +60,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
     api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
     secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
     dl_low, dl_high = sizing.download_minutes(settings.model_spec)
-    return {
+    plan: dict[str, Any] = {
         "stack": settings.stack,
         "source": source,
         "topology": settings.topology,
@@ -128,6 +128,49 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "license_notes": list(catalog.LICENSE_NOTES),
         "warnings": settings.warnings(),
         "placeholders": placeholders(settings),
+    }
+    if settings.has_front:
+        plan["replicas"] = _replicas(settings)
+        plan["proxy"].update(
+            listens=f"TLS on port {settings.api_port} of the front {settings.front_name}, from "
+                    f"{', '.join(settings.api_cidrs)}",
+            upstream=", ".join(plan["replicas"]["front"]["upstreams"]), config=plan["replicas"]["front"]["config"],
+            certificate="your tlsCertificate" if settings.tls_certificate else
+                        "the stack's own CA signs one for the front's public IP")
+        for n in plan["nodes"]:  # replica 0's rules: behind the front, its head opens the engine port, not the API
+            n["firewall"] = plan["replicas"]["groups"][0]["nodes"][n["rank"]]["firewall"]
+    return plan
+
+
+def _replicas(settings: Settings) -> dict[str, Any]:
+    """replicas >= 2: every replica's nodes and rules, the front (flavor, price, rules, Caddyfile)."""
+    from components import front
+    from components.firewall import replica_node_rules
+
+    heads = [f"<replica{r}-head-private-ip>" for r in range(settings.replicas)]
+    groups = []
+    for r in range(settings.replicas):
+        peers = [f"<replica{r}-node{n}-private-ip>" for n in range(settings.nodes)]
+        groups.append({"replica": r, "nodes": [
+            {"rank": n, "name": settings.replica_node_name(r, n),
+             "firewall": [rule.describe() for rule in replica_node_rules(settings, n, peers, "<front-private-ip>")]}
+            for n in range(settings.nodes)]})
+    return {
+        "count": settings.replicas,
+        "groups": groups,
+        "front": {"name": settings.front_name, "flavor": settings.front_flavor, "os_image": settings.front_vm_image,
+                  "usd_per_hour": settings.front_usd_per_hour,
+                  "firewall": [rule.describe() for rule in front.front_rules(settings)],
+                  "upstreams": front.upstreams(settings, heads),
+                  "config": front.caddyfile(settings, heads)},
+        "rolling": "replica k+1 launches only after replica k's engine serves again (engine-ready)",
+        # A lost replica comes back through the same chain as a first bring-up of one replica (the phases above);
+        # its weights come from the hub again: the fan-out shares files only within a replica.
+        "recovery": {"seconds": _bringup(settings)["this_stack"],
+                     "phases": "as 'Time to a verified endpoint' below, for one replica",
+                     "weights_from": "the hub (sharded within the replica; the surviving replica's disks are not used "
+                                     "yet)",
+                     "meanwhile": f"the front serves from the other {settings.replicas - 1} replica(s)"},
     }
 
 
@@ -247,7 +290,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         where = plan["regions"][0]
     lines.append(f"Region       {where}, environment {plan['environment']}, API {plan['api_url']}")
     lines.append(f"Keypair      {plan['keypair']}")
-    lines.append(f"Engine       {plan['engine']} in {plan['container_image']}, on the head's loopback "
+    where = ("each replica head's private address, open to the front alone" if "replicas" in plan
+             else "the head's loopback")
+    lines.append(f"Engine       {plan['engine']} in {plan['container_image']}, on {where} "
                  f"({plan['proxy']['upstream']}), no API key")
     lines.append(f"Proxy        {plan['proxy']['image']}: {plan['proxy']['listens']}; certificate: "
                  f"{plan['proxy']['certificate']}")
@@ -266,6 +311,22 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"  usable memory per GPU: {s['usable_memory_basis']}")
     lines.extend(format_layouts(plan["engine_layout"]))
     lines.append("")
+    if "replicas" in plan:
+        rp = plan["replicas"]
+        lines.append(f"Replicas     {rp['count']}, each a whole engine group as above; {rp['rolling']}")
+        lines.append(f"  front {rp['front']['name']}  {rp['front']['flavor']}  image \"{rp['front']['os_image']}\"  "
+                     f"-> {', '.join(rp['front']['upstreams'])}")
+        lines.extend(f"      firewall: {rule}" for rule in rp["front"]["firewall"])
+        from components.bringup import fmt_minutes
+
+        rc = rp["recovery"]
+        lines.append(f"  a lost replica is back in about {fmt_minutes(*rc['seconds'])} (next `pulumi up`; phases "
+                     f"{rc['phases']}; weights from {rc['weights_from']}); meanwhile {rc['meanwhile']}")
+        for g in rp["groups"][1:]:
+            for n in g["nodes"]:
+                lines.append(f"  {n['name']}  replica {g['replica']} rank {n['rank']}")
+                lines.extend(f"      firewall: {rule}" for rule in n["firewall"])
+        lines.append("")
     lines.append(f"Cost         {plan['cost']['summary']}")
     if plan["hourly_cost_usd"] is not None:
         lines.append("             billed per minute until `pulumi destroy`")
@@ -293,7 +354,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     for n in plan["nodes"]:
         lines.append(f"  rank {n['rank']} ({n['name']}):")
         lines.append("    " + n["launch_command"].replace("\n", "\n    "))
-    lines.append("  proxy (head):")
+    lines.append("  proxy (front):" if "replicas" in plan else "  proxy (head):")
     lines.append("    " + plan["proxy"]["command"].replace("\n", "\n    "))
     lines.append("")
     lines.append("License (Kimi K3.1-Pro License)")

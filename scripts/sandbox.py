@@ -1,6 +1,6 @@
 """See kimi-cluster work with no account and no GPU: `python -m scripts.sandbox up | verify | status | destroy`
 (up deploys the sandbox stack onto fake nodes, verify runs the verification stack, status is `scripts.status`
-against the sandbox, destroy leaves nothing).
+against the sandbox, `reclaim NODE` takes a VM away as the cloud would, destroy leaves nothing).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, Sandb
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.sandbox", description=__doc__)
-    parser.add_argument("command", choices=["up", "verify", "status", "destroy"])
+    parser.add_argument("command", choices=["up", "verify", "status", "reclaim", "destroy"])
+    parser.add_argument("node", nargs="?", help="reclaim: the VM (name or address) the cloud takes away")
+    parser.add_argument("--mode", choices=["delete", "error"], default="delete",
+                        help="reclaim: the VM is deleted (default) or left in ERROR; its processes die either way")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             return sandbox.verify(echo=args.verbose)
         if args.command == "status":
             return sandbox.status(as_json=args.json, watch=args.watch)
+        if args.command == "reclaim":
+            if not args.node:
+                parser.error("reclaim needs the NODE to take away, e.g. kimi-sandbox-r1-node0")
+            return sandbox.reclaim(args.node, args.mode)
         return sandbox.destroy(echo=not args.quiet)
     except (SandboxUsageError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -108,6 +108,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(text)
     if report.get("token_cost"):
         lines.append(f"tokens: {report['token_cost']['summary']}")
+    if report.get("replicas"):
+        from components.replica_status import format_replicas
+
+        lines.extend(format_replicas(report["replicas"]))
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
     # Node and endpoint text was made printable when it was read; this also covers the API's and the state's.

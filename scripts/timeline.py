@@ -41,6 +41,18 @@ class Bar:
     start: datetime
     end: datetime | None
     rc: int | None
+    group: str = ""  # with replicas: "replica <r>" or "front" (from the command's resource name), one lane group each
+
+    @property
+    def row(self) -> tuple[int, str, int]:
+        """Sort key of the bar's row: replica 0, 1, ..., then the front; rank 0 first within a group."""
+        order = 10**6 if self.group == "front" else int(self.group.split()[-1]) if self.group else 0
+        return order, self.group, self.rank
+
+    @property
+    def label(self) -> str:
+        node = f"node{self.rank}"
+        return "front" if self.group == "front" else f"{self.group} {node}".strip()
 
     @property
     def seconds(self) -> float | None:
@@ -72,7 +84,7 @@ def _number(digits: str | None, limit: int, m: re.Match[str]) -> int | None:
     return int(digits)
 
 
-def bars_from_text(text: str) -> list[Bar]:
+def bars_from_text(text: str, group: str = "") -> list[Bar]:
     """Pairs each step's start mark with its end mark (a step without an end is still running, or died)."""
     starts: dict[tuple[int, str], datetime] = {}
     out: list[Bar] = []
@@ -82,9 +94,20 @@ def bars_from_text(text: str) -> list[Bar]:
         if m["what"] == "start":
             starts[key] = ts
         elif key in starts:
-            out.append(Bar(key[0], key[1], starts.pop(key), ts, rc))
-    out += [Bar(r, s, t, None, None) for (r, s), t in starts.items()]
+            out.append(Bar(key[0], key[1], starts.pop(key), ts, rc, group))
+    out += [Bar(r, s, t, None, None, group) for (r, s), t in starts.items()]
     return out
+
+
+_REPLICA = re.compile(r"-r(\d+)-")
+
+
+def group_of(name: str) -> str:
+    """A command's lane group from its resource name (components/replicas.py, components/front.py)."""
+    if "-front-" in name:
+        return "front"
+    m = _REPLICA.search(name)
+    return f"replica {m.group(1)}" if m else "replica 0"
 
 
 def _plain(value: Any) -> str:
@@ -109,17 +132,20 @@ def resources_of(doc: Any) -> list[dict[str, Any]]:
 
 def bars_from_state(doc: dict[str, Any]) -> list[Bar]:
     bars: list[Bar] = []
-    for res in resources_of(doc):
-        if res.get("type") != COMMAND_TYPE or res.get("delete"):
-            continue
+    commands = [r for r in resources_of(doc) if r.get("type") == COMMAND_TYPE and not r.get("delete")]
+    names = [str(r.get("urn", "")).rsplit("::", 1)[-1] for r in commands]
+    # Lane groups only when the stack has a front (replicas >= 2): a one-replica stack draws as it always did.
+    grouped = any(group_of(n) != "replica 0" for n in names)
+    for res, name in zip(commands, names, strict=True):
         outputs = res.get("outputs")
-        bars += bars_from_text(_plain(outputs.get("stdout") if isinstance(outputs, dict) else None))
-    # The latest run of each (rank, step): a re-run replaces what an earlier one printed.
-    latest: dict[tuple[int, str], Bar] = {}
+        stdout = _plain(outputs.get("stdout") if isinstance(outputs, dict) else None)
+        bars += bars_from_text(stdout, group_of(name) if grouped else "")
+    # The latest run of each (row, step): a re-run replaces what an earlier one printed.
+    latest: dict[tuple[tuple[int, str, int], str], Bar] = {}
     for b in bars:
-        if (b.rank, b.step) not in latest or b.start > latest[(b.rank, b.step)].start:
-            latest[(b.rank, b.step)] = b
-    return sorted(latest.values(), key=lambda b: (b.rank, b.start))
+        if (b.row, b.step) not in latest or b.start > latest[(b.row, b.step)].start:
+            latest[(b.row, b.step)] = b
+    return sorted(latest.values(), key=lambda b: (b.row, b.start))
 
 
 def table(bars: list[Bar]) -> str:
@@ -130,7 +156,7 @@ def table(bars: list[Bar]) -> str:
     for b in bars:
         end = f"{(b.end - t0).total_seconds():9.1f}" if b.end else "  running"
         took = f"{b.seconds:9.1f}" if b.seconds is not None else "        -"
-        lines.append(f"{'node' + str(b.rank):<8}{b.step:<14}{(b.start - t0).total_seconds():9.1f}{end}{took}"
+        lines.append(f"{b.label:<8}{b.step:<14}{(b.start - t0).total_seconds():9.1f}{end}{took}"
                      + (f"  exit {b.rc}" if b.rc else ""))
     total = max((b.end or b.start) for b in bars) - t0
     lines.append(f"first start to last end: {total.total_seconds():.1f} s")
@@ -146,17 +172,17 @@ def draw(bars: list[Bar], out: str, title: str = "kimi-cluster bring-up") -> Non
 
     t0 = min(b.start for b in bars)
     t_end = max((b.end or b.start) for b in bars)
-    ranks = sorted({b.rank for b in bars})
+    ranks = sorted({b.row for b in bars})
     steps = [s for s in STEP_ORDER if any(b.step == s for b in bars)]
     steps += sorted({b.step for b in bars} - set(steps))
     colours = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(steps)}
     # Steps that overlap on one node (image pull and kernel-cache restore alongside the weights) get their own lanes;
     # the head's proxy starts once its image is pulled, so it follows the pull in that lane.
-    lanes = {"image": 1, "proxy": 1, "cache-restore": 2}
+    lanes = {"image": 1, "proxy": 1, "cache-restore": 2, "front-ready": 1}
     offsets = {0: 0.1, 1: -0.2, 2: -0.5}
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * len(ranks)))
     for b in bars:
-        row = ranks.index(b.rank)
+        row = ranks.index(b.row)
         lane = lanes.get(b.step, 0)
         left = (b.start - t0).total_seconds()
         width = max(((b.end or t_end) - b.start).total_seconds(), 0.05)
@@ -166,7 +192,9 @@ def draw(bars: list[Bar], out: str, title: str = "kimi-cluster bring-up") -> Non
         if width > (t_end - t0).total_seconds() / 40:
             ax.text(left + width / 2, y + 0.125, b.step, ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([f"node {r}" + (" (head)" if r == 0 else "") for r in ranks])
+    labels = {b.row: b.label for b in bars}
+    ax.set_yticklabels([(labels[r] if r[1] else f"node {r[2]}") + (" (head)" if r[2] == 0 and r[1] != "front"
+                                                                   else "") for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first step started")
     ax.set_title(f"{title}: {(t_end - t0).total_seconds():.1f} s, started {t0:%Y-%m-%d %H:%M:%S} UTC")

@@ -31,22 +31,40 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from .market import format_stock_table, region_stock
 from .providers import ProvisioningError, _known, _Provider, client
 
-_INPUTS = ("regions", "flavor_name", "count", "environment_name")
+_INPUTS = ("regions", "flavor_name", "count", "environment_name", "front_flavor_name")
 
 
 class PlacementError(ProvisioningError):
     """No listed region can hold the cluster right now; the message carries the per-region table."""
 
 
-def choose_region(regions: list[str], flavor_name: str, count: int) -> tuple[str, list[dict[str, Any]]]:
-    """The first region that holds `count` VMs of the flavor, and the stock seen in every region."""
+def choose_region(regions: list[str], flavor_name: str, count: int,
+                  front_flavor_name: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """The first region that holds `count` VMs of the flavor (and, with replicas, offers the front's CPU flavor in
+    stock), and the stock seen in every region."""
     with client() as api:
         table = region_stock(api, regions, flavor_name)
-    seen = [{"region": r.region, "vms_available": r.vms_available, "offered": r.offered,
-             "stock_available": r.stock_available, "holds_cluster": r.holds(count)} for r in table]
-    for row in table:
-        if row.holds(count):
-            return row.region, seen
+        # CPU flavors are not in the stocks endpoint's GPU models: the flavor's own stock flag is what there is.
+        fronts = {r.region: r for r in region_stock(api, regions, front_flavor_name)} if front_flavor_name else {}
+    seen: list[dict[str, Any]] = []
+    for r in table:
+        entry: dict[str, Any] = {"region": r.region, "vms_available": r.vms_available, "offered": r.offered,
+                                 "stock_available": r.stock_available, "holds_cluster": r.holds(count)}
+        if front_flavor_name:
+            f = fronts[r.region]
+            entry["front"] = {"flavor_name": front_flavor_name, "offered": f.offered,
+                              "stock_available": f.stock_available}
+            entry["holds_cluster"] = entry["holds_cluster"] and f.offered and f.stock_available
+        seen.append(entry)
+    for entry in seen:
+        if entry["holds_cluster"]:
+            return str(entry["region"]), seen
+    if front_flavor_name and any(row.holds(count) for row in table):
+        without = ", ".join(r for r, f in fronts.items() if not (f.offered and f.stock_available))
+        raise PlacementError(
+            f"no region in kimi-cluster:regions holds both {count} x {flavor_name} and the front "
+            f"({front_flavor_name}) right now; nothing was created. The front's flavor is not offered or out of stock "
+            f"in: {without}. Set kimi-cluster:frontFlavor to a CPU flavor those regions offer, or add a region")
     raise PlacementError(
         f"no region in kimi-cluster:regions can hold {count} x {flavor_name} right now; nothing was created. "
         f"Stock per region (Hyperstack stocks endpoint):\n{format_stock_table(table, count)}\n"
@@ -73,18 +91,22 @@ class PlacementProvider(_Provider):
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         regions, flavor, count = list(props["regions"]), str(props["flavor_name"]), int(props["count"])
+        front_flavor = props.get("front_flavor_name") or None
         env_name = props.get("environment_name")
         existing = self._existing_region(env_name) if env_name else None
         if existing is not None:
             region, seen = existing, list[dict[str, Any]]()
             pulumi.log.info(f"placement: environment {env_name!r} already exists in {region}; the cluster stays there")
         else:
-            region, seen = choose_region(regions, flavor, count)
-            pulumi.log.info(f"placement: {region} chosen for {count} x {flavor} (first of {', '.join(regions)} "
-                            "with stock); later ups keep it")
+            region, seen = choose_region(regions, flavor, count, front_flavor)
+            front_note = f" and the front ({front_flavor})" if front_flavor else ""
+            pulumi.log.info(f"placement: {region} chosen for {count} x {flavor}{front_note} (first of "
+                            f"{', '.join(regions)} with stock); later ups keep it")
         outs = {"regions": regions, "flavor_name": flavor, "count": count, "environment_name": env_name,
                 "region": region, "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "stock_at_choice": seen}
+        if front_flavor:
+            outs["front_flavor_name"] = front_flavor
         return CreateResult(f"placement-{region}", outs)
 
     @staticmethod
@@ -123,8 +145,11 @@ class Placement(pulumi.dynamic.Resource, module="hyperstack", name="Placement"):
         count: pulumi.Input[int],
         environment_name: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
+        front_flavor_name: pulumi.Input[str] | None = None,
     ) -> None:
         props = {"regions": list(regions), "flavor_name": flavor_name, "count": count,
                  "environment_name": environment_name, "region": None,
                  "chosen_at": None, "stock_at_choice": None}
+        if front_flavor_name is not None:  # replicas >= 2 only: a one-replica stack's inputs stay as they were
+            props["front_flavor_name"] = front_flavor_name
         super().__init__(PlacementProvider(), resource_name, props, opts)

@@ -506,7 +506,30 @@ class VirtualMachineProvider(_Provider):
         # created, or the replacement would adopt the VM that is about to be deleted.
         olds = {**olds, "user_data": _user_data_digest(olds)}
         news = {**news, "user_data": _user_data_digest(news)}
+        lost = self._lost(_id)
+        if lost:
+            # The cloud took it away (a reclaim, a hardware fault): `pulumi up` alone brings it back, no refresh needed.
+            pulumi.log.warn(f"VM {news.get('name') or _id} (id {_id}) {lost}: it is created again")
+            return DiffResult(changes=True, replaces=["name"], delete_before_replace=True)
         return _diff(olds, news, _VM_REPLACE, _VM_UPDATE, True)
+
+    @staticmethod
+    def _lost(id_: str) -> str | None:
+        """Why the VM with this id is gone or dead (404, DELETING, ERROR), or None; an unreadable API says nothing:
+        the diff then goes by the inputs alone, as without this check."""
+        if not id_ or not str(id_).isdigit():
+            return None
+        try:
+            with client() as api:
+                vm = api.get_vm(_int(id_))
+        except HyperstackError as err:
+            return "no longer exists (the API answers 404)" if err.not_found else None
+        status = str(vm.get("status") or "")
+        if status in _GONE:
+            return f"is {status} although nothing here deleted it"
+        if status == "ERROR":
+            return "is in ERROR"
+        return None
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         _require_valid(self, props)

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -260,7 +261,22 @@ def proxy_plan(run: dict) -> tuple[list[str], dict[str, str], str, str] | None:
     return [binary, *command[1:]], env, name, cwd
 
 
+def exec_in(run_args: list[str], command: list[str]) -> int:
+    """`docker exec` in a proxy container: its caddy, with the container's environment, in its working directory
+    (what the container sees as that directory is the host directory mounted there)."""
+    run = parse_run(run_args)
+    proxy = proxy_plan({**run, "entrypoint": None, "command": command})
+    if proxy is None:
+        print(f"fake docker exec: only a caddy command runs in a container here, not {command!r}", file=sys.stderr)
+        return 126
+    argv, env, _, cwd = proxy
+    return subprocess.run(argv, env=env, cwd=cwd, check=False).returncode
+
+
 def main(args: list[str]) -> int:
+    if args[:1] == ["--exec"]:
+        at = args.index("--")
+        return exec_in(args[1:at], args[at + 1:])
     try:
         proxy = proxy_plan(parse_run(args))
         if proxy is not None:

@@ -120,3 +120,19 @@ def test_an_existing_environment_fixes_the_region_whatever_the_stock(hs: Emulato
     assert created.outs["region"] == "NORWAY-1" and created.outs["stock_at_choice"] == []
     fresh = PlacementProvider().create({**_props(regions=["NORWAY-1", "CANADA-1"]), "environment_name": "kimi-new"})
     assert fresh.outs["region"] == "CANADA-1"
+
+
+def test_replicas_place_every_gpu_vm_and_the_front_in_one_region(hs: Emulator):
+    """replicas >= 2: count is every replica's VMs, and the region must offer the front's CPU flavor in stock."""
+    hs.set_capacity(FLAVOR, 7, region="CANADA-1")  # 2 replicas x 4 nodes need 8
+    created = PlacementProvider().create({**_props(count=8), "front_flavor_name": "n1-cpu-small"})
+    assert created.outs["region"] == "NORWAY-1" and created.outs["front_flavor_name"] == "n1-cpu-small"
+    seen = {row["region"]: row for row in created.outs["stock_at_choice"]}
+    assert seen["NORWAY-1"]["front"] == {"flavor_name": "n1-cpu-small", "offered": True, "stock_available": True}
+
+
+def test_a_region_without_the_fronts_flavor_cannot_hold_replicas(hs: Emulator):
+    # US-1 offers the GPU flavor but no CPU flavor at all.
+    with pytest.raises(PlacementError, match=r"the front \(n1-cpu-small\).*not offered or out of stock in: US-1"):
+        PlacementProvider().create({**_props(regions=["US-1"], count=8), "front_flavor_name": "n1-cpu-small"})
+    assert _billable(hs) == []

@@ -521,3 +521,18 @@ def test_each_429_backoff_is_logged_with_its_delay(base, monkeypatch):
         "Hyperstack POST /core/environments: HTTP 429 (rate limited), retrying in 0.005 s (try 2 of 5)",
         "Hyperstack POST /core/environments: HTTP 429 (rate limited), retrying in 0.01 s (try 3 of 5)",
     ]
+
+
+@pytest.mark.parametrize("mode", ["delete", "error"])
+def test_a_vm_the_cloud_took_away_is_replaced_by_the_next_up(base, mode: str):
+    """A reclaim (deleted, or left in ERROR) makes the VM's diff a replacement: `pulumi up` alone brings it back."""
+    vm_p = providers.VirtualMachineProvider()
+    vm = vm_p.create(vm_props())
+    assert vm_p.diff(vm.id, vm.outs, vm_props()).changes is False
+    base.reclaim("kimi-node-0", mode)
+    time.sleep(0.5)  # past the emulator's deleting time
+    diff = vm_p.diff(vm.id, vm.outs, vm_props())
+    assert diff.changes is True and diff.replaces == ["name"] and diff.delete_before_replace is True
+    vm_p.delete(vm.id, vm.outs)  # a 404 (or an ERROR VM deleted) counts as done
+    again = vm_p.create(vm_props())
+    assert again.id != vm.id and again.outs["status"] == "ACTIVE"

@@ -279,3 +279,28 @@ def test_a_resumed_run_transfers_no_finished_file_again(cluster):
         assert c.wait() == {0: 0, 1: 0}
         assert len(hub.answers) == answers
         assert "nothing to fetch" in c.log(0)
+
+
+def test_a_complete_node_with_serve_complete_feeds_a_new_twin_with_no_hub_bytes(cluster, tmp_path):
+    """--serve-complete (replicas): node 0 already has every file; node 1 is new. Node 0 serves without asking the
+    hub anything, node 1 takes every file from it, and node 0 stops once node 1 is complete."""
+    files = synthetic_repo(6, 20_000)
+    with FakeHub(REPO, REVISION, files) as hub:
+        alone = cluster(hub, 1)
+        alone.start(0)
+        assert alone.wait() == {0: 0}
+        # The same node 0 directory, now in a fan-out of two with serve-complete.
+        c = cluster(hub, 2)
+        argv = c.argv
+        c.argv = lambda r: argv(r) + ["--serve-complete"]  # the same argv, with the flag
+        c.start(0)
+        c.start(1)
+        assert c.wait() == {0: 0, 1: 0}, (c.log(0), c.log(1))
+        assert c.complete(1)
+        # Node 0 fetched everything once, alone; node 1 took no file byte from the hub (it reads the manifest there,
+        # a few KB of API, not from its fan-out address).
+        first = hub.sent[c.hosts[0]]
+        assert first == sum(len(f.data) for f in files) and hub.sent[c.hosts[1]] == 0, hub.sent
+        assert c.progress(1)["peer_bytes"] == c.progress(1)["bytes_total"] and c.progress(1)["hub_bytes"] == 0
+        assert "serving them until every peer has them" in c.log(0)
+        assert not any(listening(h, c.port) for h in c.hosts)

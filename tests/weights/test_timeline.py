@@ -75,3 +75,18 @@ def test_every_rendered_step_marks_its_start_and_end_with_its_rank(node):
     out = ok(node.run(render_step(settings, "storage", 2, "10.0.0.5", "10.0.0.4", FAST)))
     bars = timeline.bars_from_text(out)
     assert [(b.rank, b.step, b.rc) for b in bars] == [(2, "storage", 0)] and bars[0].seconds >= 0
+
+
+def test_replicas_get_one_lane_group_each_and_the_front_its_own(tmp_path):
+    doc = {"resources": [
+        command("kimi-node0-launch", marks(0, "launch", "08:00:00.000", "08:00:10.000")),
+        command("kimi-engine-ready", marks(0, "engine-ready", "08:00:10.000", "08:00:20.000")),
+        command("kimi-r1-node0-launch", marks(0, "launch", "08:00:20.000", "08:00:30.000")),
+        command("kimi-front-proxy", marks(0, "proxy", "08:00:01.000", "08:00:03.000")),
+    ]}
+    bars = timeline.bars_from_state(doc)
+    assert [(b.label, b.step) for b in bars] == [("replica 0 node0", "launch"), ("replica 0 node0", "engine-ready"),
+                                                 ("replica 1 node0", "launch"), ("front", "proxy")]
+    out = tmp_path / "t.svg"
+    timeline.draw(bars, str(out))
+    assert "replica 1 node0" in out.read_text() and "front" in timeline.table(bars)

@@ -193,6 +193,17 @@ def docker(argv: list[str]) -> None:
     elif cmd == "run":
         require_daemon()
         _docker_run(args)
+    elif cmd == "exec":
+        require_daemon()
+        name, command = args[0], args[1:]
+        p = CONTAINERS / f"{name}.json"
+        if not p.exists() or json.loads(p.read_text())["status"] != "running":
+            fail(f"Error response from daemon: container {name} is not running")
+        if not os.environ.get("FAKE_DOCKER_RUN_HOOK"):
+            fail("fake docker exec: needs FAKE_DOCKER_RUN_HOOK", 126)
+        c = json.loads(p.read_text())
+        done = subprocess.run([os.environ["FAKE_DOCKER_RUN_HOOK"], "--exec", *c["argv"][2:], "--", *command])
+        sys.exit(done.returncode)
     else:
         fail(f"fake docker: unsupported command {argv!r}", 2)
 

@@ -1,0 +1,353 @@
+"""Lose a replica under load: N concurrent chats through the front, one replica's head reclaimed in the middle.
+
+    python -m scripts.bench_replicas [--topology b300x1-vllm] [--chats 16] [--token-seconds 0.02]
+                                     [--before 6] [--after 12] [--workdir .sandbox-bench-replicas] [--json]
+
+Brings up a 2-replica sandbox (FAKE_ENGINE_TOKEN_SECONDS paces every answer, so requests are in flight), runs
+`--chats` workers through the official `openai` client against the front (TLS with the stack's CA, the stack's key,
+the client's own retries off: what the front delivers is what is counted). Half the workers make tool-call round
+trips (a non-streamed request that calls a tool, the tool's result sent back, the final answer), half stream. After
+`--before` seconds the head of replica 1 is reclaimed (`sandbox reclaim`: the emulator deletes the VM, its processes
+die); the load goes on for `--after` seconds. Then it prints:
+
+- failed non-streamed requests (each with the client's error);
+- streams started, completed and cut (a cut stream ends with an error; one still open when the load stops hangs);
+- tool-call round trips completed of those started;
+- seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
+  replica's address and engine port the moment its processes are dead and records every request line that reaches
+  it; the front's active health probes (GET /health) are counted apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from components.verification.tools import TOOL_IMPLS, TOOLS
+from sandbox.kimi import TOPOLOGIES, Sandbox
+
+TOOL_TASK = "What is the weather in Tokyo? Use the tool."
+
+
+@dataclass
+class Tally:
+    """What the workers saw, under one lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    requests: int = 0
+    failed: list[str] = field(default_factory=list)
+    streams_started: int = 0
+    streams_done: int = 0
+    streams_cut: list[str] = field(default_factory=list)
+    stream_refused: list[str] = field(default_factory=list)
+    trips_started: int = 0
+    trips_done: int = 0
+    open_streams: int = 0
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for key, n in counts.items():
+                setattr(self, key, getattr(self, key) + n)
+
+    def note(self, which: str, text: str) -> None:
+        with self.lock:
+            getattr(self, which).append(text)
+
+
+class Observer:
+    """Listens where the lost replica's engine was, records each request line with its time, and hangs up."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.seen: list[tuple[float, str]] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        deadline = time.monotonic() + 10
+        while True:  # the killed engine's socket may take a moment to go
+            try:
+                self.sock.bind((host, port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self.bound_at = time.monotonic()
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(1)
+                try:
+                    line = conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+                except OSError:
+                    line = "(nothing read)"
+                self.seen.append((time.monotonic(), line))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(2)
+
+
+def _client(base_url: str, key: str, ca_file: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60,
+                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca_file)))
+
+
+def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
+    """One tool-call round trip: ask, run the tool the model calls, send its result, read the answer."""
+    tally.add(trips_started=1)
+    messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
+    for _ in range(4):
+        tally.add(requests=1)
+        try:
+            reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                   max_tokens=256)
+        except openai.OpenAIError as exc:
+            tally.note("failed", f"{type(exc).__name__}: {str(exc)[:160]}")
+            return
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            tally.add(trips_done=1)
+            return
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            name = getattr(getattr(call, "function", None), "name", "")
+            args = json.loads(call.function.arguments) if name in TOOL_IMPLS else {}  # type: ignore[union-attr]
+            result = TOOL_IMPLS[name](**args) if name in TOOL_IMPLS else {"error": "unknown tool"}
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    tally.note("failed", "tool round trip: still calling tools after 4 turns")
+
+
+def _stream(client: openai.OpenAI, model: str, tally: Tally) -> None:
+    chunks = 0
+    tally.add(streams_started=1, open_streams=1)
+    try:
+        stream = client.chat.completions.create(model=model, stream=True, max_tokens=256,
+                                                messages=[{"role": "user", "content": "Tell me about Kimi."}])
+        for _ in stream:
+            chunks += 1
+        tally.add(streams_done=1)
+    except openai.OpenAIError as exc:
+        # Before the first chunk the front could still have sent it elsewhere: that one is a refused request.
+        which = "streams_cut" if chunks else "stream_refused"
+        tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {str(exc)[:160]}")
+    finally:
+        tally.add(open_streams=-1)
+
+
+def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop: threading.Event,
+             tally: Tally) -> list[threading.Thread]:
+    def worker(index: int) -> None:
+        client = _client(base_url, key, ca_file)
+        while not stop.is_set():
+            (_round_trip if index % 2 == 0 else _stream)(client, model, tally)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(chats)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench_replicas", description=__doc__.splitlines()[0])
+    ap.add_argument("--topology", choices=TOPOLOGIES, default="b300x1-vllm")
+    ap.add_argument("--chats", type=int, default=16, help="concurrent chats (half tool round trips, half streams)")
+    ap.add_argument("--token-seconds", type=float, default=0.02, help="the fake engines' decode time per token")
+    ap.add_argument("--before", type=float, default=6.0, help="seconds of load before the reclaim")
+    ap.add_argument("--after", type=float, default=12.0, help="seconds of load after it")
+    ap.add_argument("--workdir", default=".sandbox-bench-replicas")
+    ap.add_argument("--keep", action="store_true", help="leave the sandbox up afterwards")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--rolling", metavar="IMAGE",
+                    help="instead of a reclaim: change the engine image to IMAGE with `up` under the load, and count "
+                         "what fails while the replicas restart one after the other")
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir).resolve()
+    if (workdir / "state.json").exists() and json.loads((workdir / "state.json").read_text()).get("resources"):
+        raise SystemExit(f"{workdir} holds a deployed sandbox; destroy it or pick another --workdir")
+    os.environ["FAKE_ENGINE_TOKEN_SECONDS"] = str(args.token_seconds)  # reaches the engines through the nodes' env
+    log = io.StringIO()
+    sandbox = Sandbox(workdir, out=log)
+    print(f"bench: 2 x {args.topology} behind a front in {workdir}; {args.chats} chats, "
+          f"{args.token_seconds * 1000:.0f} ms per token", flush=True)
+    started = time.monotonic()
+    try:
+        if sandbox.up(args.topology, echo=False, config={"replicas": "2"}) != 0:
+            raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
+        print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
+        figures = measure_rolling(sandbox, args) if args.rolling else measure(sandbox, args, log)
+    finally:
+        if not args.keep:
+            sandbox.destroy(echo=False)
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(format_rolling(figures) if args.rolling else format_figures(figures))
+    return 0
+
+
+def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
+    outputs, _ = sandbox.dir.outputs()
+    lost = outputs["replica_node_names"][1][0]
+    lost_ip = outputs["replica_head_private_ips"][1]
+    engine_port = int(sandbox.dir.record()["engine_port"])
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
+        ca.write(outputs["ca_certificate"])
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
+                       args.chats, stop, tally)
+    time.sleep(args.before)
+    before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
+    reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
+    sandbox.reclaim(lost)
+    observer = Observer(lost_ip, engine_port)
+    print(f"bench: {log.getvalue().strip().splitlines()[-1]}; observer on {lost_ip}:{engine_port} after "
+          f"{observer.bound_at - reclaimed_at:.2f} s", flush=True)
+    time.sleep(args.after)
+    stop.set()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = sum(1 for t in threads if t.is_alive())
+    observer.close()
+    os.unlink(ca.name)
+    proxied = [(t - reclaimed_at, line) for t, line in observer.seen if not line.startswith(("GET /health",
+                                                                                             "HEAD /health"))]
+    probes = [t - reclaimed_at for t, line in observer.seen if line.startswith(("GET /health", "HEAD /health"))]
+    tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
+    return {
+        "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
+        "lost_replica_head": lost, "chats": args.chats, "token_seconds": args.token_seconds,
+        "requests": tally.requests, "requests_before_reclaim": before["requests"],
+        "streams_in_flight_at_reclaim": before["in_flight_streams"],
+        "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
+        "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
+        "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
+        "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
+        "streams_hung": hung,
+        "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
+        "requests_reaching_lost_replica_after_reclaim": len(proxied),
+        "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
+        "health_probes_to_lost_replica": len(probes),
+    }
+
+
+def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
+    """Load through the front while `up` rolls a new image over the replicas; what failed, and in which order the
+    replicas restarted (from the steps' own marks in the state)."""
+    from scripts.timeline import bars_from_state
+
+    outputs, _ = sandbox.dir.outputs()
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
+        ca.write(outputs["ca_certificate"])
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
+                       args.chats, stop, tally)
+    time.sleep(args.before)
+    before = tally.requests
+    started = time.monotonic()
+    code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling})
+    took = time.monotonic() - started
+    time.sleep(args.after)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    os.unlink(ca.name)
+    bars = bars_from_state(json.loads(sandbox.dir.state_path.read_text()))
+    order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
+             if b.step in ("launch", "engine-ready")]
+    return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,
+            "requests": tally.requests, "requests_before_up": before,
+            "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
+            "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
+            "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
+            "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
+            "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
+            "restart_order": sorted(order, key=lambda o: o[2])}
+
+
+def format_rolling(f: dict[str, Any]) -> str:
+    t0 = min((o[2] for o in f["restart_order"]), default=0.0)
+    lines = [
+        f"rolling image change to {f['image']}: up exit {f['up_exit']} in {f['up_seconds']} s, under {f['chats']} "
+        "chats",
+        f"{'non-streamed requests through the front':<52} {f['requests']}",
+        f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
+        f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
+        f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
+        f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
+        f"{f['tool_round_trips_started']}",
+        "restart order (s from the first launch):",
+    ]
+    lines += [f"  {label:<18} {step:<13} {start - t0:7.1f} -> {'' if end is None else f'{end - t0:.1f}'}"
+              for label, step, start, end in f["restart_order"]]
+    lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
+    lines += [f"  refused: {x}" for x in f["refused"]]
+    return "\n".join(lines)
+
+
+def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
+    """Seconds after `since` at which the front's Caddy logged a proxied request to `upstream` failing (its log is
+    JSON lines; the active health checker's own lines are left out: it keeps probing a lost replica on purpose)."""
+    log = front_dir / "var/lib/fake-node/docker/containers/kimi-proxy.log"
+    out = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(entry, dict) and upstream in (entry.get("upstream"), entry.get("host"))
+                and "health_checker" not in str(entry.get("logger")) and float(entry.get("ts") or 0) >= since):
+            out.append(float(entry["ts"]) - since)
+    return out
+
+
+def format_figures(f: dict[str, Any]) -> str:
+    lines = [
+        f"lost replica head: {f['lost_replica_head']} (reclaimed after {f['requests_before_reclaim']} requests, "
+        f"{f['streams_in_flight_at_reclaim']} streams in flight)",
+        f"{'non-streamed requests through the front':<52} {f['requests']}",
+        f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
+        f"{'streams: started / completed / cut / refused / hung':<52} {f['streams_started']} / "
+        f"{f['streams_completed']} / {f['streams_cut']} / {f['streams_refused_before_first_chunk']} / "
+        f"{f['streams_hung']}",
+        f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
+        f"{f['tool_round_trips_started']}",
+        f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "
+        f"({f['requests_reaching_lost_replica_after_reclaim']} requests reached it after the reclaim; "
+        f"{f['health_probes_to_lost_replica']} health probes)",
+        f"{'last failed try the front logged for it, s':<52} {f['front_log_last_try_s']} "
+        f"({f['front_log_tries']} failed tries in the front's log after the reclaim)",
+    ]
+    lines += [f"  failed: {x}" for x in f["failures"]]
+    lines += [f"  cut: {x}" for x in f["cut"]]
+    lines += [f"  refused: {x}" for x in f["refused"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

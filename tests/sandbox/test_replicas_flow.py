@@ -1,0 +1,98 @@
+"""Two replicas behind the front in the sandbox: one replica's head reclaimed under load (scripts.bench_replicas),
+and no non-streamed request fails, no stream hangs, every tool-call round trip completes, the front stops using the
+lost replica at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import bench_replicas
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # restored after; the bench sets it for its nodes
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench_replicas.main(["--chats", "8", "--before", "4", "--after", "8", "--json",
+                                    "--workdir", str(tmp_path / "sb")])
+    assert code == 0
+    text = out.getvalue()
+    figures = json.loads(text[text.index("{"):])
+    print(bench_replicas.format_figures(figures))
+    assert figures["requests_before_reclaim"] > 0 and figures["streams_in_flight_at_reclaim"] > 0
+    assert figures["failed_non_streamed"] == 0, figures["failures"]
+    assert figures["streams_refused_before_first_chunk"] == 0, figures["refused"]
+    assert figures["streams_hung"] == 0
+    # Only streams under way on the lost replica may be cut, and each ended with an error (counted, not hung).
+    assert figures["streams_cut"] <= figures["streams_in_flight_at_reclaim"]
+    assert figures["tool_round_trips_completed"] == figures["tool_round_trips_started"] > 0
+    assert figures["seconds_until_front_sends_nothing_more"] < 5
+    assert figures["front_log_last_try_s"] < 5
+    # After the reclaim the load went on through the surviving replica.
+    assert figures["requests"] > figures["requests_before_reclaim"]
+
+
+def _hub_bytes(sandbox) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{sandbox.dir.record()['hub_url']}/_fake/stats", timeout=10) as answer:
+        return int(json.load(answer)["body_bytes"])
+
+
+def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Path):
+    """First bring-up of 2 replicas: each file from the hub once (1.0x). Reclaim replica 1's head, `up` again: the VM
+    is re-created, its weights come from replica 0's node over the fan-out (0 hub bytes), the front serves again."""
+    from sandbox.kimi import Sandbox
+
+    log = io.StringIO()
+    sandbox = Sandbox(tmp_path / "sb", out=log)
+    try:
+        assert sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        first = _hub_bytes(sandbox)
+        outputs, _ = sandbox.dir.outputs()
+        progress = json.loads((sandbox.dir.nodes / outputs["node_private_ips"][0] / "ephemeral/kimi/progress"
+                               / "weights.json").read_text())
+        assert first == progress["bytes_total"], (first, progress)  # 1.0x the checkpoint for the whole stack
+        lost = outputs["replica_node_names"][1][0]
+        sandbox.reclaim(lost)
+        assert sandbox.up(None, echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        assert _hub_bytes(sandbox) == first, "the re-created replica pulled from the hub"
+        again, _ = sandbox.dir.outputs()
+        new_ip = again["replica_head_private_ips"][1]
+        assert new_ip != outputs["replica_head_private_ips"][1]
+        fetched = json.loads((sandbox.dir.nodes / new_ip / "ephemeral/kimi/progress/weights.json").read_text())
+        assert fetched["hub_bytes"] == 0 and fetched["peer_bytes"] == progress["bytes_total"], fetched
+        assert again["endpoint_url"] == outputs["endpoint_url"]
+        assert sandbox.verify() == 0
+    finally:
+        sandbox.destroy(echo=False)
+
+
+def test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench_replicas.main(["--rolling", "vllm/vllm-openai:kimi-k31-rolled", "--chats", "4", "--before", "3",
+                                    "--after", "3", "--json", "--workdir", str(tmp_path / "sb")])
+    assert code == 0
+    text = out.getvalue()
+    figures = json.loads(text[text.index("{"):])
+    print(bench_replicas.format_rolling(figures))
+    assert figures["up_exit"] == 0
+    assert figures["failed_non_streamed"] == 0, figures["failures"]
+    assert figures["tool_round_trips_completed"] == figures["tool_round_trips_started"] > 0
+    steps = {(label, step): (start, end) for label, step, start, end in figures["restart_order"]}
+    r0_ready_end = steps[("replica 0 node0", "engine-ready")][1]
+    r1_launch_start = steps[("replica 1 node0", "launch")][0]
+    # Replica 1 restarts only once replica 0 serves again on the new image.
+    assert r0_ready_end is not None and r1_launch_start >= r0_ready_end
+    assert steps[("replica 0 node0", "launch")][0] < r1_launch_start
