@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ class ProxiedEngine:
     """
 
     def __init__(self, settings: FakeSettings, api_key: str, host: str = "127.0.0.1",
-                 startup_timeout: float = 20.0, ca: tuple[str, str] | None = None) -> None:
-        """`ca` (certificate PEM, key PEM) signs the proxy's certificate; by default a CA of its own."""
+                 startup_timeout: float = 20.0, ca: tuple[str, str] | None = None,
+                 config: Callable[[Path, int, int], str] | None = None) -> None:
+        """`ca` (certificate PEM, key PEM) signs the proxy's certificate; by default a CA of its own. `config(dir,
+        api_port, engine_port)` renders another Caddyfile for the same files (the front's); by default the head's."""
         if settings.api_key:
             raise ValueError("the engine behind the proxy runs without a key; give the key to the proxy only")
         binary = caddy_binary()
@@ -51,6 +54,7 @@ class ProxiedEngine:
         self.dir = Path(tempfile.mkdtemp(prefix="kimi-head-"))
         self.ca_certificate = ""
         self._ca = ca
+        self._config = config
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
         self._engine_started = False
@@ -89,7 +93,9 @@ class ProxiedEngine:
         ca, ca_key = self._ca or tls.make_ca("kimi-cluster fake head CA")
         cert, key = tls.make_server_certificate(ca, ca_key, [self.host])
         self.ca_certificate = ca
-        self._write(proxy.CONFIG_FILE, proxy.caddyfile(self.port, f"127.0.0.1:{self.engine.port}"), 0o644)
+        config = (self._config(self.dir, self.port, self.engine.port) if self._config
+                  else proxy.caddyfile(self.port, f"127.0.0.1:{self.engine.port}"))
+        self._write(proxy.CONFIG_FILE, config, 0o644)
         self._write(proxy.CERT_FILE, cert, 0o644)
         self._write(proxy.CA_FILE, ca, 0o644)
         self._write(proxy.TLS_KEY_FILE, key, 0o600)

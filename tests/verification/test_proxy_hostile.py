@@ -11,15 +11,19 @@ import shutil
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
+from components import front, proxy
+from components.settings import load_settings
 from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeSettings
 
 # curl speaks both HTTP/1.1 and HTTP/2 to the proxy, as the readiness wait does.
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="these probes are curl's, as readiness's are")
 
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 KEY = "k3y-" + "A1b2C3d4E5f6G7h8" * 2  # the stack's keys are 43 url-safe characters; any token of 16 or more works
 
 
@@ -62,9 +66,18 @@ class Recorder:
         self.httpd.server_close()
 
 
-@pytest.fixture(scope="module")
-def head():
-    proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY)
+def front_config(folder: Path, api_port: int, engine_port: int) -> str:
+    """The front's Caddyfile (replicas >= 2) over one replica, the recorder; its admin socket in the test's folder."""
+    settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
+                              "apiPort": api_port, "enginePort": engine_port}, "dev")
+    return front.caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+
+
+# The same attacks on both Caddyfiles that hold the bearer check: a head's proxy, and the front over the replicas.
+@pytest.fixture(scope="module", params=["head proxy", "front"])
+def head(request):
+    proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY,
+                            config=front_config if request.param == "front" else None)
     proxied.engine = Recorder()  # type: ignore[assignment]  # the same start/stop/port/url as the fake engine
     with proxied:
         yield proxied
@@ -77,9 +90,11 @@ def curl(head, *args: str) -> str:
 
 
 def reached(head, *args: str) -> tuple[str, list]:
+    """The status code, and what the proxy forwarded meanwhile. Caddy sets X-Forwarded-For on every request it
+    proxies; the front's own active health checks (every second, to each replica) carry none, and are not counted."""
     before = len(head.engine.seen)
     code = curl(head, *args)
-    return code, head.engine.seen[before:]
+    return code, [r for r in head.engine.seen[before:] if "X-Forwarded-For" in r[2]]
 
 
 @pytest.mark.parametrize("state", ["empty", "newline only", "missing"])
