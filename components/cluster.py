@@ -242,8 +242,10 @@ class InferenceCluster(pulumi.ComponentResource):
                             ssh_private_key=ssh_private_key, credentials=kernel_cache_credentials,
                             host_key=built[0].host_keys[0], opts=pulumi.ResourceOptions(parent=self,
                                                                                         depends_on=[built[0].ready]))
+        # As on one replica: clients dial apiHostname when it is set (its DNS record, pointed at the front, is the
+        # user's); else the front's address.
         endpoint_url = pulumi.Output.all(the_front.ready.stdout, front_public_ip).apply(
-            lambda args: f"https://{args[1]}:{settings.api_port}")
+            lambda args: f"https://{settings.api_hostname or args[1]}:{settings.api_port}")
         all_vms = [vm for g in built for vm in g.vms]
         outputs = self._outputs(settings, endpoint_url, api_key_value, ca_pem, all_vms, env, placement, quote)
         outputs.update({

@@ -214,3 +214,15 @@ def test_the_weight_fan_out_spans_every_replica(two, two_b300):
     b300 = two_b300.by_name["kimi-r1-node0-weights"].script()
     assert "--rank 1 --peers 10.0.0.10:20100,10.0.1.10:20100" in b300
     assert two_b300.by_name["kimi-r1-node0-weights"].values()["stdin"].count("\n") == 2  # hub token, peer token
+
+
+def test_behind_a_front_the_api_hostname_is_what_clients_dial_and_what_the_ca_may_name():
+    host = "kimi.team.example.com"
+    cfg, secret = config(replicas="2", apiHostname=host)
+    rec = run_program(cfg, secret, outputs_for)
+    assert rec.exports["endpoint_url"] == f"https://{host}:8000"
+    assert f"https://{host}:8000/v1" in dumps(rec.exports["client_configs"])
+    [cert] = rec.of_type(":ServerCertificate")
+    assert cert.values()["dns_names"] == [host] and cert.values()["ip_addresses"] == [FRONT_PUBLIC]
+    [ca] = rec.of_type(":CertificateAuthority")
+    assert ca.values()["permitted_dns_names"] == [host]
