@@ -138,7 +138,7 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
         if max_len:
             items.append(("--max-model-len", str(max_len)))
     elif settings.engine_name == "tokenspeed":
-        items = _tokenspeed_argv(settings, port)
+        items = _tokenspeed_argv(settings, port, host)
     else:
         tp = str(settings.tensor_parallel)
         items = [
@@ -179,7 +179,7 @@ def tokenspeed_metrics_port(settings: Settings) -> int:
     return settings.engine_port + 2
 
 
-def _tokenspeed_argv(settings: Settings, port: str) -> list[Item]:
+def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:
     """`tokenspeed serve`: its CLI splits these between the engine (ServerArgs) and the smg gateway (host, port,
     parsers, metrics). Kimi-K3 at TP8 wants the vision encoder at TP1 x DP8 and an FP8 KV cache (docs/recipes)."""
     items: list[Item] = [
@@ -193,8 +193,9 @@ def _tokenspeed_argv(settings: Settings, port: str) -> list[Item]:
         # TokenSpeed's own names for Kimi K3's parsers (cli/serve_smg.py KIMI_K3_*_PARSER), the same words.
         ("--reasoning-parser", PARSER),
         ("--tool-call-parser", PARSER),
-        ("--host", ENGINE_HOST),
+        ("--host", host),
         ("--port", port),
+        # Counters stay on the head's loopback, behind its proxy or read over SSH: the front never asks for them.
         ("--prometheus-host", ENGINE_HOST),
         ("--prometheus-port", str(tokenspeed_metrics_port(settings))),
     ]

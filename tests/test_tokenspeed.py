@@ -54,6 +54,11 @@ def test_the_command_line_is_tokenspeed_serve_with_the_recipes_flags_and_no_key(
     assert "--api-key" not in text and "--enable-auto-tool-choice" not in text
 
 
+def test_behind_a_front_the_gateway_binds_the_heads_private_address_and_its_counters_stay_on_loopback():
+    argv = " ".join(str(w) for w in launch.flatten(launch.engine_argv(_settings(replicas="2"), 0, "10.0.0.5")))
+    assert "--host 10.0.0.5" in argv and "--prometheus-host 127.0.0.1" in argv
+
+
 @pytest.mark.parametrize("arg", ["--tp", "--attn-tp-size=4", "--prometheus-port", "--api-key", "--headless",
                                  "--control-port"])
 def test_extra_engine_args_cannot_take_what_the_program_owns(arg):
