@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import difflib
 import ipaddress
 import json
 import math
@@ -1212,10 +1213,13 @@ def _format_errors(err: ValidationError | None, extra: list[str] | None = None) 
         if e["type"] == "missing":
             lines.append(f"{NAMESPACE}:{key} is required; {_how_to_set(key)}")
         elif e["type"] == "extra_forbidden":
-            known = ", ".join(sorted(
-                f"kernelCache.{f.alias or n}" for n, f in KernelCacheSettings.model_fields.items()
-            ) if key.startswith("kernelCache.") else sorted(config_keys()))
-            lines.append(f"{NAMESPACE}:{key} is not a known setting; known settings: {known}")
+            names = sorted(f"kernelCache.{f.alias or n}" for n, f in KernelCacheSettings.model_fields.items()
+                           ) if key.startswith("kernelCache.") else sorted(config_keys())
+            # The likely intended key first: the whole list is long enough that the error's bound may cut it.
+            by_lower = {n.lower(): n for n in names}
+            close = [by_lower[m] for m in difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.75)]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{NAMESPACE}:{key} is not a known setting{hint}; known settings: {', '.join(names)}")
         elif key:
             lines.append(f"{NAMESPACE}:{key}: {msg}; {_how_to_set(key)}")
         else:
