@@ -14,7 +14,6 @@ clipboard write, a title change) reaches the operator's terminal.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -26,9 +25,11 @@ from typing import Any
 
 import requests
 
+from components.engine_metrics import parse_metrics
 from components.hyperstack.api import HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner, probe_command
 from components.pricing import catalog_quote, token_cost
+from components.replica_status import replicas_view
 from components.settings import Settings
 from components.stack_state import NodeRecord, StackState
 
@@ -37,16 +38,6 @@ STALL_SECONDS = 600          # no download progress for 10 minutes: stuck
 CRASH_LOOP_RESTARTS = 3      # the engine restarted this often: crash-looping
 PROBE_TIMEOUT_S = 60.0
 HTTP_TIMEOUT_S = 10.0
-
-# Prometheus counters the engines export on /metrics (SGLang with --enable-metrics; vLLM by default; TokenSpeed's smg
-# gateway on its metrics listener, tokens as smg_router_tokens_total{token_type="input"|"output"}, which smg counts
-# for streamed chat responses and Anthropic messages, not for non-streamed chat completions: its docs/metrics).
-_REQUESTS = ("sglang:num_requests_total", "vllm:request_success_total", "smg_router_requests_total")
-_PROMPT_TOKENS = ("sglang:prompt_tokens_total", "vllm:prompt_tokens_total", "smg_router_tokens_total:input")
-_GEN_TOKENS = ("sglang:generation_tokens_total", "vllm:generation_tokens_total", "smg_router_tokens_total:output")
-_BY_TOKEN_TYPE = "smg_router_tokens_total"
-_TOKEN_TYPE = re.compile(r'token_type="([a-z_]+)"')
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)")
 
 
 @dataclass
@@ -245,25 +236,6 @@ def _endpoint_view(base_url: str, api_key: str | None, model: str, verify: str |
     return view
 
 
-def parse_metrics(text: str) -> dict[str, Any]:
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(3) != "NaN":
-            name = match.group(1)
-            if name == _BY_TOKEN_TYPE:
-                kind = _TOKEN_TYPE.search(match.group(2) or "")
-                name = f"{name}:{kind.group(1) if kind else ''}"
-            sums[name] = sums.get(name, 0.0) + float(match.group(3))
-
-    def first(names: tuple[str, ...]) -> int | None:
-        return next((int(sums[n]) for n in names if n in sums), None)
-
-    out = {"requests": first(_REQUESTS), "prompt_tokens": first(_PROMPT_TOKENS),
-           "generation_tokens": first(_GEN_TOKENS)}
-    return {k: v for k, v in out.items() if v is not None}
-
-
 def advice(nodes: list[dict[str, Any]], endpoint: Mapping[str, Any]) -> str | None:
     """One line: the first thing stuck, and what to do about it."""
     for node in nodes:
@@ -332,7 +304,6 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
                                       endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
-    from components.replica_status import replicas_view  # replicas >= 2: it reads this module's metrics parser
 
     if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
         report["replicas"] = replicas

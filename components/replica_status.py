@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.cluster_status import parse_metrics
+from components.engine_metrics import parse_metrics
 from components.node_exec import NodeRunner
 from components.stack_state import Connection, StackState
 
