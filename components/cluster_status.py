@@ -2,8 +2,8 @@
 container; the endpoint's health and traffic; uptime and cost so far; one line of advice when something is stuck.
 
 Gathered from three places, each optional: the Hyperstack API (VM state and creation time), each node (the probe
-`scripts/node_status.py`, run the way the stack's node commands run), and the endpoint (HTTP, with the stack's API
-key in the Authorization header only). Nothing secret is put into the result.
+`node_programs/node_status.py`, run the way the stack's node commands run), and the endpoint (HTTP, with the stack's
+API key in the Authorization header only). Nothing secret is put into the result.
 
 What a node or the endpoint answers is whatever runs there, a compromised engine included: the probe's JSON is
 checked field by field (a wrong type is dropped, never raised on), and every string from a node or the endpoint has
@@ -33,7 +33,7 @@ from components.replica_status import replicas_view
 from components.settings import Settings
 from components.stack_state import NodeRecord, StackState
 
-PROBE = Path(__file__).resolve().parents[1] / "scripts" / "node_status.py"
+PROBE = Path(__file__).resolve().parents[1] / "node_programs" / "node_status.py"
 STALL_SECONDS = 600          # no download progress for 10 minutes: stuck
 CRASH_LOOP_RESTARTS = 3      # the engine restarted this often: crash-looping
 PROBE_TIMEOUT_S = 60.0
@@ -86,8 +86,8 @@ def _opt_text(value: Any) -> str | None:
 
 
 def checked_probe(raw: Any) -> dict[str, Any]:
-    """The probe's JSON as the shape scripts/node_status.py prints, whatever the node sent: fields of the wrong type
-    are dropped or defaulted, strings made printable. Only what the status screen reads is kept."""
+    """The probe's JSON as the shape node_programs/node_status.py prints, whatever the node sent: fields of the wrong
+    type are dropped or defaulted, strings made printable. Only what the status screen reads is kept."""
     if not isinstance(raw, dict):
         return {"error": "the probe printed JSON that is not an object"}
     steps = []

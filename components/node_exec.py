@@ -131,6 +131,6 @@ class SshRunner:
 
 
 def probe_command(node_root: str, storage_path: str, repo_folder: str, bytes_total: int) -> str:
-    """The shell text that runs scripts/node_status.py (sent on stdin) on a node."""
+    """The shell text that runs node_programs/node_status.py (sent on stdin) on a node."""
     return shlex.join(["python3", "-", "--node-root", node_root, "--storage-path", storage_path,
                        "--repo-folder", repo_folder, "--bytes-total", str(bytes_total)])

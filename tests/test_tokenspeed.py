@@ -135,7 +135,7 @@ def test_status_reads_smgs_counters_by_token_type():
 
 
 def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():
-    from scripts import kernel_cache as node_side
+    from node_programs import kernel_cache as node_side
 
     env = dict(launch.container_env(_settings(), private_ip="10.0.0.1", nic="ens6", threads="28"))
     for name in ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", "MINFER_FMHA_CACHE_DIR"):

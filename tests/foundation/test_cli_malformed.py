@@ -1,5 +1,5 @@
 """Malformed input to each command-line tool ends in exactly one `error:` line and exit code 2, never a traceback:
-scripts.status, scripts.timeline, scripts.verify_endpoint, scripts.bench_weights and scripts.proxy_bench."""
+scripts.status, scripts.timeline, scripts.verify_endpoint, benchmarks.bench_weights and benchmarks.bench_proxy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_weights, proxy_bench, status, timeline, verify_endpoint
+from benchmarks import bench_proxy, bench_weights
+from scripts import status, timeline, verify_endpoint
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 T0 = "2026-01-01T00:00:00Z"
@@ -155,4 +156,4 @@ def test_bench_weights_refuses_what_measures_nothing(tmp_path, capsys, argv, nee
 ])
 def test_proxy_bench_refuses_counts_of_nothing_and_a_missing_sandbox(tmp_path, capsys, argv, needle):
     files = {"missing": str(tmp_path / "none"), "file": _file(tmp_path, "f", "mine")}
-    assert needle in one_error(capsys, proxy_bench.main([a.format(**files) for a in argv]))
+    assert needle in one_error(capsys, bench_proxy.main([a.format(**files) for a in argv]))

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from components import kernel_cache
-from scripts import kernel_cache as program
+from node_programs import kernel_cache as program
 from tests.kernel_cache.conftest import BUCKET
 from tests.kernel_cache.test_restore_save import cache_dir, compiled, files_under, run_step, settings_for
 

@@ -1,4 +1,4 @@
-"""scripts/check_download.py against the fake hub: a complete snapshot passes; each kind of damage is named."""
+"""node_programs/check_download.py against the fake hub: a complete snapshot passes; each kind of damage is named."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import snapshot_download
 
-from scripts import check_download
+from node_programs import check_download
 from tests.node.conftest import REPO, REVISION, hub_with
 
 SHARD2 = "model-00002-of-00003.safetensors"

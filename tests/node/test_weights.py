@@ -165,8 +165,8 @@ PEER_TOKEN = "peerCANARY-token-8e21"
 
 
 def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashes(node_factory):
+    from benchmarks.bench_weights import free_port
     from components.node import render_node_scripts
-    from scripts.bench_weights import free_port
 
     ips = [f"127.0.0.{2 + r}" for r in range(4)]
     nodes = [node_factory(private_ip=ip) for ip in ips]

@@ -1,4 +1,4 @@
-"""Two replicas behind the front in the sandbox: one replica's head reclaimed under load (scripts.bench_replicas),
+"""Two replicas behind the front in the sandbox: one replica's head reclaimed under load (benchmarks.bench_replicas),
 and no non-streamed request fails, no stream hangs, every tool-call round trip completes, the front stops using the
 lost replica at once.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_replicas
+from benchmarks import bench_replicas
 
 pytestmark = pytest.mark.timeout(600)
 

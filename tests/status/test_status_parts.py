@@ -121,7 +121,7 @@ def test_the_probe_reads_a_node_before_any_progress_file_exists(tmp_path):
     env = {"HOME": str(home), "PATH": f"{bin_dir}:{ROOT / 'fakes/node/bin'}:{os.environ['PATH']}",
            "FAKE_NODE_ROOT": str(home)}
     argv = ["bash", "-c", probe_command(".", "/ephemeral", "models--org--m", 1000).replace("python3", sys.executable)]
-    done = subprocess.run(argv, cwd=home, env=env, input=(ROOT / "scripts/node_status.py").read_text(),
+    done = subprocess.run(argv, cwd=home, env=env, input=(ROOT / "node_programs/node_status.py").read_text(),
                           capture_output=True, text=True, timeout=60)
     report = json.loads(done.stdout)
     assert report["weights"]["bytes_done"] == 250 and report["weights"]["source"] == "size of the hub cache"
@@ -195,7 +195,7 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 def test_the_probe_knows_every_step_the_nodes_run():
     from components.node import SUMMARIES
     from components.weights import PROGRESS_FILE
-    from scripts import node_status
+    from node_programs import node_status
 
     assert set(node_status.STEPS) == set(SUMMARIES)
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package

@@ -1,4 +1,4 @@
-"""scripts/fetch_weights.py on several loopback "nodes" (127.0.0.2, .3, ...) against the fake hub.
+"""node_programs/fetch_weights.py on several loopback "nodes" (127.0.0.2, .3, ...) against the fake hub.
 
 Each node is the real program in its own process with its own cache, exactly as the weights unit runs it; the hub
 sees each node as its own client address. No test here asserts a time.
@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from benchmarks.bench_weights import free_port
 from components.weights import assign
 from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
-from scripts.bench_weights import free_port
-from scripts.fetch_weights import peer_authorization
+from node_programs.fetch_weights import peer_authorization
 
 PROJECT = Path(__file__).resolve().parents[2]
 REPO = "moonshotai/Kimi-K3.1-Pro"
@@ -47,7 +47,7 @@ class Cluster:
     def argv(self, r: int) -> list[str]:
         d = self.dir(r)
         peers = ",".join(f"{h}:{self.port}" for h in self.hosts) if self.n > 1 else ""
-        argv = [sys.executable, "-m", "scripts.fetch_weights", "--repo", REPO, "--revision", REVISION,
+        argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
                 "--cache-dir", str(d / "hf/hub"), "--record", str(d / f"kimi/verified/{REVISION}.json"),
                 "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
                 "--endpoint", self.hub.url, "--rank", str(r), "--peers", peers,
@@ -158,7 +158,8 @@ def test_the_peer_server_refuses_a_wrong_token_and_unfinished_files(cluster):
             time.sleep(0.1)
         assert httpx2.get(f"{url}/status").status_code == 401
         assert httpx2.get(f"{url}/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        # The token signs each request (scripts/fetch_weights.py peer_authorization); sent as itself it opens nothing.
+        # The token signs each request (node_programs/fetch_weights.py peer_authorization); sent as itself it opens
+        # nothing.
         assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
         ok = httpx2.get(f"{url}/status", headers={"Authorization": peer_authorization(TOKEN, "GET", "/status")})
         assert ok.status_code == 200 and ok.json()["complete"] is False

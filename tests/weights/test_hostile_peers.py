@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from benchmarks.bench_weights import free_port
 from components.hub_names import UnsafeName, checked_etag, checked_name
 from fakes.hub import FakeHub, HubFile, tiny_repo
-from scripts import check_download
-from scripts import fetch_weights as fw
-from scripts.bench_weights import free_port
+from node_programs import check_download
+from node_programs import fetch_weights as fw
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
 
 # ---- 4. hub file names ------------------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_etags_must_be_40_or_64_lower_hex(etag):
 
 def run_single(tmp: Path, hub: FakeHub) -> tuple[int, str, str]:
     d = tmp / "node"
-    argv = [sys.executable, "-m", "scripts.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "verified.json"),
             "--progress-file", str(d / "progress.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "2", "--poll-seconds", "0.2"]
@@ -285,7 +285,7 @@ def run_beside(tmp: Path, hub: FakeHub, status_for: object, trickle: bool = Fals
     peer = HostilePeer(hosts[1], port, status_for, trickle)
     (tmp / "peer_token").write_text(TOKEN)
     d = tmp / "node0"
-    argv = [sys.executable, "-m", "scripts.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "verified.json"),
             "--progress-file", str(d / "progress.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--rank", "0", "--peers", ",".join(f"{h}:{port}" for h in hosts),

@@ -1,6 +1,7 @@
 """What the head's TLS proxy adds, measured side by side in one run against a deployed sandbox:
 
-    python -m scripts.sandbox up && python -m scripts.proxy_bench [--workdir .sandbox] [--requests 200] [--streams 20]
+    python -m scripts.sandbox up && python -m benchmarks.bench_proxy [--workdir .sandbox] [--requests 200] \
+        [--streams 20]
 
 The same requests go to the engine directly (plain HTTP on the head's loopback, as only the head can reach it) and
 through the proxy (TLS verified against the stack's CA, with the key), interleaved so both see the same machine load.
@@ -109,7 +110,7 @@ MAX_COUNT = 100_000
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.proxy_bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help=f"the sandbox's workdir (default {DEFAULT_WORKDIR})")
     parser.add_argument("--requests", type=int, default=200, help="chat completions each way (default 200)")
     parser.add_argument("--streams", type=int, default=20, help="streamed completions each way (default 20)")

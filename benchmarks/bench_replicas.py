@@ -1,7 +1,7 @@
 """Lose a replica under load: N concurrent chats through the front, one replica's head reclaimed in the middle.
 
-    python -m scripts.bench_replicas [--topology b300x1-vllm] [--chats 16] [--token-seconds 0.02]
-                                     [--before 6] [--after 12] [--workdir .sandbox-bench-replicas] [--json]
+    python -m benchmarks.bench_replicas [--topology b300x1-vllm] [--chats 16] [--token-seconds 0.02]
+                                        [--before 6] [--after 12] [--workdir .sandbox-bench-replicas] [--json]
 
 Brings up a 2-replica sandbox (FAKE_ENGINE_TOKEN_SECONDS paces every answer, so requests are in flight), runs
 `--chats` workers through the official `openai` client against the front (TLS with the stack's CA, the stack's key,
@@ -173,7 +173,7 @@ def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.bench_replicas", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_replicas", description=__doc__.splitlines()[0])
     ap.add_argument("--topology", choices=TOPOLOGIES, default="b300x1-vllm")
     ap.add_argument("--chats", type=int, default=16, help="concurrent chats (half tool round trips, half streams)")
     ap.add_argument("--token-seconds", type=float, default=0.02, help="the fake engines' decode time per token")
@@ -210,17 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
-    outputs, _ = sandbox.dir.outputs()
-    lost = outputs["replica_node_names"][1][0]
-    lost_ip = outputs["replica_head_private_ips"][1]
-    engine_port = int(sandbox.dir.record()["engine_port"])
+def start_load(outputs: dict[str, Any], args: argparse.Namespace,
+               ) -> tuple[str, Tally, threading.Event, list[threading.Thread]]:
+    """The load both measurements run under: `--chats` workers through the front, trusting the stack's CA (written
+    to a file the caller removes), running for `--before` seconds before this returns. Returns the CA file's path,
+    the tally, the event that stops the workers, and their threads."""
     with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
         ca.write(outputs["ca_certificate"])
     tally, stop = Tally(), threading.Event()
     threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
                        args.chats, stop, tally)
     time.sleep(args.before)
+    return ca.name, tally, stop, threads
+
+
+def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
+    outputs, _ = sandbox.dir.outputs()
+    lost = outputs["replica_node_names"][1][0]
+    lost_ip = outputs["replica_head_private_ips"][1]
+    engine_port = int(sandbox.dir.record()["engine_port"])
+    ca, tally, stop, threads = start_load(outputs, args)
     before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
     reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
     sandbox.reclaim(lost)
@@ -234,7 +243,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         t.join(max(0.0, deadline - time.monotonic()))
     hung = sum(1 for t in threads if t.is_alive())
     observer.close()
-    os.unlink(ca.name)
+    os.unlink(ca)
     proxied = [(t - reclaimed_at, line) for t, line in observer.seen if not line.startswith(("GET /health",
                                                                                              "HEAD /health"))]
     probes = [t - reclaimed_at for t, line in observer.seen if line.startswith(("GET /health", "HEAD /health"))]
@@ -262,12 +271,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     from scripts.timeline import bars_from_state
 
     outputs, _ = sandbox.dir.outputs()
-    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
-        ca.write(outputs["ca_certificate"])
-    tally, stop = Tally(), threading.Event()
-    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
-                       args.chats, stop, tally)
-    time.sleep(args.before)
+    ca, tally, stop, threads = start_load(outputs, args)
     before = tally.requests
     started = time.monotonic()
     code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling})
@@ -276,7 +280,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     stop.set()
     for t in threads:
         t.join(60)
-    os.unlink(ca.name)
+    os.unlink(ca)
     bars = bars_from_state(json.loads(sandbox.dir.state_path.read_text()))
     order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
              if b.step in ("launch", "engine-ready")]

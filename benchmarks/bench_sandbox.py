@@ -1,6 +1,6 @@
 """Sandbox `up` of a 4-node and an 8-node cluster, measured side by side in one run: what the host's 4-call limit costs.
 
-    python -m scripts.sandbox_bench [--build-seconds 0.3 5] [--workdir .sandbox-bench]
+    python -m benchmarks.bench_sandbox [--build-seconds 0.3 5] [--workdir .sandbox-bench]
 
 Pulumi's dynamic provider host serves at most 4 calls at once, and a VM's create holds one of them until the VM is
 ACTIVE with its address: with more than 4 VMs, the 5th create starts only when one of the first 4 is done. For each
@@ -61,7 +61,7 @@ def _measure(workdir: Path, topology: str, config: dict[str, str]) -> dict[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.sandbox_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sandbox", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build-seconds", type=float, nargs="+", default=[0.3, 5.0],
                         help="emulated VM boot times (seconds in BUILD) to measure with")

@@ -1,6 +1,6 @@
 """Time to ready with and without a kept kernel cache, measured side by side in one run of the sandbox.
 
-    python -m scripts.bench_kernel_cache [--topology b300x1-vllm] [--workdir .sandbox-bench]
+    python -m benchmarks.bench_kernel_cache [--topology b300x1-vllm] [--workdir .sandbox-bench]
 
 Runs `sandbox up` on an empty kernel-cache bucket (the fake engine compiles for FAKE_COMPILE_SECONDS), `sandbox
 destroy` (the bucket is kept, as a team's own bucket outlives the cluster), `sandbox up` again (every node restores
@@ -69,7 +69,7 @@ def engine_lines(sandbox: Sandbox) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.bench_kernel_cache", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_kernel_cache", description=__doc__.splitlines()[0])
     ap.add_argument("--topology", choices=TOPOLOGIES, default="b300x1-vllm")
     ap.add_argument("--workdir", default=".sandbox-bench")
     args = ap.parse_args(argv)

@@ -1,13 +1,13 @@
 """Benchmark: the 4-node weight download, naive (every node pulls everything) vs sharded with peer fan-out.
 
-    python -m scripts.bench_weights [--nodes 4] [--shards 96] [--shard-bytes 2500000] [--cap 4e6] [--json]
+    python -m benchmarks.bench_weights [--nodes 4] [--shards 96] [--shard-bytes 2500000] [--cap 4e6] [--json]
 
 One run, on loopback: a fake hub (fakes/hub.py) serving a synthetic repository with a bandwidth cap per client
-address, and `scripts/fetch_weights.py` as each node's program, each node on its own loopback address (127.0.0.2,
-.3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after the other:
-naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub. Hub bytes
-are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the last one's
-exit. Nothing here asserts a time; it prints what it measured.
+address, and `node_programs/fetch_weights.py` as each node's program, each node on its own loopback address
+(127.0.0.2, .3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after
+the other: naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub.
+Hub bytes are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the
+last one's exit. Nothing here asserts a time; it prints what it measured.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def free_port(hosts: list[str]) -> int:
 
 def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float) -> list[str]:
     d = work / f"node{rank}"
-    return [sys.executable, "-m", "scripts.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    return [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "kimi/verified" / f"{REVISION}.json"),
             "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "16", "--rank", str(rank), "--peers", peers,
@@ -129,7 +129,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.bench_weights", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_weights", description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--shards", type=int, default=96)
     ap.add_argument("--shard-bytes", type=int, default=2_500_000)

@@ -1,0 +1,54 @@
+"""The programs in node_programs/ reach the nodes byte for byte: each step that ships one carries its file's exact
+text, and the status probe sends node_status.py's exact text. So moving a program (and not changing it) cannot change
+a step's command, and a step re-runs only when its program's bytes change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components import cluster_status, node
+from components.node import render_node_scripts
+from components.stack_state import Connection, NodeRecord
+from tests.node.conftest import make_settings
+
+PROGRAMS = Path(__file__).resolve().parents[2] / "node_programs"
+CACHE = json.dumps({"bucket": "my-team-kimi-kernels", "region": "eu-central-1"})
+CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"
+
+
+def test_the_node_side_programs_are_read_from_node_programs():
+    assert node.FETCH_SOURCE == PROGRAMS / "fetch_weights.py"
+    assert node.CHECK_SOURCE == PROGRAMS / "check_download.py"
+    assert node.KERNEL_CACHE_SOURCE == PROGRAMS / "kernel_cache.py"
+    assert cluster_status.PROBE == PROGRAMS / "node_status.py"
+
+
+@pytest.mark.parametrize("topology", ["h100x4-sglang", "b300x1-vllm"])
+def test_each_step_embeds_its_programs_exact_bytes(topology):
+    settings = make_settings(topology, kernelCache=CACHE, kernelCacheCredentials=CREDS)
+    fetch = (PROGRAMS / "fetch_weights.py").read_text(encoding="utf-8")
+    check = (PROGRAMS / "check_download.py").read_text(encoding="utf-8")
+    cache = (PROGRAMS / "kernel_cache.py").read_text(encoding="utf-8")
+    for rank in range(settings.nodes):
+        scripts = render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10")
+        assert fetch in scripts["weights"]
+        assert check in scripts["check"]
+        assert cache in scripts["cache-restore"]
+        if rank == 0:
+            assert cache in scripts["cache-save"]
+
+
+def test_the_status_probe_sends_node_status_exactly():
+    sent: list[str] = []
+
+    class Recorder:
+        def run(self, connection: Connection, command: str, stdin: str, timeout: float) -> tuple[int, str, str]:
+            sent.append(stdin)
+            return 0, "{}", ""
+
+    record = NodeRecord(0, "kimi-dev-node0", "1", "203.0.113.10", "10.0.0.10", Connection("203.0.113.10", "ubuntu"))
+    cluster_status.probe_node(Recorder(), record, make_settings())
+    assert sent == [(PROGRAMS / "node_status.py").read_text(encoding="utf-8")]
