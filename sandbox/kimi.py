@@ -502,7 +502,7 @@ class Sandbox:
 
     def _draw_timeline(self, topology: str) -> None:
         """The bring-up as a picture, from the step marks in the commands' stdout (as from a real stack's export)."""
-        from scripts.timeline import write_timeline
+        from components.timeline import write_timeline
 
         out = self.dir.root / "timeline.png"
         try:
@@ -568,7 +568,7 @@ class Sandbox:
     def status(self, as_json: bool = False, watch: float | None = None) -> int:
         """`python -m scripts.status` against this sandbox: its state file, its node setting, its emulator."""
         from components.stack_state import load_state_file
-        from scripts.status import run
+        from components.status_report import run
 
         record = self.dir.record()
         if not self.dir.state_path.exists() or not record:

@@ -21,7 +21,7 @@ import pytest
 
 from components import cluster_status
 from components.stack_state import parse_state
-from scripts.status import format_report
+from components.status_report import format_report
 from tests.node.conftest import make_settings
 from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
 

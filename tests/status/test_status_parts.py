@@ -202,7 +202,7 @@ def test_the_probe_knows_every_step_the_nodes_run():
 
 
 def test_without_an_api_key_the_screen_says_what_it_cannot_know():
-    from scripts.status import format_report
+    from components.status_report import format_report
 
     report = {"stack": "dev", "topology": "h100x4-sglang", "region": "CANADA-1", "uptime_s": None,
               "hourly_cost_usd": 83.2, "cost_so_far_usd": None, "hourly_cost_source": None, "advice": None,
@@ -248,8 +248,8 @@ def _settings():
 def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_shows_no_cost_per_token_yet():
     import requests
 
+    from components.status_report import format_report
     from fakes.inference_server import FakeInferenceServer, FakeSettings
-    from scripts.status import format_report
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
         fresh = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())

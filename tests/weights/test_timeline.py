@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from scripts import timeline
+from components import timeline
+from scripts import timeline as timeline_cli
 from tests.node.conftest import FAST, make_settings
 from tests.node.test_steps_on_fake_node import ok
 
@@ -53,18 +54,18 @@ def test_the_timeline_is_written_as_png_and_svg(tmp_path, capsys):
     state = tmp_path / "export.json"
     state.write_text(json.dumps({"deployment": {"resources": DOC}}))
     png, svg = tmp_path / "t.png", tmp_path / "t.svg"
-    assert timeline.main([str(state), "--out", str(png)]) == 0
+    assert timeline_cli.main([str(state), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "node1   weights" in out and "exit 1" in out and "first start to last end: 420.0 s" in out
-    assert timeline.main([str(state), "--out", str(svg)]) == 0
+    assert timeline_cli.main([str(state), "--out", str(svg)]) == 0
     assert "<svg" in svg.read_text()[:1000]
 
 
 def test_no_marks_means_no_picture_and_a_clear_exit(tmp_path, capsys):
     state = tmp_path / "old.json"
     state.write_text(json.dumps({"resources": [command("n0-ready", "no marks here")]}))
-    assert timeline.main([str(state), "--out", str(tmp_path / "t.png")]) == 1
+    assert timeline_cli.main([str(state), "--out", str(tmp_path / "t.png")]) == 1
     assert not (tmp_path / "t.png").exists() and "no step marks found" in capsys.readouterr().out
 
 
