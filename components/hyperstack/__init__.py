@@ -4,7 +4,7 @@ Import resources from here; the API emulator used by tests and the sandbox lives
 """
 
 from .api import HyperstackClient, HyperstackError, Settings
-from .providers import ProvisioningError
+from .errors import ProvisioningError
 from .resources import Environment, Keypair, SecurityRule, VirtualMachine
 
 __all__ = [
