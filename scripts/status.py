@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from components.cluster_status import Sample, gather, printable, samples
-from components.hyperstack.api import API_URL_CONFIG, HyperstackClient, HyperstackError
-from components.hyperstack.api import Settings as ApiSettings
+from components.hyperstack.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner, SshRunner, remove_key_files_on_signals
 from components.settings import Settings, SettingsError, load_settings, read_stack_file
 from components.stack_state import StackState, StackStateError, export_stack, load_state_file

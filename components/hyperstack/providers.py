@@ -40,12 +40,12 @@ from .api import (
     API_KEY_CONFIG,
     API_URL_CONFIG,
     RETRY_BASE_CONFIG,
+    ApiSettings,
     EnvironmentRecord,
     HyperstackClient,
     HyperstackError,
     KeypairRecord,
     SecurityRuleRecord,
-    Settings,
     VmRecord,
 )
 from .errors import ProvisioningError, transient
@@ -62,12 +62,12 @@ _CONFIG_KEYS = (API_URL_CONFIG, API_KEY_CONFIG, RETRY_BASE_CONFIG)
 
 
 def stack_config() -> dict[str, Any]:
-    """The hyperstack:* values configure() received; Settings.resolve falls back to the environment."""
+    """The hyperstack:* values configure() received; ApiSettings.resolve falls back to the environment."""
     return {key: _HOST_CONFIG[key] for key in _CONFIG_KEYS if _HOST_CONFIG.get(key) is not None}
 
 
 def client() -> HyperstackClient:
-    return HyperstackClient.from_settings(Settings.resolve(stack_config()), log=pulumi.log.info)
+    return HyperstackClient.from_settings(ApiSettings.resolve(stack_config()), log=pulumi.log.info)
 
 
 class _Provider(ResourceProvider):
