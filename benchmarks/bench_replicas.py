@@ -36,7 +36,7 @@ from typing import Any
 
 import openai
 
-from components.verification.tools import TOOL_IMPLS, TOOLS
+from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
 from sandbox.kimi import TOPOLOGIES, Sandbox
 
 TOOL_TASK = "What is the weather in Tokyo? Use the tool."

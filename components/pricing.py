@@ -14,8 +14,7 @@ from typing import Any
 
 from components import catalog
 from components.catalog import ApiPrice, TokenMix
-from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, HyperstackClient, HyperstackError
-from components.hyperstack.api import Settings as ApiSettings
+from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
 from components.hyperstack.market import LivePrice, get_pricebook, list_all_flavors, price_for_flavor
 from components.settings import NAMESPACE, Settings
 

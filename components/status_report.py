@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.cluster_status import Sample, gather, printable, samples
-from components.hyperstack.api import API_URL_CONFIG, HyperstackClient, HyperstackError
-from components.hyperstack.api import Settings as ApiSettings
+from components.hyperstack.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner
 from components.replica_status import format_replicas
 from components.settings import Settings

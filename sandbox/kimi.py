@@ -686,7 +686,7 @@ class Sandbox:
         return []
 
     def _delete_unrecorded_vms(self, api: Any, settings: Settings) -> list[str]:
-        from components.hyperstack.providers import delete_vm_and_wait
+        from components.hyperstack.vm_lifecycle import delete_vm_and_wait
 
         recorded = {str(r.get("id")) for r in self.dir.resources() if r.get("type", "").endswith(":VirtualMachine")}
         ours = {settings.node_name(rank) for rank in range(settings.nodes)}

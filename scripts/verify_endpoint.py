@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from components.verification import (
+from components.endpoint_checks import (
     API_KEY_ENV,
     CHECK_NAMES,
     DEFAULT_MODEL,

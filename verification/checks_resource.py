@@ -15,7 +15,7 @@ from pulumi.output import Unknown
 # dill pickles the provider by reference to this module's top-level name, `checks_resource`, and the dynamic
 # provider host imports it cold; `pip install -e .` (pyproject.toml) puts verification/ and the repository root,
 # where `components` lives, on the venv's sys.path, whatever directory the host starts in.
-from components.verification import (
+from components.endpoint_checks import (
     CHECK_NAMES,
     DEFAULT_TIMEOUT_S,
     STACK_REPLACE_KEYS,

@@ -13,7 +13,7 @@ from typing import Any
 import pulumi
 
 import checks_resource
-from components.verification import CHECK_NAMES, DEFAULT_TIMEOUT_S, select_checks
+from components.endpoint_checks import CHECK_NAMES, DEFAULT_TIMEOUT_S, select_checks
 
 PROJECT = "kimi-cluster-verification"
 # A fully qualified stack name: the verification stack is another project, so a bare stack name would not resolve.

@@ -3,17 +3,17 @@
 Import resources from here; the API emulator used by tests and the sandbox lives in fakes.hyperstack_emulator.
 """
 
-from .api import HyperstackClient, HyperstackError, Settings
-from .providers import ProvisioningError
+from .api import ApiSettings, HyperstackClient, HyperstackError
+from .errors import ProvisioningError
 from .resources import Environment, Keypair, SecurityRule, VirtualMachine
 
 __all__ = [
+    "ApiSettings",
     "Environment",
     "HyperstackClient",
     "HyperstackError",
     "Keypair",
     "ProvisioningError",
     "SecurityRule",
-    "Settings",
     "VirtualMachine",
 ]

@@ -138,8 +138,9 @@ class ImageRecord(TypedDict, total=False):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Where to reach the API and with which key; resolved per provider call.
+class ApiSettings:
+    """Where to reach the API and with which key; resolved per provider call (the client's settings, not the
+    stack config of components.settings.Settings).
 
     The key is never a resource input or output. Set with `pulumi config set --secret hyperstack:apiKey`, it is
     still in the state: encrypted, among the inputs of the default `pulumi-python` provider, from which
@@ -152,7 +153,7 @@ class Settings:
     retry_base_seconds: float = DEFAULT_RETRY_BASE_SECONDS
 
     @classmethod
-    def resolve(cls, config: Mapping[str, Any] | None = None) -> Settings:
+    def resolve(cls, config: Mapping[str, Any] | None = None) -> ApiSettings:
         """The key: the environment first, then stack config; the URL and backoff: stack config first (a stack file
         that pins a loopback URL keeps a real key in the environment away from the real API). Fails before any
         request if no key is found."""
@@ -238,7 +239,7 @@ class HyperstackClient:
         self._session.mount("https://", adapter)
 
     @classmethod
-    def from_settings(cls, settings: Settings, **kwargs: Any) -> HyperstackClient:
+    def from_settings(cls, settings: ApiSettings, **kwargs: Any) -> HyperstackClient:
         return cls(settings.api_url, settings.api_key, retry_base_seconds=settings.retry_base_seconds, **kwargs)
 
     def close(self) -> None:

@@ -28,8 +28,10 @@ import pulumi
 import pulumi.dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
+from .errors import ProvisioningError
+from .inputs import known
 from .market import format_stock_table, region_stock
-from .providers import ProvisioningError, _known, _Provider, client
+from .providers import _Provider, client
 
 _INPUTS = ("regions", "flavor_name", "count", "environment_name", "front_flavor_name")
 
@@ -75,12 +77,12 @@ class PlacementProvider(_Provider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = []
         regions, flavor, count = news.get("regions"), news.get("flavor_name"), news.get("count")
-        if _known(regions) and not (isinstance(regions, list) and regions
+        if known(regions) and not (isinstance(regions, list) and regions
                                     and all(isinstance(r, str) and r for r in regions)):
             failures.append(CheckFailure("regions", "regions must be a non-empty list of region names"))
-        if _known(flavor) and not (isinstance(flavor, str) and flavor):
+        if known(flavor) and not (isinstance(flavor, str) and flavor):
             failures.append(CheckFailure("flavor_name", "flavor_name must be a non-empty string"))
-        if _known(count) and not (isinstance(count, (int, float)) and count >= 1 and int(count) == count):
+        if known(count) and not (isinstance(count, (int, float)) and count >= 1 and int(count) == count):
             failures.append(CheckFailure("count", "count must be a whole number of VMs, at least 1"))
         return CheckResult(news, failures)
 

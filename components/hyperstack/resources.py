@@ -4,7 +4,7 @@ Each is a dynamic resource with its own type token (`pulumi-python:dynamic/hyper
 an input or an output: providers read `hyperstack:apiKey` / HYPERSTACK_API_KEY when they run.
 
 Signatures (every input accepts a plain value or a pulumi.Input; ids are strings; the timing defaults `...` are
-those of EnvironmentSpec and VmSpec in providers.py):
+those of EnvironmentSpec and VmSpec in specs.py):
 
     Environment(resource_name, *, name, region, delete_timeout_seconds=..., poll_interval_seconds=..., opts=None)
         -> environment_id, name, region                         (name or region change: replace)
@@ -34,14 +34,8 @@ from collections.abc import Sequence
 import pulumi
 import pulumi.dynamic
 
-from .providers import (
-    EnvironmentProvider,
-    EnvironmentSpec,
-    KeypairProvider,
-    SecurityRuleProvider,
-    VirtualMachineProvider,
-    VmSpec,
-)
+from .providers import EnvironmentProvider, KeypairProvider, SecurityRuleProvider, VirtualMachineProvider
+from .specs import EnvironmentSpec, VmSpec
 
 
 class Environment(pulumi.dynamic.Resource, module="hyperstack", name="Environment"):

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from components.hyperstack import api
-from components.hyperstack.api import HyperstackClient, HyperstackError, Settings
+from components.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
 from fakes.hyperstack_emulator import DEFAULT_API_KEY, RateLimit, ServerError
 
 pytestmark = pytest.mark.timeout(20)
@@ -192,22 +192,22 @@ def test_an_echoed_key_is_redacted(scripted):
 
 def test_missing_key_fails_before_any_request_naming_both_ways(monkeypatch):
     with pytest.raises(HyperstackError) as info:
-        Settings.resolve({api.API_URL_CONFIG: "http://127.0.0.1:9/v1"})
+        ApiSettings.resolve({api.API_URL_CONFIG: "http://127.0.0.1:9/v1"})
     assert "hyperstack:apiKey" in str(info.value) and "HYPERSTACK_API_KEY" in str(info.value)
 
 
 def test_settings_key_from_environment_first_url_from_stack_config_first(monkeypatch):
     monkeypatch.setenv("HYPERSTACK_API_KEY", "from-env")
     monkeypatch.setenv("HYPERSTACK_API_URL", "http://127.0.0.1:1/v1/")
-    from_env = Settings.resolve({})
+    from_env = ApiSettings.resolve({})
     assert (from_env.api_key, from_env.api_url) == ("from-env", "http://127.0.0.1:1/v1")
     assert "from-env" not in repr(from_env)
-    both = Settings.resolve({"hyperstack:apiKey": "from-config", "hyperstack:apiUrl": "http://127.0.0.1:2/v1"})
+    both = ApiSettings.resolve({"hyperstack:apiKey": "from-config", "hyperstack:apiUrl": "http://127.0.0.1:2/v1"})
     assert (both.api_key, both.api_url) == ("from-env", "http://127.0.0.1:2/v1")
     monkeypatch.delenv("HYPERSTACK_API_KEY")
-    assert Settings.resolve({"hyperstack:apiKey": "from-config"}).api_key == "from-config"
+    assert ApiSettings.resolve({"hyperstack:apiKey": "from-config"}).api_key == "from-config"
     monkeypatch.delenv("HYPERSTACK_API_URL")
-    assert Settings.resolve({"hyperstack:apiKey": "k"}).api_url == api.DEFAULT_API_URL
+    assert ApiSettings.resolve({"hyperstack:apiKey": "k"}).api_url == api.DEFAULT_API_URL
 
 
 def test_lists_follow_pages(emu, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import requests
 from hyperstack.exceptions import ApiException
 
-from components.hyperstack import providers
+from components.hyperstack import providers, rules
 from fakes.hyperstack_emulator import DEFAULT_API_KEY, IMAGES, Emulator, VmError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, REGION, env_props, keypair_props, rule_props, vm_props
 
@@ -179,7 +179,7 @@ def test_rule_protocol_enum_matches_the_sdk(emu):
     for protocol in PROTOCOLS:
         hyperstack.CreateSecurityRulePayload(direction="ingress", ethertype="IPv4", protocol=protocol,
                                              remote_ip_prefix="0.0.0.0/0")
-    assert set(PROTOCOLS) == set(providers.PROTOCOLS)
+    assert set(PROTOCOLS) == set(rules.PROTOCOLS)
     with pytest.raises(ValueError):
         hyperstack.CreateSecurityRulePayload(direction="ingress", ethertype="IPv4", protocol="http",
                                              remote_ip_prefix="0.0.0.0/0")

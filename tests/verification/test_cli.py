@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from components.verification import CHECK_NAMES
+from components.endpoint_checks import CHECK_NAMES
 from tests.verification.conftest import KEY, MODEL, REPO, tls_material
 
 

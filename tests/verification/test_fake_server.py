@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from components.verification import make_split_png
+from components.endpoint_checks import make_split_png
 from fakes import inference_server as fs
 from tests.verification.conftest import KEY, MODEL, REPO
 

@@ -18,8 +18,8 @@ from urllib.parse import quote
 import pytest
 from requests.adapters import HTTPAdapter
 
-from components import verification as v
-from components.verification.client import MAX_ANSWER_BYTES
+from components import endpoint_checks as v
+from components.endpoint_checks.client import MAX_ANSWER_BYTES
 from tests.verification.conftest import KEY, MODEL
 
 # How long a trickling server keeps going: long enough that a per-read timeout never ends the

@@ -10,8 +10,8 @@ import ssl
 
 import requests
 
+from components import endpoint_checks as v
 from components import tls
-from components import verification as v
 from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeInferenceServer, FakeSettings
 from tests.verification.conftest import KEY, MODEL

@@ -22,7 +22,7 @@ from pulumi.runtime.settings import SETTINGS
 
 import checks_resource
 import verification_stack
-from components.verification import CHECK_NAMES, VerificationFailed
+from components.endpoint_checks import CHECK_NAMES, VerificationFailed
 from tests.verification.conftest import KEY, MODEL, VERIFICATION_DIR, tls_material
 
 CLUSTER = "organization/kimi-cluster/dev"

@@ -1,4 +1,4 @@
-"""Tests of components/verification/ against the fake server: both good shapes pass, each broken
+"""Tests of components/endpoint_checks/ against the fake server: both good shapes pass, each broken
 variant fails and names the check that caught it, and nothing ever prints or stores the key.
 """
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components import verification as v
+from components import endpoint_checks as v
 from tests.verification.conftest import KEY, MODEL
 
 ALL = set(v.CHECK_NAMES)

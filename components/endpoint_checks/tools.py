@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from components.verification.arithmetic import safe_arithmetic
+from components.endpoint_checks.arithmetic import safe_arithmetic
 
 
 def tool_calculate(expression: str) -> dict[str, Any]:

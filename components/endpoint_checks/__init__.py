@@ -12,19 +12,22 @@ verification stack (verification/). Modules, one concern each:
 - runner: run_check, run_checks, verify, select_checks;
 - stack: what the verification stack records (run_stack_checks);
 - prompts, tools, arithmetic, png, messages, text: what the checks send and how they quote answers.
+
+Named endpoint_checks, not verification: verification/ is the verification stack's own Pulumi project, whose
+`checks_resource` module (a pickled provider) imports this library; one name for both read as one package.
 """
 
 from __future__ import annotations
 
-from components.verification.arithmetic import safe_arithmetic
-from components.verification.checks import CHECK_NAMES, CHECKS
-from components.verification.messages import REASONING_FIELDS, assistant_turn, reasoning_of
-from components.verification.png import make_split_png
-from components.verification.results import CheckFailed, CheckResult, VerificationFailed, VerificationOutcome
-from components.verification.runner import run_check, run_checks, select_checks, verify
-from components.verification.stack import STACK_REPLACE_KEYS, STACK_UPDATE_KEYS, run_stack_checks
-from components.verification.target import API_KEY_ENV, DEFAULT_MODEL, DEFAULT_TIMEOUT_S, Target, normalize_base_url
-from components.verification.text import redact, redact_obj
+from components.endpoint_checks.arithmetic import safe_arithmetic
+from components.endpoint_checks.checks import CHECK_NAMES, CHECKS
+from components.endpoint_checks.messages import REASONING_FIELDS, assistant_turn, reasoning_of
+from components.endpoint_checks.png import make_split_png
+from components.endpoint_checks.results import CheckFailed, CheckResult, VerificationFailed, VerificationOutcome
+from components.endpoint_checks.runner import run_check, run_checks, select_checks, verify
+from components.endpoint_checks.stack import STACK_REPLACE_KEYS, STACK_UPDATE_KEYS, run_stack_checks
+from components.endpoint_checks.target import API_KEY_ENV, DEFAULT_MODEL, DEFAULT_TIMEOUT_S, Target, normalize_base_url
+from components.endpoint_checks.text import redact, redact_obj
 
 __all__ = [
     "API_KEY_ENV",

@@ -6,11 +6,11 @@ import base64
 import re
 from typing import Any
 
-from components.verification.client import Api
-from components.verification.png import make_split_png
-from components.verification.prompts import IMAGE_PROMPT
-from components.verification.results import CheckFailed
-from components.verification.text import short
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.png import make_split_png
+from components.endpoint_checks.prompts import IMAGE_PROMPT
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
 
 
 def check_image(api: Api) -> tuple[str, dict[str, Any]]:

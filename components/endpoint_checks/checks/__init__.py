@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from components.verification.checks.anthropic import check_anthropic
-from components.verification.checks.auth import check_auth
-from components.verification.checks.chat import check_chat, check_effort, check_preserved_thinking
-from components.verification.checks.clients import check_clients
-from components.verification.checks.image import check_image
-from components.verification.checks.models import check_models
-from components.verification.checks.stream import check_stream
-from components.verification.checks.tls import check_tls
-from components.verification.checks.tool_calls import check_tool_calls
-from components.verification.client import Api
+from components.endpoint_checks.checks.anthropic import check_anthropic
+from components.endpoint_checks.checks.auth import check_auth
+from components.endpoint_checks.checks.chat import check_chat, check_effort, check_preserved_thinking
+from components.endpoint_checks.checks.clients import check_clients
+from components.endpoint_checks.checks.image import check_image
+from components.endpoint_checks.checks.models import check_models
+from components.endpoint_checks.checks.stream import check_stream
+from components.endpoint_checks.checks.tls import check_tls
+from components.endpoint_checks.checks.tool_calls import check_tool_calls
+from components.endpoint_checks.client import Api
 
 CheckBody = Callable[[Api], tuple[str, dict[str, Any]]]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from components.verification.client import NO_KEY, TARGET_KEY, Api, RequestKey
-from components.verification.results import CheckFailed
-from components.verification.target import API_KEY_ENV
+from components.endpoint_checks.client import NO_KEY, TARGET_KEY, Api, RequestKey
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.target import API_KEY_ENV
 
 
 def check_auth(api: Api) -> tuple[str, dict[str, Any]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.verification.client import Api, usage_of
-from components.verification.prompts import ANTHROPIC_PROMPT, SHORT_BUDGET
-from components.verification.results import CheckFailed
-from components.verification.text import short
+from components.endpoint_checks.client import Api, usage_of
+from components.endpoint_checks.prompts import ANTHROPIC_PROMPT, SHORT_BUDGET
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
 
 
 def check_anthropic(api: Api) -> tuple[str, dict[str, Any]]:

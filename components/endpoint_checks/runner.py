@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterable
 
 import requests
 
-from components.verification.checks import CHECK_NAMES, CHECKS
-from components.verification.client import Api
-from components.verification.deadline import Deadline, use_deadlines
-from components.verification.results import CheckFailed, CheckResult, VerificationOutcome
-from components.verification.target import DEFAULT_TIMEOUT_S, Target
-from components.verification.text import redact, redact_obj, short
+from components.endpoint_checks.checks import CHECK_NAMES, CHECKS
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.deadline import Deadline, use_deadlines
+from components.endpoint_checks.results import CheckFailed, CheckResult, VerificationOutcome
+from components.endpoint_checks.target import DEFAULT_TIMEOUT_S, Target
+from components.endpoint_checks.text import redact, redact_obj, short
 
 
 def select_checks(only: Iterable[str] | str | None) -> tuple[str, ...]:

@@ -18,9 +18,9 @@ import anthropic
 import openai
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
-from components.verification.client import Api
-from components.verification.messages import assistant_turn
-from components.verification.prompts import (
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.messages import assistant_turn
+from components.endpoint_checks.prompts import (
     ANTHROPIC_PROMPT,
     LONG_BUDGET,
     MAX_TOOL_TURNS,
@@ -29,9 +29,9 @@ from components.verification.prompts import (
     TOOL_TASK,
     WHO_PROMPT,
 )
-from components.verification.results import CheckFailed
-from components.verification.text import short
-from components.verification.tools import TOOL_IMPLS, TOOLS
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
+from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
 
 
 def _ssl_context(api: Api) -> ssl.SSLContext:

@@ -8,9 +8,9 @@ from typing import Any
 
 import requests
 
-from components.verification.results import VerificationFailed
-from components.verification.runner import verify
-from components.verification.target import DEFAULT_TIMEOUT_S
+from components.endpoint_checks.results import VerificationFailed
+from components.endpoint_checks.runner import verify
+from components.endpoint_checks.target import DEFAULT_TIMEOUT_S
 
 # Inputs of the verification stack's resource; the first four re-run the checks with a fresh
 # resource when they change, the rest re-run them in place.

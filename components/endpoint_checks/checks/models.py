@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.verification.client import Api
-from components.verification.results import CheckFailed
-from components.verification.text import short
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
 
 
 def check_models(api: Api) -> tuple[str, dict[str, Any]]:

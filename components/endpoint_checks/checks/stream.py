@@ -6,11 +6,11 @@ import json
 import time
 from typing import Any
 
-from components.verification.client import Api
-from components.verification.messages import REASONING_FIELDS
-from components.verification.prompts import SHORT_BUDGET, STREAM_PROMPT
-from components.verification.results import CheckFailed
-from components.verification.text import short
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.messages import REASONING_FIELDS
+from components.endpoint_checks.prompts import SHORT_BUDGET, STREAM_PROMPT
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
 
 
 def check_stream(api: Api) -> tuple[str, dict[str, Any]]:

@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 import requests
 
-from components.verification.deadline import Deadline
-from components.verification.prompts import SHORT_BUDGET
-from components.verification.results import CheckFailed
-from components.verification.target import API_KEY_ENV, Target
-from components.verification.text import redact, redact_obj, short
+from components.endpoint_checks.deadline import Deadline
+from components.endpoint_checks.prompts import SHORT_BUDGET
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.target import API_KEY_ENV, Target
+from components.endpoint_checks.text import redact, redact_obj, short
 
 # The largest answer the verifier reads. A chat completion at the long budget (8192 tokens) is
 # tens of kB, and a stream of it, one SSE event of a few hundred bytes per token, a few MB; a

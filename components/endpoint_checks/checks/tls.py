@@ -13,8 +13,8 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
-from components.verification.client import Api
-from components.verification.results import CheckFailed
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.results import CheckFailed
 
 
 def _context(ca_file: str | None) -> ssl.SSLContext:

@@ -6,12 +6,12 @@ import json
 import re
 from typing import Any
 
-from components.verification.client import Api
-from components.verification.messages import assistant_turn
-from components.verification.prompts import LONG_BUDGET, MAX_TOOL_TURNS, TOOL_TASK
-from components.verification.results import CheckFailed
-from components.verification.text import short
-from components.verification.tools import TOOL_IMPLS, TOOLS
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.messages import assistant_turn
+from components.endpoint_checks.prompts import LONG_BUDGET, MAX_TOOL_TURNS, TOOL_TASK
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import short
+from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
 
 
 def _run_call(turn: int, call: Any, metrics: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:

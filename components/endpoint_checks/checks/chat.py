@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.verification.client import Api
-from components.verification.messages import reasoning_of
-from components.verification.prompts import (
+from components.endpoint_checks.client import Api
+from components.endpoint_checks.messages import reasoning_of
+from components.endpoint_checks.prompts import (
     BILL_PROMPT,
     LONG_BUDGET,
     PRESERVED_HISTORY,
     PRESERVED_ONLY_IN_REASONING,
     WHO_PROMPT,
 )
-from components.verification.results import CheckFailed
-from components.verification.text import numbers_in, short
+from components.endpoint_checks.results import CheckFailed
+from components.endpoint_checks.text import numbers_in, short
 
 
 def check_chat(api: Api) -> tuple[str, dict[str, Any]]:
