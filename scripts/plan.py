@@ -18,17 +18,11 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
-from components.node import Timing, running_steps
+from components.node import running_steps
 from components.pricing import Quote, break_even, catalog_quote, quote
-from components.settings import (
-    SECRET_KEYS,
-    Settings,
-    SettingsError,
-    load_settings,
-    placeholders,
-    plain_credentials_in,
-    read_stack_file,
-)
+from components.settings import SECRET_KEYS, Settings, SettingsError
+from components.settings.loader import load_settings, placeholders, plain_credentials_in, read_stack_file
+from components.timing import Timing
 
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -194,10 +188,10 @@ def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
-    """Where the compiled kernels are kept and under which key (components/kernel_cache.py), if anywhere."""
+    """Where the compiled kernels are kept and under which key (components/kernel_cache_key.py), if anywhere."""
     if settings.kernel_cache is None:
         return None
-    from components.kernel_cache import cache_key
+    from components.kernel_cache_key import cache_key
 
     key = cache_key(settings)
     return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}

@@ -26,7 +26,8 @@ from components.cluster_status import Sample, gather, printable, samples
 from components.hyperstack.api import API_URL_CONFIG, HyperstackClient, HyperstackError
 from components.hyperstack.api import Settings as ApiSettings
 from components.node_exec import NodeRunner, SshRunner, remove_key_files_on_signals
-from components.settings import Settings, SettingsError, load_settings, read_stack_file
+from components.settings import Settings, SettingsError
+from components.settings.loader import load_settings, read_stack_file
 from components.stack_state import StackState, StackStateError, export_stack, load_state_file
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]
