@@ -9,7 +9,8 @@ import pulumi
 
 from components.cluster import InferenceCluster
 from components.pricing import program_quote
-from components.settings import NAMESPACE, SettingsError, placeholders, settings_from_pulumi
+from components.settings import NAMESPACE, SettingsError
+from components.settings.loader import placeholders, settings_from_pulumi
 from components.ssh_agent import dead_agent_socket
 
 settings, secrets = settings_from_pulumi()

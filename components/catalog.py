@@ -1,6 +1,6 @@
 """Data only: the models, GPUs, prices and topology presets kimi-cluster knows about.
 
-Adding a model, a GPU or a preset is adding a row here; sizing.py and settings.py read it, nothing here computes.
+Adding a model, a GPU or a preset is adding a row here; sizing.py and settings/ read it, nothing here computes.
 """
 
 from __future__ import annotations

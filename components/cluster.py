@@ -128,6 +128,8 @@ class InferenceCluster(pulumi.ComponentResource):
                     vm_id=vm.vm_id,
                     # The guide starts rank 0 first; the others join its rendezvous on port 20000.
                     launch_after=[nodes[0].launched] if rank > 0 else [],
+                    # kimi-cluster:nodeTiming (the settle waits, polls, retries), else Timing()'s defaults.
+                    timing=settings.timing,
                     # SSH must be allowed in before the first command dials.
                     opts=pulumi.ResourceOptions(parent=self, depends_on=rules_by_rank[rank]),
                 )
@@ -144,6 +146,7 @@ class InferenceCluster(pulumi.ComponentResource):
             tls_cert_chain=chain,
             tls_ca=ca_pem,
             host_key=host_keys[0],
+            timing=settings.timing,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*(n.launched for n in nodes), *head_proxy]),
         )
 
@@ -157,6 +160,7 @@ class InferenceCluster(pulumi.ComponentResource):
                 ssh_private_key=ssh_private_key,
                 credentials=kernel_cache_credentials,
                 host_key=host_keys[0],
+                timing=settings.timing,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[ready.command]),
             )
 
@@ -231,17 +235,19 @@ class InferenceCluster(pulumi.ComponentResource):
             built.append(replicas.build_replica(
                 self, name, settings, r, vms=vms, host_keys=host_keys, front_private_ip=fvm.private_ip,
                 ssh_private_key=ssh_private_key, hf_token=hf_token, kernel_cache_credentials=kernel_cache_credentials,
-                peer_token=peer_token, after=[built[-1].ready] if built else [], fan_out_ips=fan_out_ips))
+                peer_token=peer_token, after=[built[-1].ready] if built else [], fan_out_ips=fan_out_ips,
+                timing=settings.timing))
         the_front = front.Front(
             f"{name}-front", settings=settings, vm=fvm, host_key=front_host_key, ssh_private_key=ssh_private_key,
             api_key=api_key_value, tls_cert_chain=chain, tls_ca=ca_pem, tls_private_key=tls_key,
-            head_private_ips=[g.head_private_ip for g in built], wait_for=[g.ready for g in built], opts=child)
+            head_private_ips=[g.head_private_ip for g in built], wait_for=[g.ready for g in built],
+            timing=settings.timing, opts=child)
         if settings.kernel_cache is not None and kernel_cache_credentials is not None:
             # Replica 0's head, once it serves: every replica compiles the same kernels for the same key.
             KernelCacheSave(f"{name}-kernel-cache", settings=settings, public_ip=built[0].public_ips[0],
                             ssh_private_key=ssh_private_key, credentials=kernel_cache_credentials,
-                            host_key=built[0].host_keys[0], opts=pulumi.ResourceOptions(parent=self,
-                                                                                        depends_on=[built[0].ready]))
+                            host_key=built[0].host_keys[0], timing=settings.timing,
+                            opts=pulumi.ResourceOptions(parent=self, depends_on=[built[0].ready]))
         # As on one replica: clients dial apiHostname when it is set (its DNS record, pointed at the front, is the
         # user's); else the front's address.
         endpoint_url = pulumi.Output.all(the_front.ready.stdout, front_public_ip).apply(

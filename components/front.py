@@ -21,7 +21,6 @@ from components.hyperstack.resources import SecurityRule, VirtualMachine
 from components.node import (
     ProxyTls,
     Readiness,
-    Timing,
     _command,
     _proxy_stdin,
     _values,
@@ -30,10 +29,10 @@ from components.node import (
     readiness_identity,
     remote_command_text,
 )
-from components.scripts import render
+from components.render import render
 from components.settings import Settings
+from components.timing import Timing
 
-_TIMING = Timing()  # the node steps' waits (tests pass shorter ones)
 FRONT_TYPE = "kimi:cluster:Front"
 FRONT_STEPS = ("front-ready", "proxy")  # then the readiness wait through it
 
@@ -79,8 +78,9 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
 
 
 def render_front_step(settings: Settings, step: str, head_private_ips: Sequence[str], tls: ProxyTls,
-                      timing: Timing = _TIMING, tuning: FrontTuning = FrontTuning()) -> str:
+                      timing: Timing | None = None, tuning: FrontTuning = FrontTuning()) -> str:
     """One of the front's scripts: `front-ready` (cloud-init, Docker) or `proxy` (the load-balancing Caddy)."""
+    timing = settings.timing if timing is None else timing  # kimi-cluster:nodeTiming (tests pass shorter ones)
     v = _values(settings, 0, step, timing)
     if step == "front-ready":
         v.update(cloud_init_timeout_s=timing.cloud_init_timeout_s, docker_timeout_s=timing.docker_timeout_s)
@@ -132,11 +132,12 @@ class Front(pulumi.ComponentResource):
         tls_private_key: pulumi.Input[str],
         head_private_ips: Sequence[pulumi.Input[str]],
         wait_for: Sequence[pulumi.Resource] = (),
-        timing: Timing = _TIMING,
+        timing: Timing | None = None,
         tuning: FrontTuning = FrontTuning(),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(FRONT_TYPE, name, None, opts)
+        timing = settings.timing if timing is None else timing  # kimi-cluster:nodeTiming (tests pass shorter ones)
         child = pulumi.ResourceOptions(parent=self)
         # With assign_floating_ip=True a VM's create returns only once its floating IP is attached.
         public_ip = cast(pulumi.Output[str], vm.public_ip)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from components.scripts import ShellExpr, shell_words
-from components.settings import DIST_INIT_PORT, Settings
+from components.render import ShellExpr, shell_words
+from components.settings import DIST_INIT_PORT, NAMESPACE, Settings, _show
 
 Word = str | ShellExpr
 Item = Word | tuple
@@ -100,6 +100,24 @@ def owned_flags(settings: Settings) -> frozenset[str]:
     argv = flatten(_program_argv(settings, 0, "<head>"))
     flags = {w for w in argv if isinstance(w, str) and flag_name(w)}
     return frozenset(flags | set(_OWNED_ALIASES[settings.engine_name]))
+
+
+def engine_arg_problems(settings: Settings) -> list[str]:
+    """Every extraEngineArgs entry that names a flag the program owns (owned_flags), each naming the key to set
+    instead; components/settings/loader.py refuses the stack with them once the rest of the settings are valid."""
+    owned = owned_flags(settings)
+    problems = []
+    for arg in settings.extra_engine_args:
+        flag = flag_name(arg)
+        if flag is None:
+            continue
+        # argparse also takes an unambiguous prefix (--tp-s for --tp-size) unless allow_abbrev is off.
+        hit = next((o for o in sorted(owned) if o == flag or (len(flag) > 3 and o.startswith(flag))), None)
+        if hit:
+            problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({_show(arg)}): the program owns it; "
+                            "set the matching key instead (apiPort, servedModelName, maxModelLen, engineLayout, "
+                            "topology ...)")
+    return problems
 
 
 def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:

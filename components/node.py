@@ -20,18 +20,14 @@ import pulumi
 import pulumi.dynamic as dyn
 from pulumi_command import remote
 
-from components import kernel_cache, launch, proxy, weights
-from components.scripts import ShellExpr, Verbatim, render
+from components import kernel_cache_key, launch, proxy, weights
+from components.render import ShellExpr, Verbatim, render
 from components.settings import Settings
+from components.steps import HEAD_STEPS, STEPS, SUMMARIES
+from components.timing import PIP_BUDGET_S, Timing
 
 GPU_NODE_TYPE = "kimi:cluster:GpuNode"
 READINESS_TYPE = "kimi:cluster:Readiness"
-STEPS = ("ready", "storage", "image", "weights", "check", "launch")
-HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
-ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", "cache-restore", "cache-save",  # every step that runs on a node;
-             "engine-ready", "front-ready")  # each has a deadline (Timing.deadline_s); the last two: replicas >= 2
-# What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
-PIP_BUDGET_S = 600
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
 WEIGHTS_UNIT = "kimi-weights"
 CHECK_SOURCE = Path(__file__).resolve().parents[1] / "node_programs" / "check_download.py"
@@ -47,112 +43,10 @@ SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for read
 # after about 11 s of refused connections. 120 dials with its capped backoff wait about 10 minutes.
 DIAL_ERROR_LIMIT = 120
 PER_DIAL_TIMEOUT_S = 30
-# What custom_timeouts add to a step's node-side deadline: pulumi-command applies them to the dial only (a running
-# command is never stopped by them), so they must outlast the ~10 minutes of refused dials allowed above.
-DIAL_ALLOWANCE_S = 15 * 60
 # Exit codes of coreutils `timeout`: the deadline passed (TERM), or the step ignored TERM and was KILLed.
 TIMEOUT_EXIT, KILLED_EXIT = 124, 137
 # How long a step has to exit after TERM before `timeout` KILLs it.
 KILL_AFTER_S = 30
-
-SUMMARIES = {
-    "ready": "wait for SSH and cloud-init, count the GPUs, find the private interface",
-    "storage": "put the Hugging Face cache and docker's data-root on the storage disk; refuse if it is too small",
-    "image": "pull the pinned engine image, with bounded retries",
-    "weights": "download the pinned checkpoint (this node's share from the hub, the rest from its peers), hashed as "
-               "it streams, in a systemd unit that survives a dropped SSH session, and follow it",
-    "check": "compare the local snapshot and its recorded hashes with the hub's manifest for the pinned revision",
-    "launch": "start the engine container for this rank",
-    "proxy": "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
-    "readiness": "wait until the head serves the model on /v1/models through the proxy over TLS with the key, or "
-                 "print the engine log and fail",
-    "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
-    "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
-    # replicas >= 2 (components/front.py): each replica's head answers the front, the front holds the endpoint.
-    "engine-ready": "wait until this replica's engine serves the model on its private address, where the front "
-                    "asks it, or print the engine log and fail",
-    "front-ready": "wait for cloud-init and Docker on the front",
-}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Waits and retries of the node scripts. Settings give the two long deadlines; tests shorten everything."""
-
-    poll_seconds: int = 30  # progress line interval: silent long commands get cut off
-    fast_poll_seconds: float = 2
-    cloud_init_timeout_s: int = 1200
-    gpu_timeout_s: int = 300
-    docker_timeout_s: int = 180
-    pull_attempts: int = 4
-    pull_timeout_s: int = 3600
-    pull_backoff_s: int = 30
-    settle_seconds: float = 15
-    proxy_settle_seconds: float = 2
-    log_tail: int = 100
-    download_timeout_s: int | None = None  # default: settings.download_timeout_minutes
-    peer_timeout_s: int = 300  # a peer unreachable this long (also at start-up) loses its share to the hub
-    stall_seconds: int = 180  # a peer or a stream without progress this long counts as stalled
-    readiness_timeout_s: int | None = None  # default: settings.readiness_timeout_minutes
-    # Node-side deadlines of the steps without a long wait of their own (see deadline_s).
-    storage_timeout_s: int = 1800  # a docker prune and restart on a fresh VM
-    check_timeout_s: int = 3 * 3600  # reading (with verifySha256: hashing) 1.5 TB
-    launch_timeout_s: int = 900  # removing the old container, starting the new one, the settle check
-    proxy_timeout_s: int = 300  # writing a few files, starting the proxy container, its settle check
-    # Beyond a step's own waits: installing tools, writing files, printing the log tail on failure.
-    deadline_slack_s: int = 300
-
-    def download_s(self, settings: Settings) -> int:
-        return self.download_timeout_s or settings.download_timeout_minutes * 60
-
-    def readiness_s(self, settings: Settings) -> int:
-        return self.readiness_timeout_s or settings.readiness_timeout_minutes * 60
-
-    def deadline_s(self, step: str, settings: Settings) -> int:
-        """How long `step` may run on the node before it is stopped there; its custom_timeouts derive from this.
-
-        pulumi-command never stops a running command (custom_timeouts cut short only the dial), so a hung script
-        would hang `pulumi up` for good: every step runs under `timeout` with this deadline (remote_command_text).
-        Each default outlasts the step's own waits; kimi-cluster:stepDeadlineMinutes overrides it per step.
-        """
-        override = settings.step_deadline_minutes.get(step)
-        if override:
-            return max(1, round(override * 60))
-        slack = self.deadline_slack_s
-        defaults = {
-            "ready": self.cloud_init_timeout_s + self.gpu_timeout_s + slack,
-            "storage": self.storage_timeout_s + self.docker_timeout_s,
-            "image": self.pull_attempts * (self.pull_timeout_s + self.pull_backoff_s * self.pull_attempts) + slack,
-            "weights": self.download_s(settings) + 6 * slack,  # also installs huggingface_hub on the node
-            "check": self.check_timeout_s,
-            "launch": self.launch_timeout_s + round(self.settle_seconds),
-            "proxy": self.proxy_timeout_s + round(self.proxy_settle_seconds),
-            "readiness": self.readiness_s(settings) + slack,
-            # The transfer's own deadline (kernelCache.*TimeoutMinutes) ends it first, with a warning: these steps
-            # never fail, so theirs must stay inside this one (kernel_cache_transfer_s).
-            "cache-restore": self._cache_minutes(settings, "restore") * 60 + PIP_BUDGET_S + slack,
-            "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
-            "engine-ready": self.readiness_s(settings) + slack,
-            "front-ready": self.cloud_init_timeout_s + self.docker_timeout_s + slack,
-        }
-        if step not in defaults:
-            raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")
-        return defaults[step]
-
-    @staticmethod
-    def _cache_minutes(settings: Settings, which: str) -> int:
-        cfg = settings.kernel_cache
-        if cfg is None:
-            return 20
-        return cfg.restore_timeout_minutes if which == "restore" else cfg.save_timeout_minutes
-
-    def kernel_cache_transfer_s(self, step: str, settings: Settings) -> int:
-        """The kernel-cache program's own deadline: what is left of the step's after pip and the slack."""
-        return max(30, self.deadline_s(step, settings) - PIP_BUDGET_S - self.deadline_slack_s)
-
-    def custom_timeout(self, step: str, settings: Settings) -> str:
-        """The step's custom_timeouts (create and update), as a Go duration: its deadline plus the dial allowance."""
-        return f"{-(-(self.deadline_s(step, settings) + DIAL_ALLOWANCE_S) // 60)}m"
 
 
 @dataclass(frozen=True)
@@ -190,7 +84,7 @@ def _kernel_cache_values(settings: Settings, step: str, timing: Timing) -> dict[
     cfg = settings.kernel_cache
     if cfg is None:
         raise ValueError(f"step {step} needs {settings_key('kernelCache')} to be set")
-    key = kernel_cache.cache_key(settings)
+    key = kernel_cache_key.cache_key(settings)
     restoring = step == "cache-restore"
     return {
         "engine": settings.engine_name, "key": key.id, "key_fields": key.fields_json, "location": cfg.location,
@@ -234,10 +128,6 @@ def readiness_identity(settings: Settings, tls: ProxyTls = PLAN_TLS) -> str:
     return hashlib.sha256(" ".join(prints).encode()).hexdigest()[:16]
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
 def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
     return {
         "step": step,
@@ -266,7 +156,7 @@ def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
 
 
 def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_private_ip: str,
-                timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
+                timing: Timing | None = None, tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
                 peer_ips: Sequence[str] | None = None, *, container: str | None = None,
                 identity: str | None = None, peer_rank: int | None = None) -> str:
     """One step's script for one node. Addresses and certificates are plain strings; no secret is ever a template
@@ -275,6 +165,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
     `peer_ips` (every node's private address, in rank order) makes the weights step share the download; without
     them the node downloads every file from the hub.
     """
+    timing = settings.timing if timing is None else timing  # kimi-cluster:nodeTiming, else Timing()'s defaults
     v = _values(settings, rank, step, timing)
     ckpt = settings.model_spec.checkpoint_bytes
     if step == "ready":
@@ -339,7 +230,7 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
 
 
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
-                        timing: Timing = Timing(), tls: ProxyTls = PLAN_TLS,
+                        timing: Timing | None = None, tls: ProxyTls = PLAN_TLS,
                         public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None,
                         peer_rank: int | None = None) -> dict[str, str]:
     """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
@@ -448,7 +339,7 @@ class GpuNode(pulumi.ComponentResource):
         ssh_port: pulumi.Input[int] = 22,
         vm_id: pulumi.Input[str | int] | None = None,
         launch_after: Sequence[pulumi.Resource] = (),
-        timing: Timing = Timing(),
+        timing: Timing | None = None,
         peer_rank: int | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -460,7 +351,7 @@ class GpuNode(pulumi.ComponentResource):
             raise ValueError("only the head gets the API key, and no replica behind a front; workers serve no HTTP")
         self._name = name
         self._settings = settings
-        self._timing = timing
+        self._timing = settings.timing if timing is None else timing
         self._vm_id = pulumi.Output.from_input(vm_id)
         self._connection = node_connection(public_ip, settings.ssh_user, ssh_private_key, host_key, ssh_port)
         public_tls = (pulumi.Output.all(tls_cert_chain, tls_ca).apply(lambda t: ProxyTls(t[0], t[1]))
@@ -468,7 +359,7 @@ class GpuNode(pulumi.ComponentResource):
         sharing = (fan_out_size(settings) > 1 and len(peer_private_ips) == fan_out_size(settings)
                    and peer_token is not None)
         scripts = pulumi.Output.all(private_ip, head_private_ip, public_ip, public_tls, *peer_private_ips).apply(
-            lambda a: render_node_scripts(settings, rank, a[0], a[1], timing, a[3], a[2],
+            lambda a: render_node_scripts(settings, rank, a[0], a[1], self._timing, a[3], a[2],
                                           peer_ips=a[4:] if sharing else None, peer_rank=peer_rank)
         )
         token = _stdin_secret(hf_token) if hf_token is not None else None
@@ -572,12 +463,13 @@ class Readiness(pulumi.ComponentResource):
         tls_ca: pulumi.Input[str],
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
-        timing: Timing = Timing(),
+        timing: Timing | None = None,
         container: str | None = None,
         identity: pulumi.Input[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(READINESS_TYPE, name, None, opts)
+        timing = settings.timing if timing is None else timing
         deadline = timing.deadline_s("readiness", settings)
         text = pulumi.Output.all(public_ip, tls_cert_chain, tls_ca, identity).apply(lambda a: remote_command_text(
             "readiness", render_step(settings, "readiness", 0, "<unused>", "<unused>", timing, ProxyTls(a[1], a[2]),
@@ -612,10 +504,11 @@ class KernelCacheSave(pulumi.ComponentResource):
         credentials: pulumi.Input[str],
         host_key: pulumi.Input[str] | None = None,
         ssh_port: pulumi.Input[int] = 22,
-        timing: Timing = Timing(),
+        timing: Timing | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(KERNEL_CACHE_SAVE_TYPE, name, None, opts)
+        timing = settings.timing if timing is None else timing
         if settings.kernel_cache is None:
             raise ValueError("KernelCacheSave needs kimi-cluster:kernelCache")
         script = render_step(settings, "cache-save", 0, "<unused>", "<unused>", timing)

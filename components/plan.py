@@ -14,9 +14,10 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
-from components.node import Timing, running_steps
+from components.node import running_steps
 from components.pricing import Quote, break_even, catalog_quote, quote
-from components.settings import SECRET_KEYS, Settings, placeholders
+from components.settings import SECRET_KEYS, Settings
+from components.settings.loader import placeholders
 
 
 def _head_ip_placeholder(rank: int) -> str:
@@ -106,7 +107,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.node.remote_command_text).
-        "step_deadline_minutes": {step: round(Timing().deadline_s(step, settings) / 60, 1)
+        "step_deadline_minutes": {step: round(settings.timing.deadline_s(step, settings) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
         "time_to_endpoint": _bringup(settings),
@@ -180,10 +181,10 @@ def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
-    """Where the compiled kernels are kept and under which key (components/kernel_cache.py), if anywhere."""
+    """Where the compiled kernels are kept and under which key (components/kernel_cache_key.py), if anywhere."""
     if settings.kernel_cache is None:
         return None
-    from components.kernel_cache import cache_key
+    from components.kernel_cache_key import cache_key
 
     key = cache_key(settings)
     return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}

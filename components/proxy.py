@@ -13,7 +13,7 @@ import base64
 import hashlib
 
 from components import catalog
-from components.scripts import ShellExpr, render, shell_words
+from components.render import ShellExpr, render, shell_words
 from components.settings import Settings
 
 CONTAINER_NAME = "kimi-proxy"

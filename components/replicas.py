@@ -24,7 +24,6 @@ from components import firewall
 from components.hyperstack.resources import SecurityRule, VirtualMachine
 from components.node import (
     GpuNode,
-    Timing,
     _command,
     host_key_user_data,
     node_connection,
@@ -32,8 +31,7 @@ from components.node import (
     render_step,
 )
 from components.settings import Settings
-
-_TIMING = Timing()  # the node steps' waits (tests pass shorter ones)
+from components.timing import Timing
 
 
 def prefix(name: str, replica: int) -> str:
@@ -82,13 +80,14 @@ def build_replica(parent: pulumi.Resource, name: str, settings: Settings, replic
                   front_private_ip: pulumi.Input[str], ssh_private_key: pulumi.Output[str],
                   hf_token: pulumi.Output[str] | None, kernel_cache_credentials: pulumi.Output[str] | None,
                   peer_token: pulumi.Output[str] | None, after: Sequence[pulumi.Resource] = (),
-                  fan_out_ips: Sequence[pulumi.Output[str]] = (), timing: Timing = _TIMING) -> Replica:
+                  fan_out_ips: Sequence[pulumi.Output[str]] = (), timing: Timing | None = None) -> Replica:
     """Rules, the per-node chains and the engine-ready wait of one replica; its launch starts after `after`.
 
     `fan_out_ips`: every GPU node of every replica, replica after replica: the weight download is shared across
     all of them (components/node.py fan_out_size), so each file comes from the hub once for the whole stack and a
     re-created replica fetches from its twin.
     """
+    timing = settings.timing if timing is None else timing  # kimi-cluster:nodeTiming (tests pass shorter ones)
     base = prefix(name, replica)
     peer_ips = [vm.private_ip for vm in vms]
     others = [ip for i, ip in enumerate(fan_out_ips) if i // settings.nodes != replica]

@@ -948,7 +948,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> tuple[FakeSettings,
 
 # --------------------------------------------------------------------------- kernel warm-up
 
-# Flags that decide which kernels a real engine compiles (the same idea as components/kernel_cache.py).
+# Flags that decide which kernels a real engine compiles (the same idea as components/kernel_cache_key.py).
 _SHAPE_FLAGS = ("--ep-size", "--moe-runner-backend", "--quantization", "--kv-cache-dtype", "--attention-backend",
                 "--dtype", "--enable-expert-parallel", "--data-parallel-size", "--decode-context-parallel-size",
                 "--mm-encoder-tp-mode", "--moe-backend")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from components.settings import NAMESPACE, Settings, load_settings, read_stack_file
+from components.settings import NAMESPACE, Settings
+from components.settings.loader import load_settings, read_stack_file
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import DEFAULT_API_KEY
 from sandbox.commands import NodeExecution

@@ -14,7 +14,8 @@ import os
 import sys
 
 from components.plan import build_plan, format_plan, render_scripts
-from components.settings import SettingsError, load_settings, plain_credentials_in, read_stack_file
+from components.settings import SettingsError
+from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

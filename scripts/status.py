@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from components.node_exec import NodeRunner, SshRunner, remove_key_files_on_signals
-from components.settings import SettingsError, load_settings, read_stack_file
+from components.settings import SettingsError
+from components.settings.loader import load_settings, read_stack_file
 from components.stack_state import StackState, StackStateError, export_stack, load_state_file
 from components.status_report import PROJECT_DIR, api_client, run
 

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from components import catalog, kernel_cache, launch
-from components.settings import SettingsError, load_settings
+from components import catalog, kernel_cache_key, launch
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 from tests.pulumi_harness import run_program
 from tests.test_program import CANARY_API, config, outputs_for
 
@@ -69,10 +70,10 @@ def test_maxmodellen_caps_the_context_clients_are_told_and_the_engines():
 
 
 def test_each_layout_has_its_own_kernel_cache_key_and_tp8s_is_todays():
-    keys = {name: kernel_cache.cache_key(load_settings({**BASE, "engineLayout": name}, "dev"))
+    keys = {name: kernel_cache_key.cache_key(load_settings({**BASE, "engineLayout": name}, "dev"))
             for name in catalog.VLLM_LAYOUTS}
     assert len({k.id for k in keys.values()}) == 3
-    assert keys["tp8"].id == kernel_cache.cache_key(load_settings(BASE, "dev")).id
+    assert keys["tp8"].id == kernel_cache_key.cache_key(load_settings(BASE, "dev")).id
     assert ("--decode-context-parallel-size", "8") in keys["tp8-dcp8"].kernel_flags
     assert ("--data-parallel-size", "8") in keys["dp8-ep"].kernel_flags
     assert ("--enable-expert-parallel", "") in keys["dp8-ep"].kernel_flags

@@ -13,7 +13,8 @@ import pytest
 
 from components import front
 from components.node import PLAN_TLS
-from components.settings import SettingsError, load_settings
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
 from tests.test_program import outputs_for as one_replica_outputs

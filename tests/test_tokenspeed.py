@@ -9,8 +9,9 @@ import json
 import pytest
 import requests
 
-from components import cluster_status, kernel_cache, launch, proxy
-from components.settings import SettingsError, load_settings
+from components import cluster_status, kernel_cache_key, launch, proxy
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 from fakes.inference_server import FakeInferenceServer, FakeSettings
 from tests.pulumi_harness import run_program
 from tests.test_program import CANARY_API, config, outputs_for
@@ -74,10 +75,10 @@ def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     # The release image's user is `runner`: its home's cache holds the weights and kernels, and it may write there.
     assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(s) == "a+rwX"
     assert launch.cache_dir_mode(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")) == ""
-    key = kernel_cache.cache_key(s)
+    key = kernel_cache_key.cache_key(s)
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
     assert ("--mm-encoder-tp-mode", "data") in key.kernel_flags and ("--kv-cache-dtype", "fp8") in key.kernel_flags
-    vllm = kernel_cache.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
+    vllm = kernel_cache_key.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
     assert vllm.id != key.id
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from components import launch
-from components.settings import load_settings
+from components.settings.loader import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = Path(os.environ.get("KIMI_PARSERS_VENV") or ROOT / ".venv-parsers") / "bin" / "python"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.settings import SettingsError, load_settings
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CUSTOM = {"topology": "custom", "flavor": "n3-H100x8-NVLink", "nodeCount": 4, "gpusPerNode": 8, "gpuMemoryGb": 80,

@@ -13,16 +13,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from components import node, tls, tls_check
-from components.settings import (
-    CACHE_STEP_MIN_MINUTES,
-    DURATION_MAX_MINUTES,
-    ERROR_MAX_LINES,
-    SettingsError,
-    load_settings,
-    plain_credentials_in,
-    read_stack_file,
-)
+from components import node, steps, timing, tls, tls_check
+from components.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, ERROR_MAX_LINES, SettingsError
+from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
@@ -148,18 +141,18 @@ def test_every_deadline_becomes_a_custom_timeout_go_can_parse():
     # time.ParseDuration (Go's time package) takes at most 2^63 - 1 nanoseconds, about 2,562,047 hours.
     go_max_minutes = (2**63 - 1) / 1e9 / 60
     s = load(downloadTimeoutMinutes=DURATION_MAX_MINUTES, readinessTimeoutMinutes=24 * 60,
-             stepDeadlineMinutes=json.dumps({step: DURATION_MAX_MINUTES for step in node.ALL_STEPS}),
+             stepDeadlineMinutes=json.dumps({step: DURATION_MAX_MINUTES for step in steps.ALL_STEPS}),
              **cache(restoreTimeoutMinutes=DURATION_MAX_MINUTES, saveTimeoutMinutes=DURATION_MAX_MINUTES))
-    for step in node.ALL_STEPS:
-        text = node.Timing().custom_timeout(step, s)
+    for step in steps.ALL_STEPS:
+        text = timing.Timing().custom_timeout(step, s)
         assert text.endswith("m") and int(text[:-1]) < go_max_minutes / 1000, (step, text)
 
 
 def test_the_cache_step_floor_is_the_install_budget_the_slack_and_a_minute():
-    assert CACHE_STEP_MIN_MINUTES * 60 == node.PIP_BUDGET_S + node.Timing().deadline_slack_s + 60
+    assert CACHE_STEP_MIN_MINUTES * 60 == timing.PIP_BUDGET_S + timing.Timing().deadline_slack_s + 60
     s = load(stepDeadlineMinutes=json.dumps({"cache-restore": CACHE_STEP_MIN_MINUTES}), **cache())
     # The transfer keeps a minute of its own: the step's deadline cannot end it before its own deadline warns.
-    assert node.Timing().kernel_cache_transfer_s("cache-restore", s) == 60
+    assert timing.Timing().kernel_cache_transfer_s("cache-restore", s) == 60
 
 
 def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path):

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from components import catalog, pricing
-from components.settings import SettingsError, load_settings
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 from scripts import plan
 
 API = catalog.ApiPrice("test API", 2.00, 10.00, "a test", "2026-11-10")

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from components.settings import SettingsError, config_keys, load_settings, placeholders, read_stack_file
+from components.settings import SettingsError
+from components.settings.loader import config_keys, load_settings, placeholders, read_stack_file
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"

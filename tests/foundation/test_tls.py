@@ -10,7 +10,8 @@ import pytest
 from cryptography import x509
 
 from components import tls
-from components.settings import SettingsError, load_settings
+from components.settings import SettingsError
+from components.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 

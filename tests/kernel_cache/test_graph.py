@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from components import kernel_cache
+from components import kernel_cache_key
 from components.node import render_node_scripts
 from components.settings import SettingsError
+from components.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
@@ -38,7 +39,7 @@ def test_restore_runs_beside_pull_and_weights_on_every_node_and_the_launch_waits
     res = dev.by_name
     for rank in range(4):
         p = f"kimi-node{rank}-"
-        steps = {p + s for s in ("ready", "storage", "image", "weights", "check", "launch")}
+        steps = {p + s for s in STEPS}
         assert set(res[p + "cache-restore"].deps) & steps == {p + "storage"}  # beside the pull and the weights
         assert {p + "cache-restore", p + "check", p + "image"} <= set(res[p + "launch"].deps)
 
@@ -90,7 +91,7 @@ def test_bad_kernel_cache_settings_name_the_key(value, message):
 
 
 def key(**extra):
-    return kernel_cache.cache_key(make_settings(kernelCache=CACHE, kernelCacheCredentials=CREDS, **extra))
+    return kernel_cache_key.cache_key(make_settings(kernelCache=CACHE, kernelCacheCredentials=CREDS, **extra))
 
 
 def test_the_key_changes_with_what_shapes_kernels_and_only_with_that():

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from components.node import Timing
-from components.settings import Settings, load_settings
+from components.settings import Settings
+from components.settings.loader import load_settings
+from components.timing import Timing
 from fakes.hub import FakeHub, Faults
 from fakes.node import FakeNode, make_fake_node
 

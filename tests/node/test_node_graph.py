@@ -6,7 +6,8 @@ import base64
 
 import pulumi
 
-from components.node import DIAL_ERROR_LIMIT, STEPS, GpuNode, Readiness, host_key_cloud_config, host_key_user_data
+from components.node import DIAL_ERROR_LIMIT, GpuNode, Readiness, host_key_cloud_config, host_key_user_data
+from components.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 
@@ -207,7 +208,7 @@ def test_host_key_provider_makes_a_real_ed25519_key_pair():
 def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_from_it():
     import re
 
-    from components.node import DIAL_ALLOWANCE_S, Timing
+    from components.timing import DIAL_ALLOWANCE_S, Timing
 
     settings, (res, _) = build_cluster()
     commands = [r for r in res.values() if r.typ == "command:remote:Command"]

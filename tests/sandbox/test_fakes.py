@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from components import launch
-from components.settings import load_settings
+from components.settings.loader import load_settings
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
 from fakes.node import BIN, make_fake_node
@@ -213,7 +213,7 @@ def test_services_start_and_stop_by_pid(tmp_path) -> None:
 
 
 def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
-    from components.settings import read_stack_file
+    from components.settings.loader import read_stack_file
     from sandbox.kimi import REPO_ROOT
 
     ours, others = read_stack_file(str(REPO_ROOT / "Pulumi.sandbox.yaml"))

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from components.steps import STEPS
 from fakes.hub import STATS_PATH
 
 from .conftest import leftover_processes, ok, report
 
 pytestmark = pytest.mark.timeout(300)
-
-STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 
 
 def _hub_stats(hub_url: str) -> dict:

@@ -193,7 +193,7 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 
 
 def test_the_probe_knows_every_step_the_nodes_run():
-    from components.node import SUMMARIES
+    from components.steps import SUMMARIES
     from components.weights import PROGRESS_FILE
     from node_programs import node_status
 
@@ -239,7 +239,7 @@ def _one_node_state(url: str):
 
 
 def _settings():
-    from components.settings import load_settings
+    from components.settings.loader import load_settings
 
     return load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza test",
                           "servedModelName": "m"}, "dev")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components import front, proxy
-from components.settings import load_settings
+from components.settings.loader import load_settings
 from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeSettings
 

@@ -17,6 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from components import launch
 from components.settings import Settings
 
 # Engine flags that change which kernels are compiled or how they are tuned. Everything else (ports, names, parsers,
@@ -99,8 +100,6 @@ def kernel_flags(argv: list[Any]) -> tuple[tuple[str, str], ...]:
 def cache_key(settings: Settings) -> CacheKey:
     """The key of this stack's kernels. Rank 0's argv stands for every rank: ranks of one TP/EP group compile the
     same shapes, so one archive serves them all (the rank-only flags are not kernel flags)."""
-    from components import launch  # launch imports settings only; kept local so this module stays a leaf
-
     return CacheKey(
         engine=settings.engine_name,
         image=image_identity(settings.container_image),

@@ -1,0 +1,595 @@
+"""The stack's configuration as one validated model: every key under `kimi-cluster:`, defaults per topology.
+
+Validation runs before any resource is registered, so bad input costs nothing; every error names its key and
+says how to set it. Secret values (hfToken, sshPrivateKey) never enter this model, only whether they are set.
+The single keys' rules are rules.py's and ssh_key.py's, the rules across keys cross_rules.py's; raw config becomes
+this model (or one SettingsError) in loader.py alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import posixpath
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from components import catalog, sizing, tls_check
+from components.settings import cross_rules, node_timing, rules
+from components.settings.errors import SettingsError, _show
+from components.settings.kernel_cache_store import KernelCacheSettings
+from components.settings.keys import NAMESPACE
+from components.settings.rules import (
+    _FLAVOR,
+    _IMAGE,
+    _NAME,
+    _PATH_CHARS,
+    _PRINTABLE,
+    _REGION,
+    _SERVED_NAME,
+    _SSH_USER,
+    DIST_INIT_PORT,
+    IPV4_WARN_PREFIX,
+    RESERVED_PORTS,
+    SSH_PORT,
+    WIDE_PREFIX,
+    duration_problem,
+)
+from components.settings.ssh_key import _SSH_PUBLIC_KEY
+from components.timing import Timing
+
+T = TypeVar("T")
+
+
+def _custom(value: T | None, key: str) -> T:
+    """A custom topology's own value: Settings refuses a custom topology without it, so None here is a bug."""
+    if value is None:
+        raise SettingsError(f"{NAMESPACE}:{key} is required for topology custom")
+    return value
+
+
+class Settings(BaseModel):
+    """Validated stack settings. Field aliases are the camelCase config keys."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    stack: str
+    topology: Literal["h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom"] = catalog.DEFAULT_TOPOLOGY
+    # custom topology only
+    flavor: str | None = None
+    node_count: int | None = Field(None, alias="nodeCount", ge=1, le=20)
+    gpus_per_node: int | None = Field(None, alias="gpusPerNode", ge=1, le=16)
+    gpu_memory_gb: int | None = Field(None, alias="gpuMemoryGb")
+    engine: Literal["sglang", "vllm", "tokenspeed"] | None = None
+    gpu_hourly_price_usd: float | None = Field(None, alias="gpuHourlyPriceUsd", gt=0, le=1000, allow_inf_nan=False)
+
+    region: str = catalog.DEFAULT_REGION
+    # Ordered preference; the placement resource picks the first with stock for the whole cluster, once.
+    regions: list[str] | None = None
+    environment_name: str | None = Field(None, alias="environmentName")
+    operator_cidr: str = Field(alias="operatorCidr")
+    # The operator reaches the VMs over a private network or loopback (a VPN into the cloud, the local sandbox).
+    allow_private_operator_cidr: bool = Field(False, alias="allowPrivateOperatorCidr")
+    ssh_public_key: str | None = Field(None, alias="sshPublicKey")
+    keypair_name: str | None = Field(None, alias="keypairName")
+    ssh_user: str = Field("ubuntu", alias="sshUser")
+
+    model: str = catalog.KIMI_K31_PRO.repo
+    model_revision: str = Field(catalog.KIMI_K31_PRO.default_revision, alias="modelRevision")
+    served_model_name: str | None = Field(None, alias="servedModelName")
+    image: str | None = None
+    os_image: str | None = Field(None, alias="osImage")
+    api_port: int = Field(8000, alias="apiPort", ge=1, le=65535)
+    # Who may reach the API port (the TLS proxy on the head); default: operatorCidr only. SSH stays operatorCidr.
+    api_allowed_cidrs: list[str] | None = Field(None, alias="apiAllowedCidrs")
+    # Bumping it makes a new API key; the engine keeps running, only the proxy's key file changes.
+    api_key_version: int = Field(1, alias="apiKeyVersion", ge=1, le=1_000_000)
+    # The engine listens on the head's loopback only, on this port; the proxy forwards to it.
+    engine_port: int = Field(30000, alias="enginePort", ge=1, le=65535)
+    # Bring your own server certificate (PEM chain, leaf first, ending with the CA clients should trust); its key
+    # is the secret tlsPrivateKey. Unset: the stack makes its own CA and a certificate for the head's address.
+    tls_certificate: str | None = Field(None, alias="tlsCertificate")
+    # The DNS name clients use for the API (you keep its record pointing at the head): the URLs, the client configs and
+    # the readiness wait's TLS check use it; your own tlsCertificate must name it. Unset: the head's public IP.
+    api_hostname: str | None = Field(None, alias="apiHostname")
+    proxy_image: str | None = Field(None, alias="proxyImage")
+    max_model_len: int | None = Field(None, alias="maxModelLen", ge=1024, le=2**24)
+    context_window: int = Field(131072, alias="contextWindow", ge=1024, le=2**24)
+    extra_engine_args: list[str] = Field(default_factory=list, alias="extraEngineArgs")
+    # How vLLM places the model on its one node (catalog.VLLM_LAYOUTS); unset is tp8, today's layout.
+    engine_layout: Literal["tp8", "dp8-ep", "tp8-dcp8"] | None = Field(None, alias="engineLayout")
+
+    # node bring-up knobs
+    node_root: str = Field("/", alias="nodeRoot")
+    storage_path: str = Field("/ephemeral", alias="storagePath")
+    # Bounded so the scripts' shell arithmetic (64-bit) never overflows: 1 PB of margin is far beyond any disk.
+    disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0, le=10**6)
+    download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
+    download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1, le=7 * 24 * 60)
+    readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1, le=24 * 60)
+    # Per-step override of the node-side deadline (components.timing.Timing.deadline_s), e.g. {"image": 120}.
+    step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
+    # Advanced: the node scripts' waits and retries (components/timing.py Timing), e.g. {"settleSeconds": 1}.
+    node_timing: dict[str, int | float] = Field(default_factory=dict, alias="nodeTiming")
+    # Free since every file is hashed while it is written (scripts/fetch_weights.py): the check compares records.
+    verify_sha256: bool = Field(True, alias="verifySha256")
+    # Where each node serves its finished weight files to its peers (private addresses only).
+    peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
+    hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
+    kernel_cache: KernelCacheSettings | None = Field(None, alias="kernelCache")
+    # Replicas behind one front (components/replicas.py, components/front.py): whole engine groups, each sized alone.
+    replicas: int = Field(1, ge=1, le=catalog.MAX_REPLICAS)
+    front_flavor: str = Field(catalog.FRONT_FLAVOR.name, alias="frontFlavor")
+    front_os_image: str | None = Field(None, alias="frontOsImage")
+    front_hourly_price_usd: float | None = Field(None, alias="frontHourlyPriceUsd", gt=0, le=1000,
+                                                 allow_inf_nan=False)
+
+    # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
+    api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
+                                                    allow_inf_nan=False)
+    api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", gt=0, le=10_000,
+                                                     allow_inf_nan=False)
+    input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,
+                                                        allow_inf_nan=False)
+
+    # secrets: presence only, the values stay in Pulumi's secret config
+    hf_token_set: bool = False
+    ssh_private_key_set: bool = False
+    kernel_cache_credentials_set: bool = False
+    tls_private_key_set: bool = False
+    # credentials given as plain (unencrypted) config values: warned about
+    plain_credentials: tuple[str, ...] = ()
+
+    @field_validator("operator_cidr")
+    @classmethod
+    def _operator_cidr(cls, v: str) -> str:
+        return rules.operator_cidr(v)
+
+    @field_validator("api_allowed_cidrs", mode="before")
+    @classmethod
+    def _cidr_list(cls, v: Any) -> Any:
+        return rules.cidr_list(v)
+
+    @field_validator("tls_certificate")
+    @classmethod
+    def _certificate(cls, v: str | None) -> str | None:
+        return rules.certificate(v)
+
+    @field_validator("api_hostname")
+    @classmethod
+    def _api_hostname(cls, v: str | None) -> str | None:
+        return rules.api_hostname(v)
+
+    @field_validator("model_revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        return rules.revision(v)
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _public_key(cls, v: str | None) -> str | None:
+        if v is not None and not _SSH_PUBLIC_KEY.fullmatch(v.strip()):
+            raise ValueError("not an OpenSSH public key (expected e.g. 'ssh-ed25519 AAAA... comment')")
+        return v.strip() if v else v
+
+    @field_validator("environment_name", "keypair_name")
+    @classmethod
+    def _names(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME.fullmatch(v):
+            raise ValueError("use 1-50 letters, digits, '-' or '_' (Hyperstack's limit is 50 characters)")
+        return v
+
+    @field_validator("flavor")
+    @classmethod
+    def _flavor(cls, v: str | None) -> str | None:
+        if v is not None and not _FLAVOR.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a flavor name such as n3-H100x8-NVLink")
+        return v
+
+    @field_validator("os_image")
+    @classmethod
+    def _os_image(cls, v: str | None) -> str | None:
+        if v is not None and (not _PRINTABLE.fullmatch(v) or v != v.strip() or len(v) > 200):
+            raise ValueError(f"{_show(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
+                             "spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker'")
+        return v
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, v: str | None) -> str | None:
+        if v is not None and not _SERVED_NAME.fullmatch(v):
+            raise ValueError(f"{_show(v)}: use 1-128 letters, digits and . _ : / @ + - (it lands in clients' shell, "
+                             "TOML and JSON)")
+        return v
+
+    @field_validator("image", "proxy_image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 512 or not _IMAGE.fullmatch(v)):
+            raise ValueError(f"{_show(v)} is not a container image reference such as "
+                             "registry.example.com/org/name:tag@sha256:<64 hex>")
+        return v
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _ssh_user(cls, v: str) -> str:
+        if not _SSH_USER.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a login name: lower-case letters, digits, '_' and '-', "
+                             "at most 32, e.g. ubuntu")
+        return v
+
+    @field_validator("api_port")
+    @classmethod
+    def _api_port(cls, v: int) -> int:
+        if v in RESERVED_PORTS:
+            raise ValueError(f"port {v} is taken by {RESERVED_PORTS[v]}; choose another, e.g. 8000")
+        return v
+
+    @field_validator("hf_endpoint")
+    @classmethod
+    def _hf_endpoint(cls, v: str) -> str:
+        return rules.hf_endpoint(v)
+
+    @field_validator("extra_engine_args", mode="before")
+    @classmethod
+    def _json_list(cls, v: Any) -> Any:
+        # `pulumi config set` stores a list as a JSON string unless --path is used
+        return rules.engine_arg_list(v)
+
+    @field_validator("regions", mode="before")
+    @classmethod
+    def _regions(cls, v: Any) -> Any:
+        return rules.region_list(v)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not _REGION.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not a Hyperstack region name such as CANADA-1")
+        return v
+
+    @field_validator("download_timeout_minutes", "readiness_timeout_minutes", mode="before")
+    @classmethod
+    def _timeouts(cls, v: Any) -> Any:
+        problem = duration_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("step_deadline_minutes", mode="before")
+    @classmethod
+    def _step_deadlines(cls, v: Any) -> Any:
+        return rules.step_deadlines(v)
+
+    @field_validator("node_timing", mode="before")
+    @classmethod
+    def _node_timing(cls, v: Any) -> Any:
+        return node_timing.node_timing(v)
+
+    @field_validator("kernel_cache", mode="before")
+    @classmethod
+    def _json_object(cls, v: Any) -> Any:
+        # `pulumi config set kimi-cluster:kernelCache '{...}'` stores a JSON string; `--path` stores an object
+        return rules.json_object(v)
+
+    @field_validator("extra_engine_args")
+    @classmethod
+    def _engine_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not arg or len(arg) > 1000 or not _PRINTABLE.fullmatch(arg):
+                raise ValueError(f"{_show(arg)}: each argument must be 1-1000 printable characters")
+        return v
+
+    @field_validator("node_root")
+    @classmethod
+    def _node_root(cls, v: str) -> str:
+        # A relative root (a test root, the sandbox's ".") is resolved from the SSH login directory on the node.
+        if not _PATH_CHARS.fullmatch(v) or posixpath.normpath(v) != v:
+            raise ValueError(f"{_show(v)} must be / (a real VM) or a normalized path of letters, digits and . _ - /")
+        return v
+
+    @field_validator("storage_path")
+    @classmethod
+    def _storage_path(cls, v: str) -> str:
+        return rules.storage_path(v)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Settings:
+        custom_keys = {"flavor": self.flavor, "nodeCount": self.node_count, "gpusPerNode": self.gpus_per_node,
+                       "gpuMemoryGb": self.gpu_memory_gb, "engine": self.engine}
+        problem = cross_rules.topology_problem(self.topology, custom_keys, self.engine, self.node_count)
+        if problem:
+            raise ValueError(problem)
+        if self.topology == "custom":
+            # before sizing: a wrong GPU count would size the wrong cluster
+            mismatch = cross_rules.flavor_problem(self.flavor, self.gpus_per_node, self.gpu_memory_gb, self.gpu.name)
+            if mismatch:
+                raise ValueError(mismatch)
+        if self.regions is not None and "region" in self.model_fields_set:
+            raise ValueError(f"set only one of {NAMESPACE}:region (one region) and {NAMESPACE}:regions (an ordered "
+                             f"list); remove one with: pulumi config rm {NAMESPACE}:region")
+        if self.peer_port in (self.api_port, self.engine_port, DIST_INIT_PORT):  # SGLang's rendezvous (launch.py)
+            raise ValueError(f"{NAMESPACE}:peerPort {self.peer_port} collides with apiPort, enginePort or the "
+                             f"rendezvous port {DIST_INIT_PORT}; pick another, e.g. {NAMESPACE}:peerPort 20100")
+        if self.ssh_public_key is None and self.keypair_name is None:
+            raise ValueError(f"set {NAMESPACE}:sshPublicKey (a keypair is imported) or {NAMESPACE}:keypairName (an "
+                             "existing one is reused)")
+        if self.ssh_public_key is not None and self.keypair_name is not None:
+            raise ValueError(f"set only one of {NAMESPACE}:sshPublicKey and {NAMESPACE}:keypairName")
+        if self.kernel_cache is not None and not self.kernel_cache_credentials_set:
+            raise ValueError(
+                f"{NAMESPACE}:kernelCacheCredentials is required with {NAMESPACE}:kernelCache (the bucket's access "
+                f"key); set it with: pulumi config set --secret {NAMESPACE}:kernelCacheCredentials "
+                "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
+        # The engines' multi-node rendezvous port (components/launch.py): the engine's own port must not take it.
+        if self.engine_port in (self.api_port, SSH_PORT, DIST_INIT_PORT):
+            raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort, SSH ({SSH_PORT}) or "
+                             f"the rendezvous port {DIST_INIT_PORT}; pick another, e.g. {NAMESPACE}:enginePort 30000")
+        if (self.tls_certificate is not None) != self.tls_private_key_set:
+            raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
+                             "own certificate) or neither (the stack makes its own CA)")
+        if self.model not in catalog.MODELS:
+            raise ValueError(f"{NAMESPACE}:model {_show(self.model)} has no sizing data; known: "
+                             f"{', '.join(catalog.MODELS)}")
+        fit = self.fit
+        if not fit.fits:
+            fitting = [t.name for t in catalog.TOPOLOGIES.values()
+                       if sizing.check_fit(self.model_spec, catalog.GPUS[t.gpu], t.node_count, t.gpus_per_node,
+                                           t.node_count * t.gpus_per_node).fits]
+            raise ValueError(
+                f"the cluster cannot serve {self.model}: {fit.summary()}. Change {NAMESPACE}:topology (presets that "
+                f"fit: {', '.join(fitting)}) or, for topology custom, nodeCount, gpusPerNode and gpuMemoryGb"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replica_rules(self) -> Settings:
+        """replicas >= 2: the front's flavor and image are names the API sees, and every derived VM name fits."""
+        if self.replicas == 1:
+            return self
+        longest = max((self.replica_node_name(self.replicas - 1, self.nodes - 1), self.front_name), key=len)
+        problems = cross_rules.replica_problems(self.replicas, self.front_flavor, self.front_hourly_price_usd,
+                                                self.front_os_image, self.env_name, longest)
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    @model_validator(mode="after")
+    def _rules(self) -> Settings:
+        """Rules across keys; every problem found is reported at once, each naming its key. (The engine flags
+        extraEngineArgs may not set are checked once this model is whole: components/launch.py, by the loader.)"""
+        one = [cross_rules.operator_scope_problem(self.operator_cidr, self.allow_private_operator_cidr),
+               cross_rules.hf_endpoint_problem(self.hf_endpoint, self.hf_token_set),
+               cross_rules.layout_problem(self.engine_layout, self.engine_name, self.nodes, self.gpus_per_node_count),
+               cross_rules.tokenspeed_problem(self.engine_name, self.nodes, self.image, self.engine_port,
+                                              self.api_port, self.peer_port)]
+        last_node = self.node_name(self.nodes - 1)
+        problems = [p for p in one if p] \
+            + cross_rules.name_problems(self.env_name, self.environment_name, self.stack, last_node) \
+            + cross_rules.api_cidr_problems(self.api_allowed_cidrs, self.allow_private_operator_cidr) \
+            + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname)
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        return self
+
+    def _own_certificate_expiry(self) -> dt.datetime | None:
+        if self.tls_certificate is None:
+            return None
+        from cryptography import x509
+
+        return x509.load_pem_x509_certificates(self.tls_certificate.encode())[0].not_valid_after_utc
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    @property
+    def preset(self) -> catalog.Topology | None:
+        return catalog.TOPOLOGIES.get(self.topology)
+
+    @property
+    def flavor_name(self) -> str:
+        return self.preset.flavor if self.preset else _custom(self.flavor, "flavor")
+
+    @property
+    def nodes(self) -> int:
+        return self.preset.node_count if self.preset else _custom(self.node_count, "nodeCount")
+
+    @property
+    def gpus_per_node_count(self) -> int:
+        return self.preset.gpus_per_node if self.preset else _custom(self.gpus_per_node, "gpusPerNode")
+
+    @property
+    def gpu(self) -> catalog.GpuSpec:
+        name = self.preset.gpu if self.preset else catalog.GPU_BY_MEMORY_GB[_custom(self.gpu_memory_gb, "gpuMemoryGb")]
+        return catalog.GPUS[name]
+
+    @property
+    def engine_name(self) -> str:
+        return self.preset.engine if self.preset else _custom(self.engine, "engine")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node_count
+
+    @property
+    def tensor_parallel(self) -> int:
+        # SGLang shards one model over every GPU of every node; vLLM runs one TP group on its one node.
+        return self.total_gpus
+
+    @property
+    def layout(self) -> catalog.EngineLayout | None:
+        """vLLM's layout on its one node (tp8 unless engineLayout says otherwise); None for other engines."""
+        if self.engine_layout is not None:
+            return catalog.VLLM_LAYOUTS[self.engine_layout]
+        default = catalog.VLLM_LAYOUTS[catalog.DEFAULT_VLLM_LAYOUT]
+        if self.engine_name != "vllm" or self.nodes != 1 or self.gpus_per_node_count != default.gpus:
+            return None  # another engine, or a custom vLLM node that is not 8 GPUs: tensor parallel over all
+        return default
+
+    @property
+    def client_context_window(self) -> int:
+        """The context client configs are told: contextWindow when set, else what the layout holds per session,
+        never beyond maxModelLen."""
+        if "context_window" in self.model_fields_set or self.layout is None:
+            return self.context_window
+        return min(self.layout.context_window, self.max_model_len or self.layout.context_window)
+
+    @property
+    def timing(self) -> Timing:
+        """The node scripts' waits and retries: kimi-cluster:nodeTiming over Timing()'s defaults."""
+        return node_timing.timing_of(self.node_timing)
+
+    @property
+    def model_spec(self) -> catalog.ModelSpec:
+        return catalog.MODELS[self.model]
+
+    @property
+    def fit(self) -> sizing.FitReport:
+        return sizing.check_fit(self.model_spec, self.gpu, self.nodes, self.gpus_per_node_count, self.tensor_parallel)
+
+    @property
+    def container_image(self) -> str:
+        if self.image:
+            return self.image
+        # TokenSpeed has no default image: settings refuse the stack until kimi-cluster:image is set.
+        return self.preset.image if self.preset else catalog.DEFAULT_IMAGE_BY_ENGINE.get(self.engine_name, "")
+
+    @property
+    def image_pinned(self) -> bool:
+        return "@sha256:" in self.container_image
+
+    @property
+    def api_cidrs(self) -> list[str]:
+        """Who may reach the API port: apiAllowedCidrs, else operatorCidr alone."""
+        return list(self.api_allowed_cidrs or [self.operator_cidr])
+
+    @property
+    def proxy_container_image(self) -> str:
+        return self.proxy_image or catalog.PROXY_IMAGE
+
+    @property
+    def vm_image(self) -> str:
+        if self.os_image:
+            return self.os_image
+        if self.preset:
+            return self.preset.os_image
+        return catalog.OS_IMAGE_CUDA_13_2 if self.gpu.name.startswith("B") else catalog.OS_IMAGE_CUDA_12_8
+
+    @property
+    def region_choices(self) -> list[str]:
+        """The regions the placement may choose from, in order of preference."""
+        return list(self.regions) if self.regions is not None else [self.region]
+
+    @property
+    def env_name(self) -> str:
+        return self.environment_name or f"kimi-{self.stack}"
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def price(self) -> catalog.Price | None:
+        if self.gpu_hourly_price_usd is not None:
+            return catalog.Price(self.gpu_hourly_price_usd, "from config gpuHourlyPriceUsd", "stack config", "now")
+        return catalog.PRICES.get(self.gpu.name)
+
+    @property
+    def hourly_cost_usd(self) -> float | None:
+        one = sizing.hourly_cost_usd(self.price, self.total_gpus)
+        if one is None or self.replicas == 1:
+            return one
+        front = self.front_usd_per_hour
+        return None if front is None else round(one * self.replicas + front, 2)
+
+    @property
+    def api_price(self) -> catalog.ApiPrice:
+        """The API's per-token price: the catalog's, with either side overridden from config."""
+        base = catalog.MOONSHOT_API_PRICE
+        if self.api_input_price_usd_per_m is None and self.api_output_price_usd_per_m is None:
+            return base
+        given = [k for k, v in (("apiInputPriceUsdPerM", self.api_input_price_usd_per_m),
+                                ("apiOutputPriceUsdPerM", self.api_output_price_usd_per_m)) if v is not None]
+        return catalog.ApiPrice(
+            base.name,
+            base.usd_per_m_input if self.api_input_price_usd_per_m is None else self.api_input_price_usd_per_m,
+            base.usd_per_m_output if self.api_output_price_usd_per_m is None else self.api_output_price_usd_per_m,
+            f"stack config {', '.join(NAMESPACE + ':' + k for k in given)} (otherwise: {base.source})", "now")
+
+    @property
+    def token_mix(self) -> catalog.TokenMix:
+        if self.input_tokens_per_output_token is None:
+            return catalog.AGENTIC_CODING_MIX
+        return catalog.TokenMix(self.input_tokens_per_output_token,
+                                f"stack config {NAMESPACE}:inputTokensPerOutputToken")
+
+    def node_name(self, index: int) -> str:
+        """Deterministic VM names let a re-run find a VM whose create answer was lost."""
+        return f"{self.env_name}-node{index}"
+
+    # ---- replicas and the front (replicas >= 2) ----------------------------------------------------------------
+
+    def replica_node_name(self, replica: int, index: int) -> str:
+        """Replica 0 keeps the names a one-replica stack has, so adding a replica never replaces a running VM."""
+        return self.node_name(index) if replica == 0 else f"{self.env_name}-r{replica}-node{index}"
+
+    @property
+    def has_front(self) -> bool:
+        return self.replicas > 1
+
+    @property
+    def front_name(self) -> str:
+        return f"{self.env_name}-front"
+
+    @property
+    def front_vm_image(self) -> str:
+        return self.front_os_image or catalog.FRONT_OS_IMAGE
+
+    @property
+    def front_usd_per_hour(self) -> float | None:
+        """The front's hourly price (0 without a front); None when its flavor has no known price."""
+        if not self.has_front:
+            return 0.0
+        if self.front_hourly_price_usd is not None:
+            return self.front_hourly_price_usd
+        spec = catalog.CPU_FLAVORS.get(self.front_flavor)
+        return spec.usd_per_hour if spec else None
+
+    @property
+    def all_gpus(self) -> int:
+        """GPUs billed across every replica (total_gpus is one replica's: its tensor-parallel group)."""
+        return self.total_gpus * self.replicas
+
+    def warnings(self) -> list[str]:
+        out = []
+        if not self.image_pinned:
+            out.append(
+                f"image {self.container_image!r} is a tag without a digest: the engine version can change under "
+                f"you; pin it with {NAMESPACE}:image NAME@sha256:DIGEST"
+            )
+        if "@sha256:" not in self.proxy_container_image:
+            out.append(
+                f"proxyImage {self.proxy_container_image!r} is a tag without a digest: the proxy version can change "
+                f"under you; pin it with {NAMESPACE}:proxyImage NAME@sha256:DIGEST"
+            )
+        for cidr in self.api_cidrs:
+            net = ipaddress.ip_network(cidr)
+            if net.prefixlen < WIDE_PREFIX[net.version]:
+                out.append(f"apiAllowedCidrs entry {cidr} is wider than /{WIDE_PREFIX[net.version]}: "
+                           f"{net.num_addresses:,} addresses may try keys against the API port")
+        if not self.hf_token_set:
+            out.append("hfToken is not set: anonymous hub downloads get tighter rate limits")
+        if self.price is None:
+            out.append(f"no price known for {self.gpu.name}; set {NAMESPACE}:gpuHourlyPriceUsd for a cost figure")
+        net = ipaddress.ip_network(self.operator_cidr)
+        if net.version == 4 and net.prefixlen < IPV4_WARN_PREFIX:
+            out.append(f"{NAMESPACE}:operatorCidr {self.operator_cidr} lets {net.num_addresses:,} addresses reach SSH "
+                       "and the API; narrow it to your own address if you can")
+        expiry = self._own_certificate_expiry()
+        if expiry is not None and expiry - dt.datetime.now(dt.UTC) < dt.timedelta(days=tls_check.RENEW_WARN_DAYS):
+            out.append(f"{NAMESPACE}:tlsCertificate's leaf expires on {expiry:%Y-%m-%d}: every client refuses it from "
+                       "then on; renew it, set it again and run pulumi up")
+        for key in self.plain_credentials:
+            out.append(f"{key} is set as a plain value: it sits unencrypted in Pulumi.{self.stack}.yaml and the "
+                       f"state; set it again with: pulumi config set --secret {key} ...")
+        return out

@@ -1,0 +1,88 @@
+"""kimi-cluster:nodeTiming, the advanced override of the node scripts' waits and retries (components/timing.py).
+
+A JSON object whose camelCase keys are Timing's fields, e.g. {"settleSeconds": 1, "pollSeconds": 5}: unset or {}
+is Timing() exactly. Every value is a positive finite number (a whole one where the field counts seconds or tries
+as an int) under a bound far beyond any real need, so no setting can overflow a deadline or spin a script.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import fields
+from typing import Any
+
+from components.settings.errors import _show, close_match
+from components.settings.keys import NAMESPACE
+from components.timing import Timing
+
+# Timing's two long deadlines have keys of their own; nodeTiming leaves them to those.
+_OWN_KEYS = {"download_timeout_s": "downloadTimeoutMinutes", "readiness_timeout_s": "readinessTimeoutMinutes"}
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+# Config key -> Timing field, and whether the field takes whole numbers only (its annotation, a string under
+# `from __future__ import annotations`).
+FIELDS = {_camel(f.name): f.name for f in fields(Timing) if f.name not in _OWN_KEYS}
+_INT_FIELDS = {f.name for f in fields(Timing) if str(f.type) == "int"}
+# A day bounds every wait and deadline (a step's whole deadline is bounded by stepDeadlineMinutes' week anyway);
+# the counts and intervals have tighter bounds of their own.
+DAY_S = 24 * 3600
+MAXIMA = {"pollSeconds": 3600, "fastPollSeconds": 600, "pullAttempts": 100, "logTail": 100_000}
+_EXAMPLE = '\'{"settleSeconds": 1, "pollSeconds": 5}\''
+
+
+def _number(key: str, value: Any) -> int | float:
+    """`value` as the number Timing's field `key` takes, or ValueError naming the key."""
+    whole = FIELDS[key] in _INT_FIELDS
+    kind = "a positive whole number" if whole else "a positive number"
+    number: Any = value
+    if isinstance(value, str):  # `pulumi config set --path` may store a number as text
+        text = value.strip()
+        try:
+            number = int(text) if re.fullmatch(r"[0-9]+", text) else float(text) if not whole else None
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int if whole else (int, float)):
+        raise ValueError(f"{key}: {_show(value)} is not {kind}")
+    if isinstance(number, float) and not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{key}: {_show(value)} is not {kind}")
+    high = MAXIMA.get(key, DAY_S)
+    if number > high:
+        raise ValueError(f"{key}: {_show(value)} is more than {high:,}, beyond any node's need")
+    return number
+
+
+def node_timing(v: Any) -> dict[str, int | float]:
+    """The nodeTiming object, checked: camelCase Timing fields to positive bounded numbers."""
+    if v is None:
+        return {}
+    if isinstance(v, str):
+        try:
+            v = json.loads(v) if v.strip() else {}
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+            raise ValueError(f"expected a JSON object of timing -> number, e.g. {_EXAMPLE}") from None
+    if not isinstance(v, dict):
+        raise ValueError(f"expected a JSON object of timing -> number, e.g. {_EXAMPLE}")
+    out: dict[str, int | float] = {}
+    for key, value in v.items():
+        if key not in FIELDS:
+            own = {_camel(f): k for f, k in _OWN_KEYS.items()}.get(str(key))
+            if own:
+                raise ValueError(f"{key} is set by {NAMESPACE}:{own}, not here")
+            close = close_match(str(key), list(FIELDS))
+            hint = f" (did you mean {close}?)" if close else ""
+            raise ValueError(f"{_show(key)} is not a node timing{hint}; known: {', '.join(FIELDS)}")
+        out[key] = _number(key, value)
+    return out
+
+
+def timing_of(node_timing: dict[str, int | float]) -> Timing:
+    """The Timing a checked nodeTiming object gives: its fields over Timing()'s defaults."""
+    # mypy sees one value type for every field; node_timing() gave each field the type it takes (int or float).
+    return Timing(**{FIELDS[key]: value for key, value in node_timing.items()})  # type: ignore[arg-type]
