@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 
 from components.render import ShellExpr, shell_words
-from components.settings import DIST_INIT_PORT, NAMESPACE, Settings, _show
+from components.settings import DIST_INIT_PORT, NAMESPACE, Settings, shown
 
 Word = str | ShellExpr
 Item = Word | tuple
@@ -114,7 +114,7 @@ def engine_arg_problems(settings: Settings) -> list[str]:
         # argparse also takes an unambiguous prefix (--tp-s for --tp-size) unless allow_abbrev is off.
         hit = next((o for o in sorted(owned) if o == flag or (len(flag) > 3 and o.startswith(flag))), None)
         if hit:
-            problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({_show(arg)}): the program owns it; "
+            problems.append(f"{NAMESPACE}:extraEngineArgs may not set {hit} ({shown(arg)}): the program owns it; "
                             "set the matching key instead (apiPort, servedModelName, maxModelLen, engineLayout, "
                             "topology ...)")
     return problems

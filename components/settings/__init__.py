@@ -17,7 +17,7 @@ package (to components/launch.py, whose command line decides which engine flags 
 
 from __future__ import annotations
 
-from components.settings.errors import ERROR_MAX_LINE, ERROR_MAX_LINES, EXAMPLES, SettingsError, _how_to_set, _show
+from components.settings.errors import ERROR_MAX_LINE, ERROR_MAX_LINES, EXAMPLES, SettingsError, how_to_set, shown
 from components.settings.kernel_cache_store import KernelCacheSettings
 from components.settings.keys import CREDENTIAL_KEYS, NAMESPACE, SECRET_KEYS
 from components.settings.model import Settings
@@ -44,6 +44,6 @@ __all__ = [
     "CACHE_STEP_MIN_MINUTES", "CREDENTIAL_KEYS", "DEPLOY_KEY_HINT", "DIST_INIT_PORT", "DURATION_MAX_MINUTES",
     "DURATION_MIN_MINUTES", "ERROR_MAX_LINE", "ERROR_MAX_LINES", "EXAMPLES", "IPV4_MIN_PREFIX", "IPV4_WARN_PREFIX",
     "IPV6_MIN_PREFIX", "MAX_LIST_ITEMS", "NAMESPACE", "NAME_MAX", "RESERVED_PORTS", "SECRET_KEYS", "SSH_PORT",
-    "WIDE_PREFIX", "KernelCacheSettings", "Settings", "SettingsError", "_how_to_set", "_show", "credentials_problem",
+    "WIDE_PREFIX", "KernelCacheSettings", "Settings", "SettingsError", "how_to_set", "shown", "credentials_problem",
     "duration_problem", "private_key_problem", "url_problem",
 ]

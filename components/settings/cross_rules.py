@@ -10,7 +10,7 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 
 from components import catalog, tls_check
-from components.settings.errors import _show
+from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
     _FLAVOR,
@@ -155,7 +155,7 @@ def hf_endpoint_problem(hf_endpoint: str, hf_token_set: bool) -> str | None:
 def name_problems(env: str, environment_name: str | None, stack: str, longest_node_name: str) -> list[str]:
     """The environment's name and the longest name derived from it (the last node's, or the keypair's)."""
     if not _NAME.fullmatch(env):
-        return [f"the default environment name {_show(env)} (kimi-<stack>) is not a Hyperstack name; set "
+        return [f"the default environment name {shown(env)} (kimi-<stack>) is not a Hyperstack name; set "
                 f"{NAMESPACE}:environmentName to 1-50 letters, digits, '-' or '_'"]
     longest = max((longest_node_name, f"{env}-key"), key=len)
     if len(longest) <= NAME_MAX:
@@ -171,12 +171,12 @@ def replica_problems(replicas: int, front_flavor: str, front_hourly_price_usd: f
     """replicas >= 2: the front's flavor and image are names the API sees, and every derived VM name fits."""
     problems = []
     if not _FLAVOR.fullmatch(front_flavor):
-        problems.append(f"{NAMESPACE}:frontFlavor {_show(front_flavor)} is not a Hyperstack flavor name")
+        problems.append(f"{NAMESPACE}:frontFlavor {shown(front_flavor)} is not a Hyperstack flavor name")
     elif front_flavor not in catalog.CPU_FLAVORS and front_hourly_price_usd is None:
         problems.append(f"{NAMESPACE}:frontFlavor {front_flavor} has no catalog price (known: "
                         f"{', '.join(catalog.CPU_FLAVORS)}); set {NAMESPACE}:frontHourlyPriceUsd for it")
     if front_os_image is not None and not _PRINTABLE.fullmatch(front_os_image):
-        problems.append(f"{NAMESPACE}:frontOsImage {_show(front_os_image)} has control characters")
+        problems.append(f"{NAMESPACE}:frontOsImage {shown(front_os_image)} has control characters")
     if _NAME.fullmatch(env) and len(longest_vm_name) > NAME_MAX:
         room = NAME_MAX - (len(longest_vm_name) - len(env))
         problems.append(f"{NAMESPACE}:replicas {replicas} makes the VM name {longest_vm_name!r} "

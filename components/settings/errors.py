@@ -1,6 +1,6 @@
 """How a settings problem is told: the one SettingsError, each value shown bounded, each key with how to set it.
 
-Every message names its key and a command that fixes it; a value is quoted through `_show` (repr, cut short) and a
+Every message names its key and a command that fixes it; a value is quoted through `shown` (repr, cut short) and a
 whole error is bounded in lines and length, so no input, however large, makes a large message.
 """
 
@@ -21,7 +21,7 @@ _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlevel = 200, 60, 4, 4, 2
 
 
-def _show(value: Any, limit: int = 60) -> str:
+def shown(value: Any, limit: int = 60) -> str:
     """A value for an error message: repr (so control characters are visible), cut to `limit` characters."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"a {value.bit_length()}-bit integer"  # repr() refuses one of more than 4300 digits
@@ -67,7 +67,7 @@ class SettingsError(ValueError):
     """Invalid stack configuration; the message names each offending key and how to fix it."""
 
 
-def _how_to_set(key: str) -> str:
+def how_to_set(key: str) -> str:
     if "." in key:  # a field of an object setting
         return f"set it with: pulumi config set --path {NAMESPACE}:{key} {EXAMPLES.get(key, 'VALUE')}"
     secret = "--secret " if key in SECRET_KEYS else ""
@@ -113,7 +113,7 @@ def format_errors(err: ValidationError | None, extra: list[str] | None, *, model
             key = f"{key}.{_alias_in(nested[key], loc[1])}"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "missing":
-            lines.append(f"{NAMESPACE}:{key} is required; {_how_to_set(key)}")
+            lines.append(f"{NAMESPACE}:{key} is required; {how_to_set(key)}")
         elif e["type"] == "extra_forbidden":
             outer = key.partition(".")[0]
             names = sorted(f"{outer}.{f.alias or n}" for n, f in nested[outer].model_fields.items()
@@ -123,7 +123,7 @@ def format_errors(err: ValidationError | None, extra: list[str] | None, *, model
             hint = f" (did you mean {close}?)" if close else ""
             lines.append(f"{NAMESPACE}:{key} is not a known setting{hint}; known settings: {', '.join(names)}")
         elif key:
-            lines.append(f"{NAMESPACE}:{key}: {msg}; {_how_to_set(key)}")
+            lines.append(f"{NAMESPACE}:{key}: {msg}; {how_to_set(key)}")
         else:
             lines.append(msg)
     return "invalid stack configuration:\n  " + "\n  ".join(_bounded(lines))

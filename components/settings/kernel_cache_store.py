@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from components.settings import rules
-from components.settings.errors import _show
+from components.settings.errors import shown
 from components.settings.rules import _PREFIX, _S3_REGION, DURATION_MAX_MINUTES, duration_problem
 
 
@@ -53,7 +53,7 @@ class KernelCacheSettings(BaseModel):
     @classmethod
     def _prefix(cls, v: str) -> str:
         if not _PREFIX.match(v) or ".." in v.split("/"):
-            raise ValueError(f"{_show(v)} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
+            raise ValueError(f"{shown(v)} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
         v = v.strip("/")
         return v + "/" if v else ""
 
@@ -61,7 +61,7 @@ class KernelCacheSettings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _S3_REGION.match(v):
-            raise ValueError(f"{_show(v)} is not a region name such as eu-central-1 or auto")
+            raise ValueError(f"{shown(v)} is not a region name such as eu-central-1 or auto")
         return v
 
     @property

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from components import launch, tls_check
-from components.settings.errors import SettingsError, _how_to_set, format_errors
+from components.settings.errors import SettingsError, format_errors, how_to_set
 from components.settings.kernel_cache_store import KernelCacheSettings
 from components.settings.keys import CREDENTIAL_KEYS, NAMESPACE, SECRET_KEYS
 from components.settings.model import Settings
@@ -106,7 +106,7 @@ def placeholders(settings: Settings) -> list[str]:
                    f"placeholder): set your own public address, e.g. pulumi config set {NAMESPACE}:operatorCidr "
                    f"\"$(curl -4 -s https://ifconfig.me)/32\"")
     if settings.ssh_public_key and "REPLACEWITHYOUROWN" in settings.ssh_public_key:
-        out.append(f"{NAMESPACE}:sshPublicKey is the shipped placeholder; {_how_to_set('sshPublicKey')}")
+        out.append(f"{NAMESPACE}:sshPublicKey is the shipped placeholder; {how_to_set('sshPublicKey')}")
     return out
 
 

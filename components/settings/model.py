@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from components import catalog, sizing, tls_check
 from components.settings import cross_rules, node_timing, rules
-from components.settings.errors import SettingsError, _show
+from components.settings.errors import SettingsError, shown
 from components.settings.kernel_cache_store import KernelCacheSettings
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
@@ -184,14 +184,14 @@ class Settings(BaseModel):
     @classmethod
     def _flavor(cls, v: str | None) -> str | None:
         if v is not None and not _FLAVOR.fullmatch(v):
-            raise ValueError(f"{_show(v)} is not a flavor name such as n3-H100x8-NVLink")
+            raise ValueError(f"{shown(v)} is not a flavor name such as n3-H100x8-NVLink")
         return v
 
     @field_validator("os_image")
     @classmethod
     def _os_image(cls, v: str | None) -> str | None:
         if v is not None and (not _PRINTABLE.fullmatch(v) or v != v.strip() or len(v) > 200):
-            raise ValueError(f"{_show(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
+            raise ValueError(f"{shown(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
                              "spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker'")
         return v
 
@@ -199,7 +199,7 @@ class Settings(BaseModel):
     @classmethod
     def _served_name(cls, v: str | None) -> str | None:
         if v is not None and not _SERVED_NAME.fullmatch(v):
-            raise ValueError(f"{_show(v)}: use 1-128 letters, digits and . _ : / @ + - (it lands in clients' shell, "
+            raise ValueError(f"{shown(v)}: use 1-128 letters, digits and . _ : / @ + - (it lands in clients' shell, "
                              "TOML and JSON)")
         return v
 
@@ -207,7 +207,7 @@ class Settings(BaseModel):
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 512 or not _IMAGE.fullmatch(v)):
-            raise ValueError(f"{_show(v)} is not a container image reference such as "
+            raise ValueError(f"{shown(v)} is not a container image reference such as "
                              "registry.example.com/org/name:tag@sha256:<64 hex>")
         return v
 
@@ -215,7 +215,7 @@ class Settings(BaseModel):
     @classmethod
     def _ssh_user(cls, v: str) -> str:
         if not _SSH_USER.fullmatch(v):
-            raise ValueError(f"{_show(v)} is not a login name: lower-case letters, digits, '_' and '-', "
+            raise ValueError(f"{shown(v)} is not a login name: lower-case letters, digits, '_' and '-', "
                              "at most 32, e.g. ubuntu")
         return v
 
@@ -246,7 +246,7 @@ class Settings(BaseModel):
     @classmethod
     def _region(cls, v: str) -> str:
         if not _REGION.fullmatch(v):
-            raise ValueError(f"{_show(v)} is not a Hyperstack region name such as CANADA-1")
+            raise ValueError(f"{shown(v)} is not a Hyperstack region name such as CANADA-1")
         return v
 
     @field_validator("download_timeout_minutes", "readiness_timeout_minutes", mode="before")
@@ -278,7 +278,7 @@ class Settings(BaseModel):
     def _engine_args(cls, v: list[str]) -> list[str]:
         for arg in v:
             if not arg or len(arg) > 1000 or not _PRINTABLE.fullmatch(arg):
-                raise ValueError(f"{_show(arg)}: each argument must be 1-1000 printable characters")
+                raise ValueError(f"{shown(arg)}: each argument must be 1-1000 printable characters")
         return v
 
     @field_validator("node_root")
@@ -286,7 +286,7 @@ class Settings(BaseModel):
     def _node_root(cls, v: str) -> str:
         # A relative root (a test root, the sandbox's ".") is resolved from the SSH login directory on the node.
         if not _PATH_CHARS.fullmatch(v) or posixpath.normpath(v) != v:
-            raise ValueError(f"{_show(v)} must be / (a real VM) or a normalized path of letters, digits and . _ - /")
+            raise ValueError(f"{shown(v)} must be / (a real VM) or a normalized path of letters, digits and . _ - /")
         return v
 
     @field_validator("storage_path")
@@ -330,7 +330,7 @@ class Settings(BaseModel):
             raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
                              "own certificate) or neither (the stack makes its own CA)")
         if self.model not in catalog.MODELS:
-            raise ValueError(f"{NAMESPACE}:model {_show(self.model)} has no sizing data; known: "
+            raise ValueError(f"{NAMESPACE}:model {shown(self.model)} has no sizing data; known: "
                              f"{', '.join(catalog.MODELS)}")
         fit = self.fit
         if not fit.fits:

@@ -13,7 +13,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from components.settings.errors import _show, close_match
+from components.settings.errors import close_match, shown
 from components.settings.keys import NAMESPACE
 from components.timing import Timing
 
@@ -49,12 +49,12 @@ def _number(key: str, value: Any) -> int | float:
         except ValueError:
             number = None
     if isinstance(number, bool) or not isinstance(number, int if whole else (int, float)):
-        raise ValueError(f"{key}: {_show(value)} is not {kind}")
+        raise ValueError(f"{key}: {shown(value)} is not {kind}")
     if isinstance(number, float) and not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{key}: {_show(value)} is not {kind}")
+        raise ValueError(f"{key}: {shown(value)} is not {kind}")
     high = MAXIMA.get(key, DAY_S)
     if number > high:
-        raise ValueError(f"{key}: {_show(value)} is more than {high:,}, beyond any node's need")
+        raise ValueError(f"{key}: {shown(value)} is more than {high:,}, beyond any node's need")
     return number
 
 
@@ -77,7 +77,7 @@ def node_timing(v: Any) -> dict[str, int | float]:
                 raise ValueError(f"{key} is set by {NAMESPACE}:{own}, not here")
             close = close_match(str(key), list(FIELDS))
             hint = f" (did you mean {close}?)" if close else ""
-            raise ValueError(f"{_show(key)} is not a node timing{hint}; known: {', '.join(FIELDS)}")
+            raise ValueError(f"{shown(key)} is not a node timing{hint}; known: {', '.join(FIELDS)}")
         out[key] = _number(key, value)
     return out
 

@@ -14,7 +14,7 @@ import posixpath
 import re
 from typing import Any
 
-from components.settings.errors import _show
+from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.steps import ALL_STEPS, CACHE_STEPS
 from components.timing import PIP_BUDGET_S, Timing
@@ -88,17 +88,17 @@ def duration_problem(value: Any, low: float = DURATION_MIN_MINUTES, high: float 
         try:
             number = float(value.strip())
         except ValueError:
-            return f"{_show(value)} is not a number of minutes"
+            return f"{shown(value)} is not a number of minutes"
     if isinstance(number, bool) or not isinstance(number, (int, float)):
-        return f"{_show(value)} is not a number of minutes"
+        return f"{shown(value)} is not a number of minutes"
     if isinstance(number, float) and not math.isfinite(number):
-        return f"{_show(value)} is not a finite number of minutes"
+        return f"{shown(value)} is not a finite number of minutes"
     if number <= 0:
-        return f"{_show(value)} is not a positive number of minutes"
+        return f"{shown(value)} is not a positive number of minutes"
     if number < low:
-        return f"{_show(value)} minutes is shorter than {low:g} minutes ({low * 60:g} s), which no step can meet"
+        return f"{shown(value)} minutes is shorter than {low:g} minutes ({low * 60:g} s), which no step can meet"
     if number > high:
-        return (f"{_show(value)} minutes is longer than {high:g} minutes ({high / 1440:g} days); Pulumi's custom "
+        return (f"{shown(value)} minutes is longer than {high:g} minutes ({high / 1440:g} days); Pulumi's custom "
                 "timeouts and the node's `timeout` take nothing that long")
     return None
 
@@ -115,7 +115,7 @@ def url_problem(v: str, secret_key: str) -> str | None:
                 f"give them as a secret instead: pulumi config set --secret {NAMESPACE}:{secret_key} ...")
     match = _HF_ENDPOINT.fullmatch(v)
     if not match or int(match["port"] or 1) not in range(1, 65536):
-        return (f"{_show(v)} is not a URL such as https://huggingface.co (scheme, host, optional port and path; no "
+        return (f"{shown(v)} is not a URL such as https://huggingface.co (scheme, host, optional port and path; no "
                 "query, no spaces)")
     return None
 
@@ -202,11 +202,11 @@ def _is_loopback(host: str) -> bool:
 
 def bucket_name(v: str) -> str:
     if not _BUCKET.fullmatch(v) or any(p in v for p in ("..", ".-", "-.")):
-        raise ValueError(f"{_show(v)} is not an S3 bucket name (3-63 lowercase letters, digits, '.' or '-', "
+        raise ValueError(f"{shown(v)} is not an S3 bucket name (3-63 lowercase letters, digits, '.' or '-', "
                          "beginning and ending with a letter or digit)")
     if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", v) or v.startswith(_BUCKET_RESERVED_PREFIXES) \
             or v.endswith(_BUCKET_RESERVED_SUFFIXES):
-        raise ValueError(f"{_show(v)} is an IP address or uses a prefix or suffix S3 reserves (xn--, sthree-, "
+        raise ValueError(f"{shown(v)} is an IP address or uses a prefix or suffix S3 reserves (xn--, sthree-, "
                          "-s3alias, --ol-s3, ...): no S3 store accepts it as a bucket name")
     return v
 
@@ -221,7 +221,7 @@ def endpoint_url(v: str | None) -> str | None:
     if match and match["scheme"] == "http" and not _on_private_path(match["host"]):
         # The archive holds compiled kernels the engine runs, and the manifest that vouches for it: over plain
         # http, anyone on the path can swap both.
-        raise ValueError(f"{_show(v)} is plain http:// to a host outside loopback and private networks: anyone on "
+        raise ValueError(f"{shown(v)} is plain http:// to a host outside loopback and private networks: anyone on "
                          "the path could swap the kernel archive (code the engine runs); use https://")
     return v.rstrip("/")
 
@@ -230,21 +230,21 @@ def operator_cidr(v: str) -> str:
     try:
         net = ipaddress.ip_network(str(v).strip(), strict=False)
     except ValueError:
-        raise ValueError(f"{_show(v)} is not a CIDR such as 203.0.113.7/32") from None
+        raise ValueError(f"{shown(v)} is not a CIDR such as 203.0.113.7/32") from None
     if net.prefixlen == 0:
         raise ValueError(
-            f"{_show(v)} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
+            f"{shown(v)} opens SSH and the API to the whole internet; use your own address, e.g. 203.0.113.7/32"
         )
     if net.version == 6 and net.prefixlen < IPV6_MIN_PREFIX:
         # A /48 is one site; anything wider spans many customers of an ISP (RFC 6177).
         raise ValueError(
-            f"{_show(v)} is wider than one site (/{IPV6_MIN_PREFIX}) and opens SSH and the API to other networks; "
+            f"{shown(v)} is wider than one site (/{IPV6_MIN_PREFIX}) and opens SSH and the API to other networks; "
             f"use your own address (/128) or at most your site's /{IPV6_MIN_PREFIX}, e.g. "
             f"\"$(curl -4 -s https://ifconfig.me)/32\" for your IPv4 address"
         )
     if net.version == 4 and net.prefixlen < IPV4_MIN_PREFIX:
         raise ValueError(
-            f"{_show(v)} opens SSH and the API to {2 ** (32 - net.prefixlen):,} addresses of other networks; "
+            f"{shown(v)} opens SSH and the API to {2 ** (32 - net.prefixlen):,} addresses of other networks; "
             "use your own address, e.g. \"$(curl -4 -s https://ifconfig.me)/32\""
         )
     return str(net)
@@ -270,9 +270,9 @@ def cidr_list(v: Any) -> Any:
                 raise ValueError(cidr)
             net = ipaddress.ip_network(cidr.strip(), strict=False)
         except ValueError:
-            raise ValueError(f"{_show(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
+            raise ValueError(f"{shown(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
         if net.prefixlen == 0:
-            raise ValueError(f"{_show(cidr)} opens the API to the whole internet; list the networks that need it")
+            raise ValueError(f"{shown(cidr)} opens the API to the whole internet; list the networks that need it")
         if str(net) not in out:
             out.append(str(net))
     return out
@@ -298,7 +298,7 @@ def api_hostname(v: str | None) -> str | None:
     if v is None:
         return v
     if not _HOSTNAME.fullmatch(v) or len(v) > 253 or _is_ip(v):
-        raise ValueError(f"{_show(v)} is not a DNS name such as api.example.com (lower-case letters, digits and "
+        raise ValueError(f"{shown(v)} is not a DNS name such as api.example.com (lower-case letters, digits and "
                          "'-' in dot-separated labels; no scheme, port or trailing dot)")
     return v
 
@@ -306,7 +306,7 @@ def api_hostname(v: str | None) -> str | None:
 def revision(v: str) -> str:
     if not _HEX40.fullmatch(v):
         raise ValueError(
-            f"{_show(v)} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
+            f"{shown(v)} is not a 40-hex commit; a branch or tag can move, so the deployment would not be "
             "reproducible. Pin the commit shown on the model's hub page"
         )
     return v
@@ -360,12 +360,12 @@ def step_deadlines(v: Any) -> Any:
         raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'')
     for step, minutes in v.items():
         if step not in ALL_STEPS:
-            raise ValueError(f"{_show(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
+            raise ValueError(f"{shown(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
         if isinstance(minutes, bool) or not isinstance(minutes, (int, float)):
-            raise ValueError(f"{step}: {_show(minutes)} is not a positive number of minutes")
+            raise ValueError(f"{step}: {shown(minutes)} is not a positive number of minutes")
         problem = duration_problem(minutes)
         if problem is None and step in CACHE_STEPS and minutes < CACHE_STEP_MIN_MINUTES:
-            problem = (f"{_show(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: {step} first "
+            problem = (f"{shown(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: {step} first "
                        "installs its S3 client, and its deadline must leave that, its slack and a minute of "
                        "transfer, or the step fails `up`")
         if problem:
@@ -388,7 +388,7 @@ def json_object(v: Any) -> Any:
 def storage_path(v: str) -> str:
     if not _PATH_CHARS.fullmatch(v) or not v.startswith("/") or posixpath.normpath(v) != v \
             or ".." in v.split("/"):
-        raise ValueError(f"{_show(v)} must be a normalized absolute path of letters, digits and . _ - /, "
+        raise ValueError(f"{shown(v)} must be a normalized absolute path of letters, digits and . _ - /, "
                          "e.g. /ephemeral")
     if v in _SYSTEM_DIRS or any(v == t or v.startswith(t + "/") for t in _SYSTEM_TREES):
         raise ValueError(f"{v} is a system directory; the scripts fill it with weights and move Docker's data "

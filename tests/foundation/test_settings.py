@@ -196,5 +196,5 @@ def test_ssh_private_key_mistakes_refused_without_echoing_it(value, reason):
 def test_how_to_set_puts_secret_before_the_key_for_secrets_only():
     from components import settings as s
 
-    assert s._how_to_set("hfToken") == "set it with: pulumi config set --secret kimi-cluster:hfToken hf_..."
-    assert s._how_to_set("region") == "set it with: pulumi config set kimi-cluster:region CANADA-1"
+    assert s.how_to_set("hfToken") == "set it with: pulumi config set --secret kimi-cluster:hfToken hf_..."
+    assert s.how_to_set("region") == "set it with: pulumi config set kimi-cluster:region CANADA-1"
