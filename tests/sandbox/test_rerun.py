@@ -21,7 +21,7 @@ from fakes.hub import STATS_PATH
 
 from .conftest import leftover_processes, ok, report
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(300)]
 
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 
