@@ -171,3 +171,18 @@ def test_the_layout_check_catches_a_missing_path_and_an_unnamed_module(tmp_path:
 @TODAY_LAYOUT_STALE
 def test_the_readme_layout_table_names_the_tree() -> None:
     assert layout_problems(REPO, (REPO / "README.md").read_text()) == []
+
+
+# ---- the requirements files ----------------------------------------------------------------------------------------
+
+def test_each_package_is_pinned_in_exactly_one_requirements_file_and_dev_includes_the_others() -> None:
+    homes: dict[str, list[str]] = {}
+    for path in sorted(REPO.glob("requirements*.txt")):
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                assert re.fullmatch(r"[A-Za-z0-9_.\-]+(\[[a-z,]+\])?==[^=\s]+", line), f"{path.name}: unpinned {line}"
+                homes.setdefault(re.split(r"[\[=]", line, maxsplit=1)[0].lower(), []).append(path.name)
+    assert {name: files for name, files in homes.items() if len(files) != 1} == {}
+    included = set(re.findall(r"^-r (\S+)$", (REPO / "requirements-dev.txt").read_text(), re.MULTILINE))
+    assert included == {p.name for p in REPO.glob("requirements*.txt")} - {"requirements-dev.txt"}
