@@ -19,26 +19,17 @@ from typing import Any
 import pytest
 
 from fakes import sandbox_services as services
+from sandbox.kimi import COMPILE_SECONDS_KNOB, EMULATOR_LIFECYCLE, FAKE_COMPILE_SECONDS
+from tests.wall_times import report
+
+__all__ = ["report"]  # the flows import report from here; tests/conftest.py prints what it collected
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMAND_TIMEOUT_S = 240
-# The emulator the tests start: VM phases in tenths of a second, as the sandbox's own.
-FAST_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
-                  "--deleting-seconds", "0.2")
-# Wall times the tests measured, printed at the end of the run.
-WALL_TIMES: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if WALL_TIMES:
-        terminalreporter.section("sandbox wall times")
-        for line in WALL_TIMES:
-            terminalreporter.write_line(line)
-
-
-def report(line: str) -> None:
-    WALL_TIMES.append(line)
-    print(line)
+# The fake engine compiles nothing in the flows (the sandbox's 30 s would only wait): the kernel-cache flows, which
+# are about that compile, turn it on with COMPILING.
+NOT_COMPILING = {COMPILE_SECONDS_KNOB: "0"}
+COMPILING = {COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS)}
 
 
 @dataclass
@@ -76,13 +67,16 @@ class ExternalEmulator:
 
 @pytest.fixture
 def start_emulator(tmp_path: Path) -> Iterator:
-    """start_emulator(*faults) -> ExternalEmulator; stopped (by pid) at teardown."""
+    """start_emulator(*faults) -> ExternalEmulator; stopped (by pid) at teardown.
+
+    Its VM phases are the sandbox's own (tenths of a second), from sandbox/kimi.py.
+    """
     started: list[subprocess.Popen] = []
 
     def start(*faults: str, extra: tuple[str, ...] = ()) -> ExternalEmulator:
         port = services.free_port()
         key = "test-emulator-key-" + os.urandom(6).hex()
-        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *FAST_LIFECYCLE, *extra]
+        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *EMULATOR_LIFECYCLE, *extra]
         for fault in faults:
             argv += ["--fault", fault]
         log = open(tmp_path / f"emulator-{port}.log", "wb")
@@ -123,7 +117,7 @@ class SandboxRunner:
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSTACK_")}
-        return {**env, **self.env, "PYTHONUNBUFFERED": "1"}
+        return {**env, **NOT_COMPILING, **self.env, "PYTHONUNBUFFERED": "1"}
 
     def argv(self, command: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args]

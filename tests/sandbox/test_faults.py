@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import EMPTY, leftover_processes, ok, report
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(300)]
 
 
 def test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm(sandbox, start_emulator) -> None:

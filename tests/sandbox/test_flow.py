@@ -16,7 +16,7 @@ from fakes import sandbox_services as services
 
 from .conftest import EMPTY, leftover_processes, ok, report
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(420)]
 
 CHECKS = ("tls", "models", "auth", "chat", "effort", "preserved_thinking", "tool_calls", "image", "anthropic",
           "stream", "clients")

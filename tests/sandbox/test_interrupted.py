@@ -14,7 +14,7 @@ from fakes import sandbox_services as services
 
 from .conftest import EMPTY, leftover_processes, ok, report, wait_for
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(420)]
 
 
 def _kill_engine(run, driver) -> int:

@@ -17,7 +17,7 @@ from sandbox.state import plain_outputs, read_outputs
 
 from .conftest import ok
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(420)]
 CHAT = {"model": "moonshotai/Kimi-K3.1-Pro", "messages": [{"role": "user", "content": "Who are you?"}],
         "max_tokens": 64}
 

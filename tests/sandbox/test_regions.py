@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import EMPTY, ok, report
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(420)]
 
 FLAVOR = "n3-H100x8-NVLink"
 

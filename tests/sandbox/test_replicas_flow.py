@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import bench_replicas
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
 
 
 def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

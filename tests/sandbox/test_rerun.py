@@ -22,7 +22,7 @@ from fakes.hub import STATS_PATH
 
 from .conftest import leftover_processes, ok, report
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(300)]
 
 
 def _hub_stats(hub_url: str) -> dict:

@@ -22,7 +22,7 @@ from components.weights import PROGRESS_FILE
 
 from .conftest import ok, report, wait_for
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(400)]
 
 
 def _node_dir(workdir: Path) -> Path:

@@ -1,0 +1,107 @@
+"""Suite-wide hooks: the bring-up flows (marker `flow`) start first on every xdist worker, and their wall times
+reach the terminal summary.
+
+pytest.ini runs the suite under pytest-xdist with `--dist worksteal`, which hands worker i the i-th of N equal
+contiguous slices of the collection and lets an idle worker steal queued tests from the tail of a busy one's slice.
+The flows take 10-160 s each and nearly everything else under a second, so the order is built per slice: the flows
+are dealt to the slices longest first, each to the slice with the least flow time so far, and each slice starts
+with its flows; the quick tests fill the rest (and are the ones stolen at the end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import pytest
+
+from tests import wall_times
+
+# Seconds each flow (by test function, all under tests/sandbox/) took in a tests/sandbox/ run on 4 workers (this
+# shared 2-core machine, loaded by other runs); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
+FLOW_SECONDS = {
+    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 158,
+    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 144,
+    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 127,
+    "test_a_reclaimed_replica_costs_no_non_streamed_request": 108,
+    "test_h100_flow_against_an_external_emulator": 106,
+    "test_killed_up_resumes_without_a_second_vm": 102,
+    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 97,
+    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 97,
+    "test_placed_in_the_second_region_and_kept_there_across_ups": 96,
+    "test_b300_flow_with_its_own_services_and_reruns": 60,
+    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 58,
+    "test_status_mid_up_after_up_and_when_stuck": 56,
+    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 54,
+    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 49,
+    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 18,
+    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 11,
+    "test_destroy_after_a_killed_up_leaves_nothing": 10,
+}
+DEFAULT_FLOW_SECONDS = 60
+
+
+def _seconds(item: pytest.Item) -> float:
+    return FLOW_SECONDS.get(item.name.split("[", 1)[0], DEFAULT_FLOW_SECONDS)
+
+
+def _slices(count: int, workers: int) -> list[int]:
+    """The sizes of worksteal's first slices: each idle worker gets len(pending) // workers-left, in turn."""
+    sizes = []
+    for i in range(workers):
+        sizes.append(count // (workers - i))
+        count -= sizes[-1]
+    return sizes
+
+
+def order(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    flows = sorted((i for i in items if i.get_closest_marker("flow")), key=_seconds, reverse=True)
+    quick = [i for i in items if not i.get_closest_marker("flow")]
+    if workers <= 1:
+        return flows + quick
+    sizes = _slices(len(items), workers)
+    dealt: list[list[pytest.Item]] = [[] for _ in sizes]
+    load = [0.0] * workers
+    for flow in flows:
+        open_slices = [s for s in range(workers) if len(dealt[s]) < sizes[s]]
+        target = min(open_slices, key=lambda s: (load[s], s))
+        dealt[target].append(flow)
+        load[target] += _seconds(flow)
+    rest = iter(quick)
+    ordered: list[pytest.Item] = []
+    for s, size in enumerate(sizes):
+        ordered += dealt[s]
+        ordered += [next(rest) for _ in range(size - len(dealt[s]))]
+    return ordered
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Each xdist worker collects and orders; the order depends only on the items and the worker count, so every
+    # worker builds the same list (xdist requires it). Without xdist: the flows first, longest first.
+    workerinput = getattr(config, "workerinput", None)
+    workers = int(workerinput["workercount"]) if workerinput else 1
+    dist = config.getoption("dist", "no")
+    items[:] = order(items, workers if dist == "worksteal" else 1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                                           pytest.TestReport]:
+    report = yield
+    # Each phase's report gets the lines reported during it (xdist sends user_properties to the controller).
+    if wall_times.PENDING:
+        report.user_properties.extend((wall_times.PROPERTY, line) for line in wall_times.PENDING)
+        wall_times.PENDING.clear()
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Without xdist this runs in the one process; with it, in the controller (from the worker's report) and in
+    # the worker (whose summary is never shown).
+    wall_times.COLLECTED.extend(str(value) for name, value in report.user_properties if name == wall_times.PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if wall_times.COLLECTED:
+        terminalreporter.section("sandbox wall times")
+        for line in wall_times.COLLECTED:
+            terminalreporter.write_line(line)

@@ -1,0 +1,98 @@
+"""Providers pickled by the code live stacks were created with still unpickle: `pulumi destroy` keeps working.
+
+A dynamic resource's state holds `__provider`, the provider pickled by reference (module path and class name) by
+`pulumi.dynamic.dynamic.serialize_provider`. The provider host (`pulumi/dynamic/__main__.py`, `get_provider`)
+unpickles it with `dill.loads(base64.b64decode(...))` inside `pulumi.runtime._serialization._deserialize` before
+every call, destroy included. tests/fixtures/pickled_providers.json holds one such string per provider class, made
+once by tests/fixtures/make_pickled_providers.py at the commit it names and never regenerated: a tidy-up that moves
+or renames one of these modules or classes fails here instead of stranding a live stack's resources.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import dill
+import pytest
+from pulumi.dynamic import CheckResult, Config, ConfigureRequest, ResourceProvider
+from pulumi.runtime._serialization import _deserialize
+
+from sandbox.config import StackConfig
+from sandbox.console import Console
+from sandbox.dynamic_host import DynamicProviderHost
+from sandbox.providers import Call, ProviderError
+
+FIXTURE = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "pickled_providers.json").read_text())
+ENTRIES = FIXTURE["providers"]
+IDS = [f"{e['module']}.{e['class']}" for e in ENTRIES]
+
+# The six modules and their classes, as the live stacks recorded them: the fixture must cover each one.
+RECORDED = {
+    "components.hyperstack.providers": {"EnvironmentProvider", "KeypairProvider", "VirtualMachineProvider",
+                                        "SecurityRuleProvider"},
+    "components.hyperstack.placement": {"PlacementProvider"},
+    "components.node": {"_HostKeyProvider"},
+    "components.tls": {"_CaProvider", "_ServerCertProvider"},
+    "components.generated_secret": {"_GeneratedSecretProvider"},
+    "checks_resource": {"VerificationProvider"},
+}
+
+
+def _host_deserialize(serialized: str) -> Any:
+    """The provider host's own steps (get_provider in pulumi/dynamic/__main__.py), without starting its server."""
+    return _deserialize(lambda: dill.loads(base64.b64decode(serialized)))
+
+
+def test_the_fixture_covers_every_recorded_provider_class() -> None:
+    found: dict[str, set[str]] = {}
+    for entry in ENTRIES:
+        found.setdefault(entry["module"], set()).add(entry["class"])
+    assert found == RECORDED
+    assert len(FIXTURE["commit"]) == 40
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_a_recorded_provider_unpickles_to_its_class_and_is_usable(entry: dict[str, str]) -> None:
+    provider = _host_deserialize(entry["serialized"])
+    assert isinstance(provider, ResourceProvider)
+    assert (type(provider).__module__, type(provider).__qualname__) == (entry["module"], entry["class"])
+    for method in ("check", "create", "delete", "diff", "update", "read", "configure"):
+        assert callable(getattr(provider, method)), method
+    # The host configures each provider once, with the stack config (none here), before the first call.
+    provider.configure(ConfigureRequest(Config({}, "kimi-cluster")))
+    # `check` on empty inputs answers with a result (failures naming the missing inputs allowed), as each
+    # provider did when the fixture was made.
+    result = provider.check({}, {})
+    assert isinstance(result, CheckResult)
+    assert all(failure.property for failure in result.failures or []), result.failures
+
+@pytest.mark.timeout(120)
+def test_the_real_provider_host_unpickles_each_recorded_provider_from_another_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As tests/hyperstack/test_provider_host.py: no cwd on sys.path, no PYTHONPATH, so only the install can import.
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    out = io.StringIO()
+    host = DynamicProviderHost(tmp_path, "kimi-cluster", "dev", StackConfig(values={}, secret_keys=frozenset()),
+                               Console(out))
+    host.start()
+    try:
+        for entry in ENTRIES:
+            call = Call(f"urn:pulumi:dev::kimi-cluster::pulumi-python:dynamic:Resource::{entry['class']}",
+                        "pulumi-python:dynamic:Resource", entry["class"], timeout=60)
+            try:
+                checked = host.check(call, {}, {"__provider": entry["serialized"]})
+            except ProviderError as err:
+                # The provider ran and refused the empty inputs: the unpickling worked.
+                reason = str(err)
+                assert "ModuleNotFoundError" not in reason and "AttributeError" not in reason, (entry, reason)
+                assert "Can't get attribute" not in reason and "No module named" not in reason, (entry, reason)
+            else:
+                assert checked["__provider"] == entry["serialized"], entry
+    finally:
+        host.close()
+    assert "ModuleNotFoundError" not in out.getvalue()

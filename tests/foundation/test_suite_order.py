@@ -1,0 +1,43 @@
+"""The suite's order under xdist worksteal (tests/conftest.py): every worker's first slice starts with its share
+of the bring-up flows, dealt longest first to the least loaded slice; the quick tests fill the slices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.conftest import FLOW_SECONDS, _slices, order
+
+
+@dataclass
+class FakeItem:
+    name: str
+    flow: bool
+
+    def get_closest_marker(self, marker: str) -> object:
+        return marker == "flow" and self.flow or None
+
+
+def test_worksteal_slices_are_the_schedulers() -> None:
+    assert _slices(10, 4) == [2, 2, 3, 3] and sum(_slices(939, 4)) == 939
+
+
+def test_each_slice_starts_with_its_flows_longest_first() -> None:
+    flows = [FakeItem(name, True) for name in FLOW_SECONDS]
+    quick = [FakeItem(f"test_quick_{i}", False) for i in range(40)]
+    items = quick[:20] + flows + quick[20:]
+    ordered = order(items, 4)  # type: ignore[arg-type]  # FakeItem has the two members order() reads
+    assert sorted(i.name for i in ordered) == sorted(i.name for i in items)  # nothing lost or doubled
+    start = 0
+    loads = []
+    for size in _slices(len(items), 4):
+        part = ordered[start:start + size]
+        start += size
+        flow_seconds = [FLOW_SECONDS[i.name] for i in part if i.get_closest_marker("flow")]
+        flags = [bool(i.get_closest_marker("flow")) for i in part]
+        assert flags == [True] * len(flow_seconds) + [False] * (size - len(flow_seconds))
+        assert flow_seconds == sorted(flow_seconds, reverse=True)
+        loads.append(sum(flow_seconds))
+    assert max(loads) - min(loads) <= max(FLOW_SECONDS.values())
+    # One process: every flow first, longest first.
+    single = order(items, 1)  # type: ignore[arg-type]  # as above
+    assert [i.name for i in single[:len(flows)]] == sorted(FLOW_SECONDS, key=FLOW_SECONDS.__getitem__, reverse=True)
