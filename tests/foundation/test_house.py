@@ -26,17 +26,6 @@ LAYERS = {
 }
 COMPONENTS_MAX_LINES = 600
 
-# TODO(merge): the lead removes these xfail marks once A1 (the circle around components/settings.py) and B
-# (sandbox -> scripts, library code out of scripts/) have landed; strict, so a pass without removal fails.
-TODAY_HAS_CYCLES = pytest.mark.xfail(strict=True, reason="today: components.settings <-> node, launch, proxy, "
-                                                        "kernel_cache (A1 removes the circle)")
-TODAY_HAS_LAYER_BREAKS = pytest.mark.xfail(strict=True, reason="today: sandbox.kimi imports scripts.status and "
-                                                               "scripts.timeline (B moves them into the library)")
-TODAY_HAS_LONG_MODULES = pytest.mark.xfail(strict=True, reason="today: components/settings.py, node.py and "
-                                                               "hyperstack/providers.py are over 600 lines "
-                                                               "(A1, A2 split them)")
-TODAY_LAYOUT_STALE = pytest.mark.xfail(strict=True, reason="today: components/proxy.py and ssh_agent.py are in no "
-                                                           "row; the Layout table is rewritten for the new tree")
 
 # ---- the rules on the planted tree ---------------------------------------------------------------------------------
 
@@ -97,17 +86,14 @@ def test_long_modules_are_reported(tmp_path: Path) -> None:
 
 # ---- the rules on this repository ----------------------------------------------------------------------------------
 
-@TODAY_HAS_CYCLES
 def test_no_import_circle() -> None:
     assert cycles(build_graph(REPO)) == []
 
 
-@TODAY_HAS_LAYER_BREAKS
 def test_dependencies_point_down_the_layers() -> None:
     assert layer_breaks(build_graph(REPO), LAYERS) == []
 
 
-@TODAY_HAS_LONG_MODULES
 def test_no_components_module_over_600_lines() -> None:
     assert long_modules(REPO, "components", COMPONENTS_MAX_LINES) == []
 
@@ -168,7 +154,6 @@ def test_the_layout_check_catches_a_missing_path_and_an_unnamed_module(tmp_path:
                                                  "components/extra.py is in no row of the Layout table"]
 
 
-@TODAY_LAYOUT_STALE
 def test_the_readme_layout_table_names_the_tree() -> None:
     assert layout_problems(REPO, (REPO / "README.md").read_text()) == []
 
