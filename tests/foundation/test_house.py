@@ -9,8 +9,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from tests.house import build_graph, cycles, layer_breaks, long_modules
 
 REPO = Path(__file__).resolve().parents[2]
