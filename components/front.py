@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import pulumi
 
 from components import catalog, firewall, proxy
+from components.front_tuning import DEFAULT_TUNING, FrontTuning
 from components.hyperstack.resources import SecurityRule, VirtualMachine
 from components.node import (
     ProxyTls,
@@ -37,34 +37,12 @@ FRONT_TYPE = "kimi:cluster:Front"
 FRONT_STEPS = ("front-ready", "proxy")  # then the readiness wait through it
 
 
-@dataclass(frozen=True)
-class FrontTuning:
-    """How fast the front gives up on a replica. Each figure bounds the time a lost replica still gets traffic.
-
-    A reclaimed VM stops answering: a request to it fails at the dial (dial_timeout) and is retried elsewhere;
-    max_fails such failures within fail_duration mark the replica down (passive), and the active check marks it
-    down after health_fails missed intervals and back up after health_passes good ones.
-    """
-
-    health_interval: str = "1s"
-    health_timeout: str = "1s"
-    health_fails: int = 2
-    health_passes: int = 2
-    fail_duration: str = "10s"
-    max_fails: int = 3
-    request_buffers: str = "16MiB"  # bodies up to this are replayed on a retry (an agent's long context fits)
-    lb_retries: int = 3
-    lb_try_duration: str = "10s"
-    lb_try_interval: str = "100ms"
-    dial_timeout: str = "2s"
-
-
 def upstreams(settings: Settings, head_private_ips: Sequence[str]) -> list[str]:
     """Each replica's engine: its head's private address and enginePort (the engine binds that address)."""
     return [f"{ip}:{settings.engine_port}" for ip in head_private_ips]
 
 
-def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: FrontTuning = FrontTuning()) -> str:
+def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: FrontTuning = DEFAULT_TUNING) -> str:
     """The front's Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
     for ip in head_private_ips:
         # Addresses come from the API; anything but an address would be Caddyfile syntax.
@@ -78,7 +56,7 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
 
 
 def render_front_step(settings: Settings, step: str, head_private_ips: Sequence[str], tls: ProxyTls,
-                      timing: Timing | None = None, tuning: FrontTuning = FrontTuning()) -> str:
+                      timing: Timing | None = None, tuning: FrontTuning = DEFAULT_TUNING) -> str:
     """One of the front's scripts: `front-ready` (cloud-init, Docker) or `proxy` (the load-balancing Caddy)."""
     timing = settings.timing if timing is None else timing  # kimi-cluster:nodeTiming (tests pass shorter ones)
     v = _values(settings, 0, step, timing)
@@ -133,7 +111,7 @@ class Front(pulumi.ComponentResource):
         head_private_ips: Sequence[pulumi.Input[str]],
         wait_for: Sequence[pulumi.Resource] = (),
         timing: Timing | None = None,
-        tuning: FrontTuning = FrontTuning(),
+        tuning: FrontTuning = DEFAULT_TUNING,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(FRONT_TYPE, name, None, opts)

@@ -21,6 +21,7 @@ import pulumi.dynamic as dyn
 from pulumi_command import remote
 
 from components import kernel_cache_key, launch, proxy, weights
+from components.front_tuning import DEFAULT_TUNING
 from components.render import ShellExpr, Verbatim, render
 from components.settings import Settings
 from components.steps import HEAD_STEPS, STEPS, SUMMARIES
@@ -223,7 +224,8 @@ def render_step(settings: Settings, step: str, rank: int, private_ip: str, head_
         v.update(container=launch.CONTAINER_NAME, served_name=settings.served_name,
                  engine_url=f"http://{head_private_ip}:{settings.engine_port}",
                  readiness_timeout_s=timing.readiness_s(settings), log_tail=timing.log_tail,
-                 launch_identity=readiness_identity(settings, tls))
+                 launch_identity=readiness_identity(settings, tls),
+                 readmit_checks=DEFAULT_TUNING.readmit_checks, readmit_interval_s=DEFAULT_TUNING.health_interval_s)
     else:
         raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
     return render(f"{step}.sh.j2", **v)

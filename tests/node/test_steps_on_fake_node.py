@@ -385,6 +385,78 @@ def test_readiness_waits_for_health_then_the_model_over_tls_with_the_key(node, p
     assert stat.S_IMODE(header.stat().st_mode) == 0o600
 
 
+class _Replica(http.server.BaseHTTPRequestHandler):
+    """A replica's engine as its engine-ready step and the front ask it: /health, then /v1/models, no key.
+
+    `health` scripts the answers to /health once the model has been listed (200 or 502, the last one repeats), so a
+    test can drop the engine right after it first serves; `after_listing` counts the /health checks since."""
+
+    served = "moonshotai/Kimi-K3.1-Pro"
+    health: tuple[int, ...] = (200,)
+    listed = False
+    after_listing = 0
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        cls = type(self)
+        if self.path == "/health":
+            code = 200
+            if cls.listed:
+                code = cls.health[min(cls.after_listing, len(cls.health) - 1)]
+                cls.after_listing += 1
+            self._send(code, b"")
+        elif self.path == "/v1/models":
+            cls.listed = True
+            self._send(200, json.dumps({"object": "list", "data": [{"id": self.served}]}).encode())
+        else:
+            self._send(404, b"")
+
+    def _send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _engine_ready(node, health):
+    """Run replica 0's engine-ready step against a local engine whose /health answers `health` after it serves."""
+    handler = type("Replica", (_Replica,), {"health": health})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = make_settings(nodeRoot=str(node.root), replicas="2", enginePort=str(server.server_address[1]))
+        return node.run(render_step(settings, "engine-ready", 0, "127.0.0.1", "127.0.0.1", FAST)), handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@needs_curl
+def test_engine_ready_holds_until_the_front_can_have_taken_the_replica_back(node):
+    """The next replica restarts once this step passes, so it passes only after the run of good /health checks the
+    front needs to take this replica back (FrontTuning.readmit_checks, one health_interval apart)."""
+    from components.front_tuning import FrontTuning
+
+    _running_container(node)
+    result, handler = _engine_ready(node, (200,))
+    out = ok(result)
+    assert f"/health held {FrontTuning().readmit_checks} checks" in out
+    assert handler.after_listing >= FrontTuning().readmit_checks
+
+
+@needs_curl
+def test_engine_ready_starts_over_when_the_engine_drops_right_after_it_first_serves(node):
+    from components.front_tuning import FrontTuning
+
+    _running_container(node)
+    result, handler = _engine_ready(node, (200, 502, 200))
+    ok(result)
+    # One good check, the drop, then a whole new run of good ones before the step let the next replica restart.
+    assert handler.after_listing >= 2 + FrontTuning().readmit_checks
+
+
 @needs_curl
 def test_readiness_with_a_wrong_key_fails_fast_with_the_engine_log(node, proxy_server):
     _running_container(node)

@@ -84,8 +84,14 @@ def head(request):
 
 
 def curl(head, *args: str) -> str:
-    done = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
-                           "--cacert", head.ca_file, *args], capture_output=True, text=True, timeout=30)
+    """The status code of one request; "000" (no answer: a reset stream or connection) is asked once more, since on
+    a loaded machine an HTTP/2 stream can be reset while its body is still being sent, which is no answer at all."""
+    for _ in range(2):
+        done = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                               "--cacert", head.ca_file, *args], capture_output=True, text=True, timeout=30)
+        if done.stdout != "000":
+            break
+        print(f"curl {' '.join(args[:4])}...: no answer ({done.stderr.strip()}); asking once more")
     return done.stdout
 
 
