@@ -12,11 +12,7 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Callable
-from typing import Any
-
-import anthropic
-import openai
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
+from typing import TYPE_CHECKING, Any
 
 from components.endpoint_checks.client import Api
 from components.endpoint_checks.messages import assistant_turn
@@ -33,6 +29,13 @@ from components.endpoint_checks.results import CheckFailed
 from components.endpoint_checks.text import short
 from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
 
+if TYPE_CHECKING:
+    # The SDKs are imported where the check runs: together they take seconds of CPU to import, which every process
+    # that only loads the checks (a Pulumi program registering the checks resource, a CLI printing its help) would
+    # otherwise pay.
+    import anthropic
+    import openai
+
 
 def _ssl_context(api: Api) -> ssl.SSLContext:
     ca_file = api.target.ca_file
@@ -40,6 +43,8 @@ def _ssl_context(api: Api) -> ssl.SSLContext:
 
 
 def openai_client(api: Api) -> openai.OpenAI:
+    import openai
+
     return openai.OpenAI(
         base_url=api.target.base_url + "/v1", api_key=api.target.api_key or "none",
         timeout=max(0.1, api.deadline.remaining()),
@@ -47,6 +52,8 @@ def openai_client(api: Api) -> openai.OpenAI:
 
 
 def anthropic_client(api: Api) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(
         base_url=api.target.base_url, auth_token=api.target.api_key or "none", api_key=None,
         timeout=api.target.timeout, max_retries=0, http_client=anthropic.DefaultHttpxClient(verify=_ssl_context(api)))
@@ -54,6 +61,9 @@ def anthropic_client(api: Api) -> anthropic.Anthropic:
 
 def _step(name: str, metrics: dict[str, Any], run: Callable[[], str]) -> None:
     """Run one client step; an SDK error fails the check naming the step and the SDK's own words."""
+    import anthropic
+    import openai
+
     try:
         metrics[name] = run()
     except CheckFailed:
@@ -75,6 +85,8 @@ def _chat(client: openai.OpenAI, model: str) -> str:
 
 
 def _tool_round_trip(client: openai.OpenAI, model: str) -> str:
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
     messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
     called: list[str] = []
     for _ in range(MAX_TOOL_TURNS):
@@ -131,6 +143,9 @@ def _message(client: anthropic.Anthropic, model: str) -> str:
 
 
 def check_clients(api: Api) -> tuple[str, dict[str, Any]]:
+    import anthropic
+    import openai
+
     model = api.target.model
     metrics: dict[str, Any] = {"openai": openai.__version__, "anthropic": anthropic.__version__}
     with openai_client(api) as oa:
