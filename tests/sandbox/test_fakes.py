@@ -126,7 +126,10 @@ def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(t
         assert run.returncode == 0, run.stderr
         caddy = int(wait_for("the proxy's pid file", lambda: (node.state / "engines/kimi-proxy.pid").exists()
                              and (node.state / "engines/kimi-proxy.pid").read_text().strip(), 10))
-        assert Path(services._cmdline(caddy)[0]).name == "caddy"  # the real binary, not a stand-in
+        # The real binary, not a stand-in. The hook writes its pid, then execs caddy: until the exec is done the
+        # pid's command line is the hook's (or, mid-exec, empty), so look until it is caddy's.
+        wait_for("the proxy's process to be caddy",
+                 lambda: Path((services._cmdline(caddy) or [""])[0]).name == "caddy", 10)
         wait_for("the proxy to listen", lambda: services.port_open("127.0.0.1", api_port), 20)
         base = f"https://127.0.0.1:{api_port}"
         assert _status(base + "/health", ca=str(proxy_dir / proxy.CA_FILE)) == 200

@@ -84,15 +84,13 @@ def head(request):
 
 
 def curl(head, *args: str) -> str:
-    """The status code of one request; "000" (no answer: a reset stream or connection) is asked once more, since on
-    a loaded machine an HTTP/2 stream can be reset while its body is still being sent, which is no answer at all."""
-    for _ in range(2):
-        done = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
-                               "--cacert", head.ca_file, *args], capture_output=True, text=True, timeout=30)
-        if done.stdout != "000":
-            break
-        print(f"curl {' '.join(args[:4])}...: no answer ({done.stderr.strip()}); asking once more")
-    return done.stdout
+    return curl_run(head, *args).stdout
+
+
+def curl_run(head, *args: str) -> subprocess.CompletedProcess[str]:
+    """One request; stdout is the status code ("000": no answer), stderr curl's reason."""
+    return subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10",
+                           "--cacert", head.ca_file, *args], capture_output=True, text=True, timeout=30)
 
 
 def reached(head, *args: str) -> tuple[str, list]:
@@ -144,8 +142,12 @@ def test_health_with_a_query_a_body_or_another_method_needs_the_key(head, args):
 def test_an_http2_body_of_undeclared_length_never_reaches_the_engine(head):
     """HTTP/2 can send a body with neither Content-Length nor Transfer-Encoding: it is dropped, not forwarded."""
     for extra in (["-H", "Content-Length:"], ["-H", "Transfer-Encoding: chunked"]):
-        code, seen = reached(head, "--http2", "-X", "GET", *extra, "--data-binary", "x" * 5000, head.url + "/health")
-        assert code in ("200", "401"), extra
+        before = len(head.engine.seen)
+        done = curl_run(head, "--http2", "-X", "GET", *extra, "--data-binary", "x" * 5000, head.url + "/health")
+        seen = [r for r in head.engine.seen[before:] if "X-Forwarded-For" in r[2]]
+        # Caddy answers, or (seen on a loaded machine) resets the stream while the body is still arriving: curl's
+        # exit 92. Both drop the body; only a forward would be a failure.
+        assert done.stdout in ("200", "401") or (done.stdout == "000" and done.returncode == 92), (extra, done.stderr)
         for method, path, headers, body in seen:
             assert (method, path, body) == ("GET", "/health", b""), (extra, headers)
             assert "Transfer-Encoding" not in headers and headers.get("Content-Length") in (None, "0")
