@@ -7,7 +7,6 @@ as an int) under a bound far beyond any real need, so no setting can overflow a 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import fields
@@ -15,6 +14,7 @@ from typing import Any
 
 from components.settings.errors import close_match, shown
 from components.settings.keys import NAMESPACE
+from components.settings.rules import json_text_object
 from components.timing import Timing
 
 # Timing's two long deadlines have keys of their own; nodeTiming leaves them to those.
@@ -60,15 +60,12 @@ def _number(key: str, value: Any) -> int | float:
 
 def node_timing(v: Any) -> dict[str, int | float]:
     """The nodeTiming object, checked: camelCase Timing fields to positive bounded numbers."""
-    if v is None:
+    if v is None or isinstance(v, str) and not v.strip():
         return {}
-    if isinstance(v, str):
-        try:
-            v = json.loads(v) if v.strip() else {}
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-            raise ValueError(f"expected a JSON object of timing -> number, e.g. {_EXAMPLE}") from None
+    expected = f"expected a JSON object of timing -> number, e.g. {_EXAMPLE}"
+    v = json_text_object(v, expected)
     if not isinstance(v, dict):
-        raise ValueError(f"expected a JSON object of timing -> number, e.g. {_EXAMPLE}")
+        raise ValueError(expected)
     out: dict[str, int | float] = {}
     for key, value in v.items():
         if key not in FIELDS:

@@ -351,13 +351,10 @@ def region_list(v: Any) -> Any:
 
 
 def step_deadlines(v: Any) -> Any:
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-            raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'') from None
+    expected = 'expected a JSON object of step -> minutes, e.g. \'{"image": 120}\''
+    v = json_text_object(v, expected)
     if not isinstance(v, dict):
-        raise ValueError('expected a JSON object of step -> minutes, e.g. \'{"image": 120}\'')
+        raise ValueError(expected)
     for step, minutes in v.items():
         if step not in ALL_STEPS:
             raise ValueError(f"{shown(step)} is not a node step; steps are {', '.join(ALL_STEPS)}")
@@ -373,16 +370,25 @@ def step_deadlines(v: Any) -> Any:
     return v
 
 
-def json_object(v: Any) -> Any:
-        # `pulumi config set kimi-cluster:kernelCache '{...}'` stores a JSON string; `--path` stores an object
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-            raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'') from None
-        if not isinstance(v, dict):
-            raise ValueError('expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
+def json_text_object(v: Any, expected: str) -> Any:
+    """An object-valued key's value: text is parsed as JSON and must be an object, else ValueError(`expected`).
+
+    `pulumi config set kimi-cluster:key '{...}'` stores a JSON string; `--path` stores the object itself, which is
+    returned as it is for the caller (or pydantic) to check.
+    """
+    if not isinstance(v, str):
+        return v
+    try:
+        v = json.loads(v)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+        raise ValueError(expected) from None
+    if not isinstance(v, dict):
+        raise ValueError(expected)
     return v
+
+
+def json_object(v: Any) -> Any:
+    return json_text_object(v, 'expected a JSON object, e.g. \'{"bucket": "my-team-kimi-kernels"}\'')
 
 
 def storage_path(v: str) -> str:
