@@ -385,39 +385,26 @@ def test_readiness_waits_for_health_then_the_model_over_tls_with_the_key(node, p
     assert stat.S_IMODE(header.stat().st_mode) == 0o600
 
 
-class _Replica(http.server.BaseHTTPRequestHandler):
+class _Replica(_Engine):
     """A replica's engine as its engine-ready step and the front ask it: /health, then /v1/models, no key.
 
     `health` scripts the answers to /health once the model has been listed (200 or 502, the last one repeats), so a
     test can drop the engine right after it first serves; `after_listing` counts the /health checks since."""
 
-    served = "moonshotai/Kimi-K3.1-Pro"
+    open_models = True
     health: tuple[int, ...] = (200,)
     listed = False
     after_listing = 0
 
-    def log_message(self, *a):
-        pass
-
     def do_GET(self):
         cls = type(self)
-        if self.path == "/health":
-            code = 200
-            if cls.listed:
-                code = cls.health[min(cls.after_listing, len(cls.health) - 1)]
-                cls.after_listing += 1
+        if self.path == "/health" and cls.listed:
+            code = cls.health[min(cls.after_listing, len(cls.health) - 1)]
+            cls.after_listing += 1
             self._send(code, b"")
-        elif self.path == "/v1/models":
-            cls.listed = True
-            self._send(200, json.dumps({"object": "list", "data": [{"id": self.served}]}).encode())
-        else:
-            self._send(404, b"")
-
-    def _send(self, code, body):
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+            return
+        cls.listed = cls.listed or self.path == "/v1/models"
+        super().do_GET()
 
 
 def _engine_ready(node, health):
