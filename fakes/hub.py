@@ -151,6 +151,10 @@ class FakeHub:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> FakeHub:
+        # A second serve_forever on the same server outlives shutdown() (which ends only one) and then spins on the
+        # closed socket for the rest of the process: refuse it.
+        if self._thread is not None:
+            raise RuntimeError("this FakeHub is already started (a `with FakeHub(...)` block starts it)")
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
         return self

@@ -1,5 +1,5 @@
 """Suite-wide hooks: the bring-up flows (marker `flow`) start first on every xdist worker, and their wall times
-reach the terminal summary.
+reach the terminal summary; no test may leave a server thread spinning on a closed socket (tests/leaks.py).
 
 pytest.ini runs the suite under pytest-xdist with `--dist worksteal`, which hands worker i the i-th of N equal
 contiguous slices of the collection and lets an idle worker steal queued tests from the tail of a busy one's slice.
@@ -14,28 +14,28 @@ from collections.abc import Generator
 
 import pytest
 
-from tests import wall_times
+from tests import leaks, wall_times
 
-# Seconds each flow (by test function, all under tests/sandbox/) took in a tests/sandbox/ run on 4 workers (this
-# shared 2-core machine, loaded by other runs); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
+# Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
+# 2-core machine); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
 FLOW_SECONDS = {
-    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 158,
-    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 144,
-    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 127,
-    "test_a_reclaimed_replica_costs_no_non_streamed_request": 108,
-    "test_h100_flow_against_an_external_emulator": 106,
-    "test_killed_up_resumes_without_a_second_vm": 102,
-    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 97,
-    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 97,
-    "test_placed_in_the_second_region_and_kept_there_across_ups": 96,
-    "test_b300_flow_with_its_own_services_and_reruns": 60,
-    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 58,
-    "test_status_mid_up_after_up_and_when_stuck": 56,
-    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 54,
-    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 49,
-    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 18,
-    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 11,
-    "test_destroy_after_a_killed_up_leaves_nothing": 10,
+    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 145,
+    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 131,
+    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 104,
+    "test_h100_flow_against_an_external_emulator": 99,
+    "test_placed_in_the_second_region_and_kept_there_across_ups": 97,
+    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 95,
+    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 91,
+    "test_a_reclaimed_replica_costs_no_non_streamed_request": 85,
+    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 70,
+    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 69,
+    "test_status_mid_up_after_up_and_when_stuck": 68,
+    "test_b300_flow_with_its_own_services_and_reruns": 59,
+    "test_killed_up_resumes_without_a_second_vm": 58,
+    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 49,
+    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 20,
+    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 20,
+    "test_destroy_after_a_killed_up_leaves_nothing": 14,
 }
 DEFAULT_FLOW_SECONDS = 60
 
@@ -81,6 +81,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(workerinput["workercount"]) if workerinput else 1
     dist = config.getoption("dist", "no")
     items[:] = order(items, workers if dist == "worksteal" else 1)
+
+
+@pytest.fixture(autouse=True)
+def _no_spinning_server_thread() -> Generator[None, None, None]:
+    yield
+    spinning = leaks.spinning_servers()
+    # Fail the test that left it, not a later one that would only run slower.
+    assert not spinning, f"a server thread outlived its server and spins on its closed socket: {spinning}"
 
 
 @pytest.hookimpl(wrapper=True)

@@ -2,8 +2,9 @@
 
 Run by tests/engine_parsers/test_engine_parsers.py under the parsers' virtualenv (tests/engine_parsers/install.sh),
 never imported by the project: vLLM and TokenSpeed pin their own torch, pydantic and openai, which must not meet the
-project's pins. Reads {"engine": "vllm" | "tokenspeed", "argv": [...flags after `<engine> serve`]} on stdin and prints
-one JSON object: {"ok": true, "values": {...}} or {"ok": false, "error": "..."}.
+project's pins. Reads a list of requests {"engine": "vllm" | "tokenspeed", "argv": [...flags after `<engine> serve`]}
+on stdin and prints one JSON list of answers in the same order, each {"ok": true, "values": {...}} or {"ok": false,
+"error": "..."}. One process answers them all: importing vLLM (torch with it) costs some 15 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -95,15 +96,18 @@ def tokenspeed(argv: list[str]) -> dict[str, Any]:
                 "model_path", "api_key")}}
 
 
-def main() -> int:
-    request = json.load(sys.stdin)
+def answer(request: dict[str, Any]) -> dict[str, Any]:
     try:
         values = {"vllm": vllm, "tokenspeed": tokenspeed}[request["engine"]](list(request["argv"]))
     # Any refusal is the answer asked for: argparse exits, the validators raise their own types.
     except (SystemExit, Exception) as exc:  # noqa: BLE001
-        print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
-        return 0
-    print(json.dumps({"ok": True, "values": values}, default=str))
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "values": values}
+
+
+def main() -> int:
+    requests = json.load(sys.stdin)
+    print(json.dumps([answer(request) for request in requests], default=str))
     return 0
 
 

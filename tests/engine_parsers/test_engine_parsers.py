@@ -5,6 +5,8 @@ options and the smg gateway's parser. The parsers live in their own virtualenv (
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -28,14 +30,6 @@ if not PYTHON.exists():
     pytest.skip(reason, allow_module_level=True)
 
 
-def _parse(engine: str, argv: list[str]) -> dict:
-    done = subprocess.run([str(PYTHON), str(PROBE)], input=json.dumps({"engine": engine, "argv": argv}),
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
-    return answer | {"stderr": done.stderr[-1500:]}
-
-
 def _rendered(raw: dict) -> list[str]:
     """The engine's flags as the launch step renders them, after `<engine> serve`."""
     settings = load_settings({**BASE, **raw}, "dev")
@@ -44,17 +38,66 @@ def _rendered(raw: dict) -> list[str]:
     return words[2:]
 
 
-@pytest.mark.parametrize("layout,expected", [
+def _vllm_raw(layout: str | None) -> dict:
+    return {"topology": "b300x1-vllm"} | ({"engineLayout": layout} if layout else {})
+
+
+VLLM_LAYOUTS = [
     (None, {"tensor_parallel_size": 8, "data_parallel_size": 1, "decode_context_parallel_size": 1,
             "enable_expert_parallel": False, "max_model_len": None}),
     ("dp8-ep", {"tensor_parallel_size": 1, "data_parallel_size": 8, "decode_context_parallel_size": 1,
                 "enable_expert_parallel": True, "max_model_len": None}),
     ("tp8-dcp8", {"tensor_parallel_size": 8, "data_parallel_size": 1, "decode_context_parallel_size": 8,
                   "enable_expert_parallel": False, "max_model_len": 1048576}),
-])
-def test_each_vllm_layout_parses_with_vllms_own_parser(layout, expected):
-    raw = {"topology": "b300x1-vllm"} | ({"engineLayout": layout} if layout else {})
-    answer = _parse("vllm", _rendered(raw))
+]
+TOKENSPEED = {"topology": "b300x1-tokenspeed", "image": "lightseekorg/tokenspeed:0.1.1"}
+REFUSED = [
+    ("tokenspeed", ["m", "--tool-call-parser", "not_a_parser"]),   # smg knows its parsers
+    ("tokenspeed", ["m", "--enable-auto-tool-choice"]),            # vLLM's flag: smg refuses it
+    ("tokenspeed", ["m", "--tp-size", "8"]),                        # SGLang's spelling
+    ("tokenspeed", ["m", "--kv-cache-dtype", "fp9"]),              # ServerArgs' choices
+    ("vllm", ["m", "--decode-context-parallel-size", "eight"]),
+    ("vllm", ["m", "--tp-size", "8"]),
+]
+
+
+def _probe(asked: list[tuple[str, list[str]]]) -> dict[str, dict]:
+    done = subprocess.run([str(PYTHON), str(PROBE)],
+                          input=json.dumps([{"engine": engine, "argv": argv} for engine, argv in asked]),
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    replies = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(replies) == len(asked), replies
+    return {_key(engine, argv): reply | {"stderr": done.stderr[-1500:]}
+            for (engine, argv), reply in zip(asked, replies, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, dict]:
+    """Every command line of this module parsed by one probe process, keyed by _key(engine, argv): each vLLM
+    import costs some 15 CPU-seconds. Under xdist the first worker to get here parses them, the others read its
+    answers (pytest-xdist's recipe for a fixture that runs once: a file and a lock in the run's shared temp dir)."""
+    asked = [("vllm", _rendered(_vllm_raw(layout))) for layout, _ in VLLM_LAYOUTS]
+    asked += [("tokenspeed", _rendered(TOKENSPEED)), *REFUSED]
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # this run's directory, never an earlier run's
+    # Named by what was asked and with which probe, so no other request set can read these answers.
+    digest = hashlib.sha256(json.dumps([asked, PROBE.read_text(), str(PYTHON)]).encode()).hexdigest()[:16]
+    path = shared / f"engine-parser-answers-{digest}.json"
+    with open(shared / "engine-parser-answers.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            path.write_text(json.dumps(_probe(asked)))
+        return json.loads(path.read_text())
+
+
+def _key(engine: str, argv: list[str]) -> str:
+    return json.dumps([engine, argv])
+
+
+@pytest.mark.parametrize("layout,expected", VLLM_LAYOUTS)
+def test_each_vllm_layout_parses_with_vllms_own_parser(answers, layout, expected):
+    answer = answers[_key("vllm", _rendered(_vllm_raw(layout)))]
     assert answer["ok"], answer
     values = answer["values"]
     assert {k: values[k] for k in expected} == expected
@@ -62,9 +105,8 @@ def test_each_vllm_layout_parses_with_vllms_own_parser(layout, expected):
     assert values["tool_call_parser"] == values["reasoning_parser"] == "kimi_k3"
 
 
-def test_tokenspeeds_command_line_parses_with_its_splitter_serverargs_and_the_gateway():
-    answer = _parse("tokenspeed", _rendered({"topology": "b300x1-tokenspeed",
-                                             "image": "lightseekorg/tokenspeed:0.1.1"}))
+def test_tokenspeeds_command_line_parses_with_its_splitter_serverargs_and_the_gateway(answers):
+    answer = answers[_key("tokenspeed", _rendered(TOKENSPEED))]
     assert answer["ok"], answer
     engine, gateway = answer["values"]["engine"], answer["values"]["gateway"]
     assert engine["--tensor-parallel-size"] == "8" and engine["--mm-encoder-tp-mode"] == "data"
@@ -76,13 +118,6 @@ def test_tokenspeeds_command_line_parses_with_its_splitter_serverargs_and_the_ga
     assert gateway["api_key"] is None  # the proxy checks the key; the gateway never holds it
 
 
-@pytest.mark.parametrize("engine,argv", [
-    ("tokenspeed", ["m", "--tool-call-parser", "not_a_parser"]),   # smg knows its parsers
-    ("tokenspeed", ["m", "--enable-auto-tool-choice"]),            # vLLM's flag: smg refuses it
-    ("tokenspeed", ["m", "--tp-size", "8"]),                        # SGLang's spelling
-    ("tokenspeed", ["m", "--kv-cache-dtype", "fp9"]),              # ServerArgs' choices
-    ("vllm", ["m", "--decode-context-parallel-size", "eight"]),
-    ("vllm", ["m", "--tp-size", "8"]),
-])
-def test_the_parsers_refuse_what_the_engines_refuse(engine, argv):
-    assert not _parse(engine, argv)["ok"]
+@pytest.mark.parametrize("engine,argv", REFUSED)
+def test_the_parsers_refuse_what_the_engines_refuse(answers, engine, argv):
+    assert not answers[_key(engine, argv)]["ok"]

@@ -32,6 +32,13 @@ NOT_COMPILING = {COMPILE_SECONDS_KNOB: "0"}
 COMPILING = {COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS)}
 
 
+@pytest.fixture(autouse=True)
+def _not_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the flows that drive a Sandbox (or a benchmark) in this process: the nodes' knobs come from
+    os.environ there (sandbox.kimi.node_env)."""
+    monkeypatch.setenv(COMPILE_SECONDS_KNOB, "0")
+
+
 @dataclass
 class ExternalEmulator:
     """`python -m scripts.emulator --admin` in its own process, as HYPERSTACK_API_URL points the sandbox at it."""

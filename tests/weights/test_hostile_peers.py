@@ -67,7 +67,6 @@ def test_a_hub_name_climbing_out_of_the_snapshot_replaces_nothing(tmp_path):
     # snapshots/<rev>/ -> models--x/ -> hub/ -> hf/ -> node/ -> tmp_path/: five levels up from the snapshot.
     files = tiny_repo() + [HubFile("../../../../../victim", b"owned\n", lfs=False)]
     with FakeHub(REPO, REVISION, files) as hub:
-        hub.start()
         code, out, result = run_single(tmp_path, hub)
     assert code != 0 and result.startswith(f"failed {REVISION}"), out
     assert "refused, it has an empty, '.' or '..' part" in result, result
@@ -82,7 +81,6 @@ def test_a_hub_etag_that_is_not_a_hash_is_refused(tmp_path):
             return info
 
     with BadEtagHub(REPO, REVISION) as hub:
-        hub.start()
         code, _, result = run_single(tmp_path, hub)
     assert code != 0 and "not 40 or 64 lower-case hex digits" in result, result
     assert not (tmp_path / "etc").exists()
@@ -92,7 +90,6 @@ def test_the_check_refuses_a_name_outside_the_snapshot(tmp_path, capsys):
     (tmp_path / "secret").write_text("root only")
     files = tiny_repo() + [HubFile("../../../../secret", b"root only", lfs=False)]
     with FakeHub(REPO, REVISION, files) as hub:
-        hub.start()
         code = check_download.main(["--repo", REPO, "--revision", REVISION, "--cache-dir", str(tmp_path / "hub"),
                                     "--endpoint", hub.url, "--sha256"])
     out = capsys.readouterr().out
@@ -312,7 +309,6 @@ def run_beside(tmp: Path, hub: FakeHub, status_for: object, trickle: bool = Fals
 def test_a_peer_status_out_of_shape_sends_its_files_to_the_hub(tmp_path, status):
     """`"done": 5` used to raise a TypeError that failed the node's whole download."""
     with FakeHub(REPO, REVISION) as hub:
-        hub.start()
         code, out = run_beside(tmp_path, hub, status)
     assert code == 0, out
     assert "answered out of shape" in out and "all 5 files verified" in out, out
@@ -324,7 +320,6 @@ def test_a_peer_trickling_a_byte_at_a_time_is_cut_off_and_the_hub_serves_instead
     names = [f.path for f in tiny_repo()]
     status = {"revision": REVISION, "done": names, "complete": True, "bytes_done": 1}
     with FakeHub(REPO, REVISION) as hub:
-        hub.start()
         code, out = run_beside(tmp_path, hub, status, trickle=True)
     assert code == 0, out
     assert "was too slow" in out and "by the transfer's deadline" in out and "all 5 files verified" in out, out
