@@ -21,7 +21,7 @@ from components.settings.loader import load_settings, read_stack_file
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import DEFAULT_API_KEY
 from sandbox.commands import NodeExecution
-from sandbox.engine import EngineSettings, run_child
+from sandbox.engine_client import EngineSettings, run_child
 from sandbox.state import plain_outputs, read_outputs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
