@@ -6,13 +6,14 @@ response models without fields the SDK does not know; the SDK's own client must 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import time
+from types import ModuleType
 from typing import Any
 
-import hyperstack
 import pytest
 import requests
-from hyperstack.exceptions import ApiException
 
 from components.hyperstack import providers, rules
 from fakes.hyperstack_emulator import DEFAULT_API_KEY, IMAGES, Emulator, VmError
@@ -20,12 +21,30 @@ from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, REGION, env_pro
 
 pytestmark = pytest.mark.timeout(30)
 
+
+def _imported_on_first_use(name: str) -> ModuleType:
+    """The module, executed when one of its attributes is first read (the standard library's LazyLoader): the SDK
+    takes about 2 CPU-seconds to import, and every xdist worker imports every test module when it collects."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, f"{name} is not installed (requirements-dev.txt)"
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hyperstack = _imported_on_first_use("hyperstack")
+
+# Request models by name, looked up on the SDK when a test needs one.
 REQUEST_MODELS = {
-    ("POST", "/core/environments"): hyperstack.CreateEnvironment,
-    ("POST", "/core/keypairs"): hyperstack.ImportKeypairPayload,
-    ("POST", "/core/virtual-machines"): hyperstack.CreateInstancesPayload,
-    ("POST", "/core/virtual-machines/*/sg-rules"): hyperstack.CreateSecurityRulePayload,
-    ("PUT", "/core/virtual-machines/*/label"): hyperstack.EditLabelOfAnExistingVMPayload,
+    ("POST", "/core/environments"): "CreateEnvironment",
+    ("POST", "/core/keypairs"): "ImportKeypairPayload",
+    ("POST", "/core/virtual-machines"): "CreateInstancesPayload",
+    ("POST", "/core/virtual-machines/*/sg-rules"): "CreateSecurityRulePayload",
+    ("PUT", "/core/virtual-machines/*/label"): "EditLabelOfAnExistingVMPayload",
 }
 
 
@@ -48,7 +67,7 @@ def _lost_keys(sent: Any, parsed: Any, where: str = "") -> list[str]:
 
 def _model_for(method: str, path: str):
     import fnmatch
-    return next((m for (verb, pattern), m in REQUEST_MODELS.items()
+    return next((getattr(hyperstack, m) for (verb, pattern), m in REQUEST_MODELS.items()
                  if verb == method and fnmatch.fnmatch(path, pattern)), None)
 
 
@@ -196,6 +215,8 @@ def _wait(predicate, what: str, timeout: float = 5.0):
 
 
 def test_the_vendor_sdk_drives_the_emulator_end_to_end(emu):
+    from hyperstack.exceptions import ApiException
+
     config = hyperstack.Configuration(host=emu.base_url, api_key={"apiKey": DEFAULT_API_KEY})
     with hyperstack.ApiClient(config) as client:
         envs, keys = hyperstack.EnvironmentApi(client), hyperstack.KeypairApi(client)
