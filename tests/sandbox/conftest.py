@@ -36,7 +36,8 @@ COMPILING = {COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS)}
 def _not_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same for the flows that drive a Sandbox (or a benchmark) in this process: the nodes' knobs come from
     os.environ there (sandbox.kimi.node_env)."""
-    monkeypatch.setenv(COMPILE_SECONDS_KNOB, "0")
+    for knob, value in NOT_COMPILING.items():
+        monkeypatch.setenv(knob, value)
 
 
 @dataclass
