@@ -17,7 +17,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fakes.hub import FakeHub, Faults, synthetic_repo
+from fakes.sandbox_services import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]
 REPO = "moonshotai/Kimi-K3.1-Pro"
@@ -39,22 +39,6 @@ class Outcome:
     hub_bytes: int
     complete_nodes: int
     killed_rerun_hub_bytes: int | None = None
-
-
-def free_port(hosts: list[str]) -> int:
-    """A port free on every node address (each node binds its own address, all on the same port)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for h in hosts:
-                with socket.socket() as t:
-                    t.bind((h, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no common free port on the node addresses")
 
 
 def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float) -> list[str]:
@@ -75,7 +59,7 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
     hosts = [f"127.0.0.{2 + r}" for r in range(nodes)]
     peers = ""  # naive: every node alone, every file from the hub
     if sharded:
-        port = free_port(hosts)
+        port = free_port(*hosts)
         peers = ",".join(f"{h}:{port}" for h in hosts)
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
     before = sum(hub.sent.values())

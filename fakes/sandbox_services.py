@@ -5,6 +5,7 @@ behind; started detached, recorded by pid, and stopped by pid only.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -48,10 +49,47 @@ class Service:
         return _is(self.pid, self.marker) and port_open(self.host, self.port)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+# Ports for services started later are drawn from here: above the well-known services many machines run, below the
+# kernel's ephemeral range (Linux's default starts at 32768, IANA's and the BSDs' at 49152).
+PORT_FLOOR = 20100
+IANA_EPHEMERAL_RANGE = (49152, 65535)
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections and bind(port 0) (Linux: net.ipv4.ip_local_port_range)."""
+    try:
+        low, high = (int(word) for word in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return IANA_EPHEMERAL_RANGE
+    return low, high
+
+
+def free_port(*hosts: str) -> int:
+    """A port free on every one of hosts (default 127.0.0.1), for a service that binds it later.
+
+    Not one from bind(port 0): that is an ephemeral port, which the kernel also hands to every outgoing connection
+    (and keeps a minute in TIME_WAIT after it closes), so on a busy machine a port chosen now can belong to somebody's
+    connection by the time the service binds it ("address already in use"). Below the ephemeral range only
+    listeners take ports, and the bind check here sees those.
+    """
+    hosts = hosts or ("127.0.0.1",)
+    low, _ = ephemeral_range()
+    pool = range(PORT_FLOOR, low) if low - PORT_FLOOR >= 1000 else range(1024, 65536)
+    for _ in range(200):
+        port = random.choice(pool)
+        if all(_bindable(host, port) for host in hosts):
+            return port
+    raise ServiceError(f"no port in {pool.start}-{pool.stop - 1} is free on {', '.join(hosts)}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    # No SO_REUSEADDR: a port still in TIME_WAIT counts as taken, the cautious answer.
     with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_free(host: str, port: int) -> bool:

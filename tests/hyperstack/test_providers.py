@@ -503,6 +503,9 @@ def test_a_vm_create_logs_each_state_change_with_the_time_waited_and_what_comes_
 
 
 def test_a_vm_delete_logs_the_wait_for_404(base, monkeypatch):
+    # DELETING lasts far longer than the first GET takes even on a loaded machine (at the suite's 0.05 s, a first GET
+    # that came late found the VM already gone and logged no DELETING line).
+    base.lifecycle.deleting_seconds = 0.5
     vm = VirtualMachineProvider().create(vm_props())
     lines: list[str] = []
     monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: lines.append(message))

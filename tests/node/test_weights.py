@@ -165,12 +165,12 @@ PEER_TOKEN = "peerCANARY-token-8e21"
 
 
 def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashes(node_factory):
-    from benchmarks.bench_weights import free_port
     from components.node import render_node_scripts
+    from fakes.sandbox_services import free_port
 
     ips = [f"127.0.0.{2 + r}" for r in range(4)]
     nodes = [node_factory(private_ip=ip) for ip in ips]
-    port = free_port(ips)
+    port = free_port(*ips)
     with hub_with(private=True, token=TOKEN) as hub:
         scripts = []
         for rank, n in enumerate(nodes):

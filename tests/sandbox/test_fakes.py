@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -213,6 +214,24 @@ def test_services_start_and_stop_by_pid(tmp_path) -> None:
     assert not service.running()
     # A pid that is no longer the service (or never was) is left alone.
     assert services.stop(services.Service("hub", os.getpid(), "127.0.0.1", port, "no-such-marker", "")) is True
+
+
+def test_a_chosen_port_is_free_on_every_host_and_outside_the_ephemeral_range(monkeypatch) -> None:
+    low, _ = services.ephemeral_range()
+    hosts = ("127.0.0.1", "127.0.0.2")
+    with socket.socket() as busy:  # a listener on the first port drawn: it must be passed over
+        busy.bind(("127.0.0.2", 0))
+        taken = busy.getsockname()[1]
+        busy.listen()
+        draws = iter([taken, services.PORT_FLOOR + 7])
+        monkeypatch.setattr(services.random, "choice", lambda pool: next(draws))
+        assert services.free_port(*hosts) == services.PORT_FLOOR + 7
+    monkeypatch.undo()
+    for _ in range(20):
+        port = services.free_port(*hosts)
+        assert services.PORT_FLOOR <= port < low
+        for host in hosts:
+            assert services.port_free(host, port)
 
 
 def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:

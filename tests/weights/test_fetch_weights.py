@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from benchmarks.bench_weights import free_port
 from components.weights import assign
 from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
+from fakes.sandbox_services import free_port
 from node_programs.fetch_weights import peer_authorization
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ class Cluster:
     def __init__(self, tmp: Path, hub: FakeHub, nodes: int, **opts: str) -> None:
         self.tmp, self.hub, self.n = tmp, hub, nodes
         self.hosts = [f"127.0.0.{2 + r}" for r in range(nodes)]
-        self.port = free_port(self.hosts)
+        self.port = free_port(*self.hosts)
         (tmp / "peer_token").write_text(TOKEN + "\n")
         os.chmod(tmp / "peer_token", 0o600)
         # Long enough for every node to start on a busy machine (a peer not up yet would count as dead).

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from benchmarks.bench_weights import free_port
 from components.hub_names import UnsafeName, checked_etag, checked_name
 from fakes.hub import FakeHub, HubFile, tiny_repo
+from fakes.sandbox_services import free_port
 from node_programs import check_download
 from node_programs import fetch_weights as fw
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
@@ -112,7 +112,7 @@ def peer_server(tmp_path, monkeypatch):
     monkeypatch.setattr(fw, "PEER_REQUEST_DEADLINE_S", 1.0)
     monkeypatch.setattr(fw, "PEER_LOG_EVERY_S", 60.0)
     (tmp_path / "peer_token").write_text(TOKEN)
-    port = free_port(["127.0.0.1"])
+    port = free_port("127.0.0.1")
     args = fw.parse_args(["--repo", REPO, "--revision", REVISION, "--cache-dir", str(tmp_path / "hub"),
                           "--record", str(tmp_path / "rec.json"), "--progress-file", str(tmp_path / "p.json"),
                           "--peers", f"127.0.0.1:{port},127.0.0.1:{port + 1}", "--peer-token-file",
@@ -278,7 +278,7 @@ class HostilePeer:
 
 def run_beside(tmp: Path, hub: FakeHub, status_for: object, trickle: bool = False) -> tuple[int, str]:
     hosts = ["127.0.0.2", "127.0.0.3"]
-    port = free_port(hosts)
+    port = free_port(*hosts)
     peer = HostilePeer(hosts[1], port, status_for, trickle)
     (tmp / "peer_token").write_text(TOKEN)
     d = tmp / "node0"
