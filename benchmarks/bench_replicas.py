@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.token_seconds * 1000:.0f} ms per token", flush=True)
     started = time.monotonic()
     try:
-        if sandbox.up(args.topology, echo=False, config={"replicas": "2"}) != 0:
+        if sandbox.up(args.topology, echo=False, config={"replicas": "2"}, timeline=False) != 0:
             raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
         print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
         figures = measure_rolling(sandbox, args) if args.rolling else measure(sandbox, args, log)
@@ -274,7 +274,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     ca, tally, stop, threads = start_load(outputs, args)
     before = tally.requests
     started = time.monotonic()
-    code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling})
+    code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling}, timeline=False)
     took = time.monotonic() - started
     time.sleep(args.after)
     stop.set()

@@ -438,14 +438,15 @@ class Sandbox:
     # -- up --
 
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
-           hub_bytes_per_second: float | None = None) -> int:
-        """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir."""
+           hub_bytes_per_second: float | None = None, timeline: bool = True) -> int:
+        """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir;
+        `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds)."""
         self.dir.claim(create=True)
         with self.dir.exclusive():
-            return self._up(topology, echo, config, hub_bytes_per_second)
+            return self._up(topology, echo, config, hub_bytes_per_second, timeline)
 
     def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
-            hub_bytes_per_second: float | None) -> int:
+            hub_bytes_per_second: float | None, timeline: bool) -> int:
         started = time.monotonic()
         self._ensure_idle()
         record = self.dir.record()
@@ -498,7 +499,8 @@ class Sandbox:
         self.say("")
         self.say("Stack outputs:")
         self.say(format_outputs(outputs, secret_names))
-        self._draw_timeline(chosen)
+        if timeline:
+            self._draw_timeline(chosen)
         counts = result.get("counts") or {}
         self.say(f"sandbox up: {chosen} ready in {elapsed:.1f} s (services {services_s:.1f} s); "
                  f"{counts.get('create', 0)} created, {counts.get('same', 0)} unchanged. "

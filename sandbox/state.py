@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,9 @@ class ResourceState:
     delete: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Shallow (the values are already JSON: props off the wire), not dataclasses.asdict's deep copy: this runs for
+        # every resource on every save, two saves a step.
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ResourceState:
@@ -181,17 +183,10 @@ class StateFile:
 
     def save(self) -> None:
         with self.lock:
-            doc = {
-                "version": STATE_VERSION,
-                "project": self.project,
-                "stack": self.stack,
-                "updated": time.time(),
-                # Secrets are stored in plaintext but stay wrapped in the secret signature, like a local backend
-                # with a passphrase-less provider would hold them; the file is created owner-only.
-                "resources": [r.to_json() for r in self.resources],
-                "pending_operations": self.pending_operations,
-            }
-            text = json.dumps(doc, indent=1, sort_keys=False)
+            head = {"version": STATE_VERSION, "project": self.project, "stack": self.stack, "updated": time.time()}
+            # Secrets are stored in plaintext but stay wrapped in the secret signature, like a local backend with a
+            # passphrase-less provider would hold them; the file is created owner-only.
+            text = _document(head, [r.to_json() for r in self.resources], self.pending_operations)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=self.path.parent)
             try:
@@ -223,3 +218,15 @@ def plain_outputs(outputs: dict[str, Any]) -> tuple[dict[str, Any], frozenset[st
         {k: props.strip_secrets(v) for k, v in outputs.items()},
         frozenset(k for k, v in outputs.items() if props.contains_secret(v)),
     )
+
+
+def _document(head: dict[str, Any], resources: list[dict[str, Any]], pending: list[dict[str, Any]]) -> str:
+    """The state file's JSON: its top keys a line each, then each resource on one line of its own.
+
+    Not json.dumps(indent=...): with an indent the json module uses its pure-Python encoder, and an h100 stack's
+    1.8 MB of state then took about 14 ms to encode instead of 7, on every save.
+    """
+    lines = ["{", *(f" {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()), ' "resources": [',
+             ",\n".join(f"  {json.dumps(resource)}" for resource in resources),
+             " ],", f' "pending_operations": {json.dumps(pending)}', "}"]
+    return "\n".join(lines) + "\n"

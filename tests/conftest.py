@@ -10,11 +10,20 @@ with its flows; the quick tests fill the rest (and are the ones stolen at the en
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Generator
 
 import pytest
 
 from tests import leaks, wall_times
+
+# Byte code is cached for this run and the processes it starts (workers, the sandbox's CLI, engine and provider hosts,
+# the fake nodes' Python stubs), even on a machine that sets PYTHONDONTWRITEBYTECODE (this one and its CI do): else
+# each of some 2,000 interpreters compiles the modules it imports again, and pytest rewrites and compiles every test
+# module again in each worker. __pycache__/ is ignored by git.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
 # 2-core machine); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.

@@ -6,8 +6,8 @@ response models without fields the SDK does not know; the SDK's own client must 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import functools
+import importlib
 import time
 from types import ModuleType
 from typing import Any
@@ -22,21 +22,12 @@ from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, REGION, env_pro
 pytestmark = pytest.mark.timeout(30)
 
 
-def _imported_on_first_use(name: str) -> ModuleType:
-    """The module, executed when one of its attributes is first read (the standard library's LazyLoader): the SDK
-    takes about 2 CPU-seconds to import, and every xdist worker imports every test module when it collects."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.loader is not None, f"{name} is not installed (requirements-dev.txt)"
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hyperstack = _imported_on_first_use("hyperstack")
+@functools.cache
+def sdk() -> ModuleType:
+    """The vendor SDK, imported by the first test that needs it: the SDK takes about 2 CPU-seconds to import, and
+    every xdist worker imports every test module when it collects. (Not a module-level lazy module: collection reads
+    attributes of every global of a test module, which would import it there and then.)"""
+    return importlib.import_module("hyperstack")
 
 # Request models by name, looked up on the SDK when a test needs one.
 REQUEST_MODELS = {
@@ -67,7 +58,7 @@ def _lost_keys(sent: Any, parsed: Any, where: str = "") -> list[str]:
 
 def _model_for(method: str, path: str):
     import fnmatch
-    return next((getattr(hyperstack, m) for (verb, pattern), m in REQUEST_MODELS.items()
+    return next((getattr(sdk(), m) for (verb, pattern), m in REQUEST_MODELS.items()
                  if verb == method and fnmatch.fnmatch(path, pattern)), None)
 
 
@@ -113,6 +104,7 @@ def _parses(model, response: requests.Response) -> None:
 
 
 def test_every_emulator_answer_parses_into_the_sdk_models(base):
+    hyperstack = sdk()
     vm = providers.VirtualMachineProvider().create(vm_props())
     providers.SecurityRuleProvider().create(rule_props(vm.id))
     emu = base
@@ -162,6 +154,7 @@ def test_every_emulator_answer_parses_into_the_sdk_models(base):
     ({"name": "n" * 51, "region": REGION}, "at most 50"),
 ])
 def test_emulator_rejects_what_the_sdk_model_rejects(emu, body, fragment):
+    hyperstack = sdk()
     response = _get(emu, "/core/environments", method="POST", json=body)
     assert response.status_code == 400 and fragment in response.json()["message"]
     if "extra" not in body:  # the SDK ignores unknown fields; every other case it refuses too
@@ -170,6 +163,7 @@ def test_emulator_rejects_what_the_sdk_model_rejects(emu, body, fragment):
 
 
 def test_stocks_and_pricebook_parse_into_the_sdk_models_and_the_sdk_reads_them(emu):
+    hyperstack = sdk()
     _parses(hyperstack.NewStockRetriveResponse, _get(emu, "/core/stocks"))
     book = _get(emu, "/pricebook")
     assert isinstance(book.json(), list) and book.json()  # a bare array, no envelope
@@ -192,6 +186,7 @@ def test_stocks_and_pricebook_parse_into_the_sdk_models_and_the_sdk_reads_them(e
 
 
 def test_rule_protocol_enum_matches_the_sdk(emu):
+    hyperstack = sdk()
     from fakes.hyperstack_emulator import PROTOCOLS
     field = hyperstack.CreateSecurityRulePayload.model_fields["protocol"]
     assert field is not None
@@ -215,6 +210,7 @@ def _wait(predicate, what: str, timeout: float = 5.0):
 
 
 def test_the_vendor_sdk_drives_the_emulator_end_to_end(emu):
+    hyperstack = sdk()
     from hyperstack.exceptions import ApiException
 
     config = hyperstack.Configuration(host=emu.base_url, api_key={"apiKey": DEFAULT_API_KEY})

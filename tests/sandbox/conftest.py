@@ -122,13 +122,17 @@ class SandboxRunner:
 
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
+    # up draws timeline.png only where the test looks at it (test_flow.py's h100 flow): matplotlib costs about
+    # 1.5 CPU-seconds an up, some 30 ups a suite.
+    timeline: bool = False
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSTACK_")}
         return {**env, **NOT_COMPILING, **self.env, "PYTHONUNBUFFERED": "1"}
 
     def argv(self, command: str, *args: str) -> list[str]:
-        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args]
+        quiet_picture = ["--no-timeline"] if command == "up" and not self.timeline else []
+        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *quiet_picture]
 
     def __call__(self, command: str, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
         started = time.monotonic()
@@ -172,11 +176,12 @@ def kill_everything(workdir: Path, record: dict) -> None:
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator:
-    """sandbox(env=None) -> SandboxRunner on a fresh workdir; everything it started is ended at teardown."""
+    """sandbox(env=None, timeline=False) -> SandboxRunner on a fresh workdir; everything it started is ended at
+    teardown."""
     made: list[SandboxRunner] = []
 
-    def make(env: dict[str, str] | None = None) -> SandboxRunner:
-        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}))
+    def make(env: dict[str, str] | None = None, timeline: bool = False) -> SandboxRunner:
+        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}), timeline)
         made.append(runner)
         return runner
 

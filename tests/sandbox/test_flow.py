@@ -30,7 +30,7 @@ def _verified(output: str) -> None:
 
 def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None:
     emulator = start_emulator()
-    run = sandbox(emulator.env())
+    run = sandbox(emulator.env(), timeline=True)
     started = time.monotonic()
 
     up = run("up", "--topology", "h100x4-sglang")
@@ -81,6 +81,7 @@ def test_b300_flow_with_its_own_services_and_reruns(sandbox) -> None:
     up = run("up", "--topology", "b300x1-vllm")
     out = ok(up)
     assert "started the Hyperstack emulator" in out and "started the fake Hugging Face hub" in out
+    assert "timeline:" not in out and not run.workdir.joinpath("timeline.png").exists()  # --no-timeline
     record = run.record()
     service_pids = {name: data["pid"] for name, data in record["services"].items()}
     assert set(service_pids) == {"emulator", "hub", "kernel-store"}

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_replicas
+# benchmarks.bench_replicas is imported inside the tests: it imports the openai SDK (about 0.8 CPU-s), which every
+# xdist worker would otherwise pay while it collects.
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
 
 
 def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from benchmarks import bench_replicas
+
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # restored after; the bench sets it for its nodes
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -55,7 +58,8 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
     log = io.StringIO()
     sandbox = Sandbox(tmp_path / "sb", out=log)
     try:
-        assert sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        up = sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}, timeline=False)
+        assert up == 0, log.getvalue()[-3000:]
         first = _hub_bytes(sandbox)
         outputs, _ = sandbox.dir.outputs()
         progress = json.loads((sandbox.dir.nodes / outputs["node_private_ips"][0] / "ephemeral/kimi/progress"
@@ -63,7 +67,7 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
         assert first == progress["bytes_total"], (first, progress)  # 1.0x the checkpoint for the whole stack
         lost = outputs["replica_node_names"][1][0]
         sandbox.reclaim(lost)
-        assert sandbox.up(None, echo=False, config={"replicas": "2"}) == 0, log.getvalue()[-3000:]
+        assert sandbox.up(None, echo=False, config={"replicas": "2"}, timeline=False) == 0, log.getvalue()[-3000:]
         assert _hub_bytes(sandbox) == first, "the re-created replica pulled from the hub"
         again, _ = sandbox.dir.outputs()
         new_ip = again["replica_head_private_ips"][1]
@@ -78,6 +82,8 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
 
 def test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from benchmarks import bench_replicas
+
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
