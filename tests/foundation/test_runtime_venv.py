@@ -1,10 +1,17 @@
 """requirements.txt alone runs the Pulumi programs: a fresh virtualenv with only that set imports them.
 
 The program's modules (every module under components/, everything __main__.py imports, and the verification
-stack's checks_resource and verification_stack) are imported in a new venv that has requirements.txt installed and
-the checkout on PYTHONPATH, as `pip install -r requirements.txt -e .` would give. The only module allowed to miss
-something there is one that needs the verifier's client set (requirements-verify.txt, for the `clients` check);
-with that set added, everything imports. Marked `runtime_venv` (it installs from the registry or the pip cache).
+stack's checks_resource and verification_stack) are imported in a new venv that holds requirements.txt's
+distributions and everything they require, with the checkout on PYTHONPATH, as `pip install -r requirements.txt -e .`
+would give. The only module allowed to miss something there is one that needs the verifier's client set
+(requirements-verify.txt, for the `clients` check); with that set added, everything imports.
+
+The set is not installed from the registry again: this suite's venv was installed by pip from these same pinned
+files (requirements-dev.txt includes them), so the test checks each pin against what is installed, follows the
+installed distributions' own requirements (their markers evaluated, extras only where asked for) and copies those
+distributions' files, as their RECORD lists them, into the new venv. That gives pip's answer for these pins without
+pip's walk over every file on each project's index page, which took about 20 CPU-seconds per set here.
+Marked `runtime_venv`.
 """
 
 from __future__ import annotations
@@ -13,11 +20,15 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.runtime_venv, pytest.mark.timeout(900)]
@@ -67,22 +78,64 @@ def _import_all(python: Path, modules: list[str]) -> dict[str, str | None]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _pip(python: Path, *requirement_files: str) -> None:
-    # This suite's pip installs into the new venv (`--python`, so the venv needs no pip of its own), without
-    # compiling every installed module up front: only the imports below need byte code, and they compile their own.
-    argv = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--disable-pip-version-check",
-            "--no-compile"]
-    for name in requirement_files:
-        argv += ["-r", str(REPO / name)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=800)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+def _requirements(name: str) -> list[Requirement]:
+    lines = (line.split("#", 1)[0].strip() for line in (REPO / name).read_text().splitlines())
+    return [Requirement(line) for line in lines if line and not line.startswith("-")]
+
+
+def closure(*requirement_files: str) -> dict[str, metadata.Distribution]:
+    """The installed distributions that the files pin, and everything those require, by canonical name.
+
+    Each pin must match the version installed here, else this venv is not what the files say."""
+    found: dict[str, metadata.Distribution] = {}
+    done: set[tuple[str, str]] = set()
+    todo = [(req, name) for name in requirement_files for req in _requirements(name)]
+    while todo:
+        req, wanted_by = todo.pop()
+        key = canonicalize_name(req.name)
+        extras = sorted(req.extras) or [""]
+        if all((key, extra) in done for extra in extras):
+            continue
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{req} (wanted by {wanted_by}) is not installed in this suite's venv: "
+                        "pip install -r requirements-dev.txt")
+        assert req.specifier.contains(dist.version, prereleases=True), (
+            f"{wanted_by} wants {req}, but this suite's venv has {req.name} {dist.version}")
+        found[key] = dist
+        for extra in extras:
+            done.add((key, extra))
+            for text in dist.requires or []:
+                needed = Requirement(text)
+                if needed.marker is None or needed.marker.evaluate({"extra": extra}):
+                    todo.append((needed, f"{req.name} {dist.version}"))
+    return found
+
+
+def _install(venv: Path, *requirement_files: str) -> int:
+    """Copies the closure's files (those under site-packages) into the venv's site-packages; returns how many."""
+    site = next((venv / "lib").glob("python*/site-packages"))
+    copied = 0
+    for dist in closure(*requirement_files).values():
+        for entry in dist.files or []:
+            if entry.parts[0] == "..":  # console scripts and the like, outside site-packages: nothing imports them
+                continue
+            source, target = Path(str(dist.locate_file(entry))), site / entry
+            if source.is_file() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                copied += 1
+    return copied
 
 
 def test_the_program_imports_with_requirements_txt_alone(tmp_path: Path) -> None:
     venv = tmp_path / "runtime-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    _pip(python, "requirements.txt")
+    assert _install(venv, "requirements.txt") > 0
+    assert {"pulumi", "pulumi-command", "pydantic", "grpcio"} <= set(closure("requirements.txt"))
+    assert "openai" not in closure("requirements.txt")  # the verifier's set is not pulled in by the runtime set
     modules = program_modules()
     assert "components.cluster" in modules and "checks_resource" in modules
 
@@ -95,7 +148,7 @@ def test_the_program_imports_with_requirements_txt_alone(tmp_path: Path) -> None
     needs_verify = {m for m, why in runtime.items() if why}
     assert not needs_verify & _main_imports(), needs_verify
 
-    _pip(python, "requirements-verify.txt")
+    assert _install(venv, "requirements.txt", "requirements-verify.txt") > 0
     assert {m: why for m, why in _import_all(python, modules).items() if why} == {}
 
 
