@@ -102,6 +102,16 @@ def test_state_is_written_atomically_and_bound_to_its_stack(tmp_path: Path) -> N
         StateFile.open(path, "demo", "prod")
     doc = json.loads(path.read_text())
     assert doc["version"] == 1 and doc["pending_operations"] == []
+    # A resource a line (json's C encoder, no indent=), text with newlines and quotes kept exactly.
+    script = ResourceState(urn="urn:pulumi:dev::demo::command:remote:Command::s", type="command:remote:Command",
+                           name="s", custom=True, inputs={"create": 'echo "a"\nexit 0\n'})
+    state.put(script)
+    state.begin(script.urn, script.type, "update")
+    lines = path.read_text().splitlines()
+    assert [line for line in lines if line.startswith("  {")] == [f"  {json.dumps(r.to_json())}," for r in [stack]] \
+        + [f"  {json.dumps(script.to_json())}"]
+    assert StateFile.open(path, "demo", "dev").live(script.urn) == script
+    assert json.loads(path.read_text())["pending_operations"][0]["op"] == "update"
 
 
 def test_a_resource_depends_on_its_dependencies_parent_and_provider() -> None:
