@@ -77,24 +77,17 @@ def free_port(*hosts: str) -> int:
     pool = range(PORT_FLOOR, low) if low - PORT_FLOOR >= 1000 else range(1024, 65536)
     for _ in range(200):
         port = random.choice(pool)
-        if all(_bindable(host, port) for host in hosts):
+        if all(port_free(host, port, time_wait_is_free=False) for host in hosts):
             return port
     raise ServiceError(f"no port in {pool.start}-{pool.stop - 1} is free on {', '.join(hosts)}")
 
 
-def _bindable(host: str, port: int) -> bool:
-    # No SO_REUSEADDR: a port still in TIME_WAIT counts as taken, the cautious answer.
+def port_free(host: str, port: int, *, time_wait_is_free: bool = True) -> bool:
+    """Whether a listener could bind host:port now; time_wait_is_free=False also counts a port still in TIME_WAIT
+    as taken (no SO_REUSEADDR), the cautious answer for a port chosen now and bound later."""
     with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if time_wait_is_free:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -49,14 +48,9 @@ print(json.dumps(result))
 """
 
 
-def _requirement_names(path: Path) -> set[str]:
+def _requirement_names(name: str) -> set[str]:
     """Top-level import names of a requirements file's packages (`openai==1` -> openai)."""
-    names = set()
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("-"):
-            names.add(re.split(r"[\[=<>~! ]", line, maxsplit=1)[0].lower().replace("-", "_"))
-    return names
+    return {req.name.lower().replace("-", "_") for req in _requirements(name)}
 
 
 def program_modules() -> list[str]:
@@ -113,11 +107,11 @@ def closure(*requirement_files: str) -> dict[str, metadata.Distribution]:
     return found
 
 
-def _install(venv: Path, *requirement_files: str) -> int:
-    """Copies the closure's files (those under site-packages) into the venv's site-packages; returns how many."""
+def _install(venv: Path, dists: dict[str, metadata.Distribution]) -> int:
+    """Copies the distributions' files (those under site-packages) into the venv's site-packages; returns how many."""
     site = next((venv / "lib").glob("python*/site-packages"))
     copied = 0
-    for dist in closure(*requirement_files).values():
+    for dist in dists.values():
         for entry in dist.files or []:
             if entry.parts[0] == "..":  # console scripts and the like, outside site-packages: nothing imports them
                 continue
@@ -133,13 +127,14 @@ def test_the_program_imports_with_requirements_txt_alone(tmp_path: Path) -> None
     venv = tmp_path / "runtime-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    assert _install(venv, "requirements.txt") > 0
-    assert {"pulumi", "pulumi-command", "pydantic", "grpcio"} <= set(closure("requirements.txt"))
-    assert "openai" not in closure("requirements.txt")  # the verifier's set is not pulled in by the runtime set
+    runtime_set = closure("requirements.txt")
+    assert {"pulumi", "pulumi-command", "pydantic", "grpcio"} <= set(runtime_set)
+    assert "openai" not in runtime_set  # the verifier's set is not pulled in by the runtime set
+    assert _install(venv, runtime_set) > 0
     modules = program_modules()
     assert "components.cluster" in modules and "checks_resource" in modules
 
-    verify_names = _requirement_names(REPO / "requirements-verify.txt")
+    verify_names = _requirement_names("requirements-verify.txt")
     runtime = _import_all(python, modules)
     broken = {m: why for m, why in runtime.items() if why and not (why.startswith("missing:") and
                                                                     why.split(":", 1)[1].split(".")[0] in verify_names)}
@@ -148,7 +143,7 @@ def test_the_program_imports_with_requirements_txt_alone(tmp_path: Path) -> None
     needs_verify = {m for m, why in runtime.items() if why}
     assert not needs_verify & _main_imports(), needs_verify
 
-    assert _install(venv, "requirements.txt", "requirements-verify.txt") > 0
+    assert _install(venv, closure("requirements.txt", "requirements-verify.txt")) > 0
     assert {m: why for m, why in _import_all(python, modules).items() if why} == {}
 
 

@@ -131,8 +131,8 @@ class SandboxRunner:
         return {**env, **NOT_COMPILING, **self.env, "PYTHONUNBUFFERED": "1"}
 
     def argv(self, command: str, *args: str) -> list[str]:
-        quiet_picture = ["--no-timeline"] if command == "up" and not self.timeline else []
-        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *quiet_picture]
+        no_timeline = ["--no-timeline"] if command == "up" and not self.timeline else []
+        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *no_timeline]
 
     def __call__(self, command: str, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
         started = time.monotonic()
