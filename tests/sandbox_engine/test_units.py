@@ -114,6 +114,22 @@ def test_state_is_written_atomically_and_bound_to_its_stack(tmp_path: Path) -> N
     assert json.loads(path.read_text())["pending_operations"][0]["op"] == "update"
 
 
+def test_a_saved_resource_is_encoded_again_only_when_a_field_is_set(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    state = StateFile.open(path, "demo", "dev")
+    res = ResourceState(urn="urn:pulumi:dev::demo::pulumi:pulumi:Stack::demo-dev", type="pulumi:pulumi:Stack",
+                        name="demo-dev", custom=False, outputs={"url": "http://x"})
+    state.put(res)
+    first = res.line()
+    assert res.line() is first  # the next save reuses it
+    res.outputs = {"url": "http://y"}  # RegisterResourceOutputs replaces the dict
+    state.save()
+    assert read_outputs(path) == {"url": "http://y"}
+    state.complete(res.urn, "update", retire=res)  # a replaced resource marked for deletion
+    assert json.loads(path.read_text())["resources"][0]["delete"] is True
+    assert StateFile.open(path, "demo", "dev").resources == [res]
+
+
 def test_a_resource_depends_on_its_dependencies_parent_and_provider() -> None:
     res = ResourceState(urn="urn:c", type="t", name="c", custom=True, parent="urn:p", dependencies=["urn:d"],
                         provider="urn:pulumi:dev::demo::pulumi:providers:command::cmd::1234-abcd")
