@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=".sandbox-bench-replicas")
     ap.add_argument("--keep", action="store_true", help="leave the sandbox up afterwards")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--no-kernel-cache", action="store_true",
+                    help="deploy without the sandbox's kernel-cache bucket and its steps (they do not change what "
+                         "is measured here)")
     ap.add_argument("--rolling", metavar="IMAGE",
                     help="instead of a reclaim: change the engine image to IMAGE with `up` under the load, and count "
                          "what fails while the replicas restart one after the other")
@@ -196,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.token_seconds * 1000:.0f} ms per token", flush=True)
     started = time.monotonic()
     try:
-        if sandbox.up(args.topology, echo=False, config={"replicas": "2"}, timeline=False) != 0:
+        if sandbox.up(args.topology, echo=False, config={"replicas": "2"}, timeline=False,
+                      kernel_cache=False if args.no_kernel_cache else None) != 0:
             raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
         print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
         figures = measure_rolling(sandbox, args) if args.rolling else measure(sandbox, args, log)

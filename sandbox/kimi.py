@@ -438,20 +438,24 @@ class Sandbox:
     # -- up --
 
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
-           hub_bytes_per_second: float | None = None, timeline: bool = True) -> int:
+           hub_bytes_per_second: float | None = None, timeline: bool = True, kernel_cache: bool | None = None) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir;
-        `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds)."""
+        `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds);
+        `kernel_cache`: False deploys without the kernel-cache bucket and so without the cache steps, True with
+        them; kept for later runs of this workdir (None: as recorded, with them in a new workdir)."""
         self.dir.claim(create=True)
         with self.dir.exclusive():
-            return self._up(topology, echo, config, hub_bytes_per_second, timeline)
+            return self._up(topology, echo, config, hub_bytes_per_second, timeline, kernel_cache)
 
     def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
-            hub_bytes_per_second: float | None, timeline: bool) -> int:
+            hub_bytes_per_second: float | None, timeline: bool, kernel_cache: bool | None) -> int:
         started = time.monotonic()
         self._ensure_idle()
         record = self.dir.record()
         if config:
             record["config"] = {**(record.get("config") or {}), **config}
+        if kernel_cache is not None:
+            record["kernel_cache"] = kernel_cache
         deployed = bool(self.dir.resources())
         chosen = topology or record.get("topology") or TOPOLOGIES[0]
         if deployed and record.get("topology") and chosen != record["topology"]:
@@ -469,7 +473,12 @@ class Sandbox:
                  f"{settings.engine_name}) in {self.dir.root}")
         record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)
         record["hub_url"] = self._ensure_hub(record, settings, hub_bytes_per_second)
-        record["kernel_store_url"] = self._ensure_kernel_store(record)
+        if record.get("kernel_cache", True):
+            record["kernel_store_url"] = self._ensure_kernel_store(record)
+        else:
+            # No kimi-cluster:kernelCache (_cluster_engine), so no cache steps; a bucket an earlier up started keeps
+            # its objects and stops with destroy.
+            record.pop("kernel_store_url", None)
         if not record.get("api_port"):
             record["api_port"] = services.free_port()
         if not record.get("engine_port"):

@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
     parser.add_argument("--no-timeline", action="store_true",
                         help="up: do not draw the bring-up as timeline.png (saves about 1.5 CPU-seconds)")
+    parser.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=None,
+                        help="up: --no-kernel-cache deploys without the kernel-cache bucket and its cache steps, for "
+                             "a run that is not about warm starts (kept for this workdir; --kernel-cache turns them "
+                             "back on)")
     parser.add_argument("--verbose", action="store_true", help="verify: echo the engine's progress too")
     parser.add_argument("--watch", nargs="?", type=float, const=10.0, default=None, metavar="SECONDS",
                         help="status: refresh every SECONDS (default 10) until Ctrl-C")
     parser.add_argument("--json", action="store_true", help="status: print it as JSON")
     args = parser.parse_args(argv)
-    if (args.topology or args.config or args.no_timeline) and args.command != "up":
-        parser.error("--topology, --config and --no-timeline apply to up only")
+    if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None) and args.command != "up":
+        parser.error("--topology, --config, --no-timeline and --[no-]kernel-cache apply to up only")
     config: dict[str, str] = {}
     for item in args.config:
         key, sep, value = item.partition("=")
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             return sandbox.up(args.topology, echo=not args.quiet, config=config,
-                              hub_bytes_per_second=args.hub_bytes_per_second, timeline=not args.no_timeline)
+                              hub_bytes_per_second=args.hub_bytes_per_second, timeline=not args.no_timeline,
+                              kernel_cache=args.kernel_cache)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
         if args.command == "status":

@@ -125,14 +125,21 @@ class SandboxRunner:
     # up draws timeline.png only where the test looks at it (test_flow.py's h100 flow): matplotlib costs about
     # 1.5 CPU-seconds an up, some 30 ups a suite.
     timeline: bool = False
+    # The kernel-cache bucket and its steps only where the flow is about them or counts them (the README's flows,
+    # the kernel-cache and re-run flows): elsewhere `up --no-kernel-cache` spares moto's server and, on every node,
+    # the restore and its boto3 import (about 9 CPU-seconds an h100 up).
+    kernel_cache: bool = False
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSTACK_")}
         return {**env, **NOT_COMPILING, **self.env, "PYTHONUNBUFFERED": "1"}
 
     def argv(self, command: str, *args: str) -> list[str]:
-        no_timeline = ["--no-timeline"] if command == "up" and not self.timeline else []
-        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *no_timeline]
+        up_options = []
+        if command == "up":
+            up_options += [] if self.timeline else ["--no-timeline"]
+            up_options += [] if self.kernel_cache else ["--no-kernel-cache"]
+        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *up_options]
 
     def __call__(self, command: str, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
         started = time.monotonic()
@@ -176,12 +183,12 @@ def kill_everything(workdir: Path, record: dict) -> None:
 
 @pytest.fixture
 def sandbox(tmp_path: Path) -> Iterator:
-    """sandbox(env=None, timeline=False) -> SandboxRunner on a fresh workdir; everything it started is ended at
-    teardown."""
+    """sandbox(env=None, timeline=False, kernel_cache=False) -> SandboxRunner on a fresh workdir; everything it
+    started is ended at teardown."""
     made: list[SandboxRunner] = []
 
-    def make(env: dict[str, str] | None = None, timeline: bool = False) -> SandboxRunner:
-        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}), timeline)
+    def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False) -> SandboxRunner:
+        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}), timeline, kernel_cache)
         made.append(runner)
         return runner
 

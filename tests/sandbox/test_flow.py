@@ -30,7 +30,7 @@ def _verified(output: str) -> None:
 
 def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None:
     emulator = start_emulator()
-    run = sandbox(emulator.env(), timeline=True)
+    run = sandbox(emulator.env(), timeline=True, kernel_cache=True)
     started = time.monotonic()
 
     up = run("up", "--topology", "h100x4-sglang")
@@ -75,7 +75,7 @@ def test_h100_flow_against_an_external_emulator(sandbox, start_emulator) -> None
 
 
 def test_b300_flow_with_its_own_services_and_reruns(sandbox) -> None:
-    run = sandbox()
+    run = sandbox(kernel_cache=True)
     started = time.monotonic()
 
     up = run("up", "--topology", "b300x1-vllm")

@@ -41,7 +41,7 @@ def bucket_bytes(workdir) -> bytes:
 
 
 def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(sandbox) -> None:
-    run = sandbox(env=COMPILING)
+    run = sandbox(env=COMPILING, kernel_cache=True)
     first = run("up", "--topology", "b300x1-vllm")
     ok(first)
     assert "starting cold: no archive for key" in step_output(run.workdir, "kimi-node0-cache-restore")
@@ -83,7 +83,7 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
 
 
 def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbox) -> None:
-    run = sandbox(env=COMPILING)
+    run = sandbox(env=COMPILING, kernel_cache=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = sock.getsockname()[1]
@@ -103,7 +103,7 @@ def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbo
 
 
 def test_tokenspeeds_kernel_folders_travel_across_destroy_and_up(sandbox) -> None:
-    run = sandbox(env=COMPILING)
+    run = sandbox(env=COMPILING, kernel_cache=True)
     image = ("--config", "image=lightseekorg/tokenspeed:0.1.1")
     first = run("up", "--topology", "b300x1-tokenspeed", *image)
     ok(first)

@@ -30,8 +30,12 @@ def test_placed_in_the_second_region_and_kept_there_across_ups(sandbox, start_em
     # Stock comes back in CANADA-1 and runs out in NORWAY-1; the list changes and no longer names NORWAY-1.
     emulator.set_capacity("CANADA-1", FLAVOR, 16)
     emulator.set_capacity("NORWAY-1", FLAVOR, 0)
+    # This up passes no --[no-]kernel-cache: the workdir keeps the first up's --no-kernel-cache (else the cache
+    # steps would be created now, and the bucket started).
+    run.kernel_cache = True
     again = ok(run("up", "--quiet", "--config", 'regions=["US-1", "CANADA-1"]'))
     assert "0 created" in again, again
+    assert "kernel-store" not in run.record()["services"]
     placement = next(r for r in json.loads((run.workdir / "state.json").read_text())["resources"]
                      if r["type"].endswith("hyperstack:Placement"))
     assert placement["inputs"]["regions"] == ["US-1", "CANADA-1"] and placement["outputs"]["region"] == "NORWAY-1"

@@ -24,7 +24,7 @@ def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monke
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # restored after; the bench sets it for its nodes
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = bench_replicas.main(["--chats", "8", "--before", "4", "--after", "8", "--json",
+        code = bench_replicas.main(["--chats", "8", "--before", "4", "--after", "8", "--json", "--no-kernel-cache",
                                     "--workdir", str(tmp_path / "sb")])
     assert code == 0
     text = out.getvalue()
@@ -58,7 +58,7 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
     log = io.StringIO()
     sandbox = Sandbox(tmp_path / "sb", out=log)
     try:
-        up = sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}, timeline=False)
+        up = sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}, timeline=False, kernel_cache=False)
         assert up == 0, log.getvalue()[-3000:]
         first = _hub_bytes(sandbox)
         outputs, _ = sandbox.dir.outputs()
@@ -88,7 +88,7 @@ def test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_re
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = bench_replicas.main(["--rolling", "vllm/vllm-openai:kimi-k31-rolled", "--chats", "4", "--before", "3",
-                                    "--after", "3", "--json", "--workdir", str(tmp_path / "sb")])
+                                    "--after", "3", "--json", "--no-kernel-cache", "--workdir", str(tmp_path / "sb")])
     assert code == 0
     text = out.getvalue()
     figures = json.loads(text[text.index("{"):])

@@ -47,7 +47,7 @@ def _docker_pulls(node: Path) -> int:
 
 
 def test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost(sandbox) -> None:
-    run = sandbox()
+    run = sandbox(kernel_cache=True)
     first = run("up", "--topology", "h100x4-sglang")
     ok(first)
     hub_url = run.record()["hub_url"]

@@ -68,6 +68,9 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
 
     secrets = [(run.workdir / "secrets" / name).read_text().strip() for name in ("hf_token", "hyperstack_api_key")]
     outputs = json.loads((run.workdir / "state.json").read_text())
+    # up --no-kernel-cache (the runner's default): no bucket, no cache step.
+    assert "kernel-store" not in run.record()["services"]
+    assert not [r["name"] for r in outputs["resources"] if "cache" in r["name"]]
     api_key = next(r for r in outputs["resources"] if r["type"] == "pulumi:pulumi:Stack")["outputs"]["api_key"]
     secrets.append(api_key["value"] if isinstance(api_key, dict) else api_key)
 
