@@ -86,6 +86,14 @@ def test_a_second_sandbox_command_in_one_workdir_is_refused(tmp_path, capsys):
     assert not (work.root / "sandbox.json").exists()  # nothing was started
 
 
+@pytest.mark.parametrize("option", ["--no-kernel-cache", "--kernel-cache", "--no-timeline"])
+def test_the_sandboxs_up_options_are_refused_on_another_command(tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as caught:
+        sandbox_cli.main(["destroy", "--workdir", str(tmp_path / "w"), option])
+    assert caught.value.code == 2 and "apply to up only" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
 def test_sandbox_reports_a_broken_state_file_in_one_line(tmp_path, capsys):
     work = Workdir(tmp_path / "w")
     work.claim(create=True)
