@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -257,12 +257,26 @@ def advice(nodes: list[dict[str, Any]], endpoint: Mapping[str, Any]) -> str | No
     return None
 
 
+# How long the main thread waits on a probe at a time. The kernel may hand SIGTERM or SIGHUP to a worker thread, and
+# Python runs the handler (which removes the key files and exits) only once the main thread runs bytecode again: a
+# wait without a timeout held it off until every probe had ended, up to the probe's own timeout.
+RESULT_SLICE_S = 0.2
+
+
+def _result(future: Future[dict[str, Any]]) -> dict[str, Any]:
+    while True:
+        try:
+            return future.result(timeout=RESULT_SLICE_S)
+        except TimeoutError:
+            continue
+
+
 def gather(state: StackState, settings: Settings, runner: NodeRunner, api: HyperstackClient | None,
            previous: Mapping[str, Sample] | None = None) -> dict[str, Any]:
     now = time.time()
     vms = vm_states(api, state.nodes)
     with ThreadPoolExecutor(max_workers=max(len(state.nodes), 1)) as pool:
-        probes = list(pool.map(lambda n: probe_node(runner, n, settings), state.nodes))
+        probes = [_result(pool.submit(probe_node, runner, n, settings)) for n in state.nodes]
     hourly, price_source = state.outputs.get("hourly_cost_usd"), state.outputs.get("hourly_cost_source")
     if hourly is None:  # outputs are registered at the end of an up: meanwhile, the catalog's figure
         fallback = catalog_quote(settings)
