@@ -28,25 +28,27 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
 # 2-core machine); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
 FLOW_SECONDS = {
-    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 145,
-    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 131,
-    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 104,
-    "test_h100_flow_against_an_external_emulator": 99,
-    "test_placed_in_the_second_region_and_kept_there_across_ups": 97,
-    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 95,
-    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 91,
-    "test_a_reclaimed_replica_costs_no_non_streamed_request": 85,
-    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 70,
-    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 69,
-    "test_status_mid_up_after_up_and_when_stuck": 68,
-    "test_b300_flow_with_its_own_services_and_reruns": 59,
-    "test_killed_up_resumes_without_a_second_vm": 58,
-    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 49,
-    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 20,
-    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 20,
-    "test_destroy_after_a_killed_up_leaves_nothing": 14,
+    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 142,
+    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 121,
+    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 109,
+    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 96,
+    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 93,
+    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 72,
+    "test_a_reclaimed_replica_costs_no_non_streamed_request": 67,
+    "test_killed_up_resumes_without_a_second_vm": 63,
+    "test_placed_in_the_second_region_and_kept_there_across_ups": 63,
+    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 59,
+    "test_status_mid_up_after_up_and_when_stuck": 56,
+    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 51,
+    "test_h100_flow_against_an_external_emulator": 46,
+    "test_b300_flow_with_its_own_services_and_reruns": 45,
+    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 26,
+    "test_destroy_after_a_killed_up_leaves_nothing": 19,
+    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 18,
 }
 DEFAULT_FLOW_SECONDS = 60
+# The workerinput key that carries the controller's --dist to the workers.
+DIST_KEY = "kimi_dist"
 
 
 def _seconds(item: pytest.Item) -> float:
@@ -83,13 +85,26 @@ def order(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
     return ordered
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist nothing calls it
+def pytest_configure_node(node) -> None:
+    # Runs in the controller for each worker it starts. xdist sets a worker's own `dist` option to "no", so the
+    # controller's choice travels in workerinput (before this was there, every worker ordered as one process: all
+    # the flows at the head of the first slice, left to be stolen one by one).
+    node.workerinput[DIST_KEY] = node.config.getoption("dist")
+
+
+def slice_count(config: pytest.Config) -> int:
+    """How many worksteal slices to order for: the worker count in a worker of a `--dist worksteal` run, else 1."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get(DIST_KEY) == "worksteal":
+        return int(workerinput["workercount"])
+    return 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Each xdist worker collects and orders; the order depends only on the items and the worker count, so every
     # worker builds the same list (xdist requires it). Without xdist: the flows first, longest first.
-    workerinput = getattr(config, "workerinput", None)
-    workers = int(workerinput["workercount"]) if workerinput else 1
-    dist = config.getoption("dist", "no")
-    items[:] = order(items, workers if dist == "worksteal" else 1)
+    items[:] = order(items, slice_count(config))
 
 
 @pytest.fixture(autouse=True)

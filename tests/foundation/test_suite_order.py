@@ -3,9 +3,11 @@ of the bring-up flows, dealt longest first to the least loaded slice; the quick 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
-from tests.conftest import FLOW_SECONDS, _slices, order
+from tests.conftest import FLOW_SECONDS, _slices, order, pytest_configure_node, slice_count
 
 
 @dataclass
@@ -41,3 +43,25 @@ def test_each_slice_starts_with_its_flows_longest_first() -> None:
     # One process: every flow first, longest first.
     single = order(items, 1)  # type: ignore[arg-type]  # as above
     assert [i.name for i in single[:len(flows)]] == sorted(FLOW_SECONDS, key=FLOW_SECONDS.__getitem__, reverse=True)
+
+
+@dataclass
+class FakeConfig:
+    dist: str
+    workerinput: dict[str, Any] = field(default_factory=dict)
+
+    def getoption(self, name: str) -> str:
+        assert name == "dist"
+        return self.dist
+
+
+def test_a_worker_orders_for_the_controllers_worksteal_though_its_own_dist_option_says_no() -> None:
+    # xdist sets a worker's `dist` to "no"; the controller's hook hands its value over in workerinput.
+    node = SimpleNamespace(config=FakeConfig("worksteal"), workerinput={"workerid": "gw0", "workercount": 6})
+    pytest_configure_node(node)
+    worker = FakeConfig("no", node.workerinput)
+    assert slice_count(worker) == 6  # type: ignore[arg-type]  # FakeConfig has what slice_count reads
+    other = SimpleNamespace(config=FakeConfig("load"), workerinput={"workerid": "gw0", "workercount": 6})
+    pytest_configure_node(other)
+    assert slice_count(FakeConfig("no", other.workerinput)) == 1  # type: ignore[arg-type]  # as above
+    assert slice_count(FakeConfig("worksteal")) == 1  # type: ignore[arg-type]  # no xdist: one process
