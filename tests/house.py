@@ -8,6 +8,7 @@ function-local one too, so it closes a circle just the same.
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,18 +41,26 @@ def _module_name(rel: Path) -> tuple[str, str]:
     return ".".join(parts), package
 
 
-def _skipped(rel: Path) -> bool:
+def _skipped_dir(rel: Path) -> bool:
     first = rel.parts[0]
-    return first in SKIP_DIRS or first.startswith(".") or first.startswith("venv") or "__pycache__" in rel.parts
+    return first in SKIP_DIRS or first.startswith(".") or first.startswith("venv") or rel.name == "__pycache__"
+
+
+def _python_files(root: Path) -> list[Path]:
+    """The .py files outside skipped folders, which are never entered: the virtualenvs hold some 90,000 files, and
+    walking them first cost each graph about 3 CPU-seconds."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not _skipped_dir(Path(folder, d).relative_to(root))]
+        found += [Path(folder, f) for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def build_graph(root: Path) -> Graph:
     graph = Graph()
     files: dict[str, tuple[Path, bool]] = {}
-    for path in sorted(root.rglob("*.py")):
+    for path in _python_files(root):
         rel = path.relative_to(root)
-        if _skipped(rel):
-            continue
         name, package = _module_name(rel)
         graph.paths[name] = path
         graph.packages[name] = package

@@ -108,7 +108,11 @@ def closure(*requirement_files: str) -> dict[str, metadata.Distribution]:
 
 
 def _install(venv: Path, dists: dict[str, metadata.Distribution]) -> int:
-    """Copies the distributions' files (those under site-packages) into the venv's site-packages; returns how many."""
+    """Links the distributions' files (those under site-packages) into the venv's site-packages; returns how many.
+
+    A hard link (a copy with its times where the two folders are on different file systems) keeps each source
+    file's modification time, so the byte code pip compiled at install, listed in RECORD too, stays valid: the
+    imports below then read it instead of compiling every module again (about 4 CPU-seconds)."""
     site = next((venv / "lib").glob("python*/site-packages"))
     copied = 0
     for dist in dists.values():
@@ -118,7 +122,10 @@ def _install(venv: Path, dists: dict[str, metadata.Distribution]) -> int:
             source, target = Path(str(dist.locate_file(entry))), site / entry
             if source.is_file() and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, target)
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copy2(source, target)
                 copied += 1
     return copied
 
