@@ -491,6 +491,9 @@ def test_user_data_never_comes_back_in_outputs(base):
 
 
 def test_a_vm_create_logs_each_state_change_with_the_time_waited_and_what_comes_next(base, monkeypatch):
+    # Phases long enough for the 10 ms polls to see each state even on a loaded machine (the fast default gives
+    # ACTIVE-without-its-IP 30 ms, which a slow poll can step over).
+    base.lifecycle.build_seconds = base.lifecycle.floating_ip_seconds = 0.3
     lines: list[str] = []
     monkeypatch.setattr(pulumi.log, "info", lambda message, *args, **kwargs: lines.append(message))
     VirtualMachineProvider().create(vm_props())
