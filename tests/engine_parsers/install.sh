@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${KIMI_PARSERS_VENV:-.venv-parsers}"
-[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+bash scripts/venv.sh "$venv"
 "$venv/bin/pip" install -q -r tests/engine_parsers/requirements-vllm.txt
 "$venv/bin/pip" install -q --no-deps -r tests/engine_parsers/requirements-tokenspeed.txt
