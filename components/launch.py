@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from components import catalog
 from components.render import ShellExpr, shell_words
 from components.settings import DIST_INIT_PORT, NAMESPACE, Settings, shown
 
@@ -193,8 +194,8 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
 
 def tokenspeed_metrics_port(settings: Settings) -> int:
     """The smg gateway's Prometheus listener: pinned (TokenSpeed picks a random one otherwise) so the proxy can
-    forward /metrics to it; the control server takes enginePort + 1 (cli/serve_smg.py)."""
-    return settings.engine_port + 2
+    forward /metrics to it; the control server takes the port below it (catalog.py)."""
+    return settings.engine_port + catalog.TOKENSPEED_METRICS_PORT_OFFSET
 
 
 def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:

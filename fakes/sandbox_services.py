@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,8 +64,10 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def free_port(*hosts: str) -> int:
-    """A port free on every one of hosts (default 127.0.0.1), for a service that binds it later.
+def free_port(*hosts: str, span: int = 1, avoid: Collection[int] = ()) -> int:
+    """A port free on every one of hosts (default 127.0.0.1), for a service that binds it later; with span, the
+    span - 1 ports above it are free too (an engine that binds beside its own port), and none of them is in avoid
+    (ports already handed to something that has not bound them yet).
 
     Not one from bind(port 0): that is an ephemeral port, which the kernel also hands to every outgoing connection
     (and keeps a minute in TIME_WAIT after it closes), so on a busy machine a port chosen now can belong to somebody's
@@ -77,7 +79,10 @@ def free_port(*hosts: str) -> int:
     pool = range(PORT_FLOOR, low) if low - PORT_FLOOR >= 1000 else range(1024, 65536)
     for _ in range(200):
         port = random.choice(pool)
-        if all(port_free(host, port, time_wait_is_free=False) for host in hosts):
+        block = range(port, port + span)
+        if block.stop > pool.stop or any(p in avoid for p in block):
+            continue
+        if all(port_free(host, p, time_wait_is_free=False) for p in block for host in hosts):
             return port
     raise ServiceError(f"no port in {pool.start}-{pool.stop - 1} is free on {', '.join(hosts)}")
 

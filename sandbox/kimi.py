@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from components import catalog
 from components.settings import NAMESPACE, Settings
 from components.settings.loader import load_settings, read_stack_file
 from fakes import sandbox_services as services
@@ -261,6 +262,24 @@ def _port_for(previous: services.Service | None) -> int:
     return services.free_port()
 
 
+def _choose_ports(record: dict[str, Any]) -> None:
+    """The stack's apiPort, enginePort and peerPort, each drawn once and kept in the record: apart from each other
+    and from the ports TokenSpeed's launcher binds above enginePort, which the settings refuse to share. Drawn
+    independently from some 12,700 ports, about one TokenSpeed up in 3,000 drew a clash (a CI run met one)."""
+    engine_span = catalog.TOKENSPEED_METRICS_PORT_OFFSET + 1
+    taken: set[int] = set()
+    if record.get("engine_port"):
+        taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
+    taken.update(record[key] for key in ("api_port", "peer_port") if record.get(key))
+    if not record.get("engine_port"):
+        record["engine_port"] = services.free_port(span=engine_span, avoid=taken)
+        taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
+    for key in ("api_port", "peer_port"):
+        if not record.get(key):
+            record[key] = services.free_port(avoid=taken)
+            taken.add(record[key])
+
+
 class Sandbox:
     """One sandbox in one workdir. Methods return an exit code and print what a user needs to see."""
 
@@ -479,12 +498,7 @@ class Sandbox:
             # No kimi-cluster:kernelCache (_cluster_engine), so no cache steps; a bucket an earlier up started keeps
             # its objects and stops with destroy.
             record.pop("kernel_store_url", None)
-        if not record.get("api_port"):
-            record["api_port"] = services.free_port()
-        if not record.get("engine_port"):
-            record["engine_port"] = services.free_port()
-        if not record.get("peer_port"):
-            record["peer_port"] = services.free_port()
+        _choose_ports(record)
         # The key is in secrets/, not in the record; it is added back for the engine run only.
         key = record.pop("emulator_key")
         self.dir.save_record(record)

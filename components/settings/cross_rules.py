@@ -98,13 +98,14 @@ def tokenspeed_problem(engine_name: str, nodes: int, image: str | None, engine_p
                 "project could check, so pin the one you trust (docker buildx imagetools inspect "
                 f"{catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}); set it with: pulumi config set "
                 f"{NAMESPACE}:image {catalog.TOKENSPEED_IMAGE_REPO}:{catalog.TOKENSPEED_VERSION}@sha256:<digest>")
-    taken = {engine_port + 1: "TokenSpeed's control server (enginePort + 1)",
-             engine_port + 2: "TokenSpeed's metrics listener (enginePort + 2)"}
+    control, metrics = catalog.TOKENSPEED_CONTROL_PORT_OFFSET, catalog.TOKENSPEED_METRICS_PORT_OFFSET
+    taken = {engine_port + control: f"TokenSpeed's control server (enginePort + {control})",
+             engine_port + metrics: f"TokenSpeed's metrics listener (enginePort + {metrics})"}
     for port in (api_port, peer_port):
         if port in taken:
             return (f"{NAMESPACE}:apiPort or peerPort {port} collides with {taken[port]}; pick another, e.g. "
                     f"{NAMESPACE}:enginePort 30000 with apiPort 8000")
-    if engine_port + 2 > 65535:
+    if engine_port + metrics > 65535:
         return f"{NAMESPACE}:enginePort {engine_port} leaves no room for TokenSpeed's two ports above it"
     return None
 

@@ -234,6 +234,45 @@ def test_a_chosen_port_is_free_on_every_host_and_outside_the_ephemeral_range(mon
             assert services.port_free(host, port)
 
 
+def test_a_chosen_port_with_a_span_keeps_its_neighbours_free_and_out_of_avoid(monkeypatch) -> None:
+    base = services.PORT_FLOOR + 300
+    with socket.socket() as busy:  # a listener on the port above the second draw: that draw must be passed over
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("127.0.0.1", base + 11))
+        except OSError:
+            pytest.skip(f"port {base + 11} is taken on this machine")
+        busy.listen()
+        draws = iter([base, base + 10, base + 20])
+        monkeypatch.setattr(services.random, "choice", lambda pool: next(draws))
+        # base + 1 is in avoid, base + 11 has a listener: only base + 20 keeps all three ports clear.
+        assert services.free_port(span=3, avoid={base + 1}) == base + 20
+
+
+def test_the_sandbox_draws_ports_the_settings_accept_even_when_the_draws_clash(monkeypatch) -> None:
+    from components.settings.cross_rules import tokenspeed_problem
+    from sandbox.kimi import _choose_ports
+
+    engine = services.PORT_FLOOR + 500
+    # The draws the CI run met (apiPort on enginePort + 2), then apiPort's own port again for peerPort.
+    draws = iter([engine, engine + 2, engine + 40, engine + 40, engine + 1, engine + 60])
+    monkeypatch.setattr(services.random, "choice", lambda pool: next(draws))
+    monkeypatch.setattr(services, "port_free", lambda host, port, time_wait_is_free=True: True)
+    record: dict = {}
+    _choose_ports(record)
+    assert record == {"engine_port": engine, "api_port": engine + 40, "peer_port": engine + 60}
+    assert tokenspeed_problem("tokenspeed", 1, "img", engine, engine + 40, engine + 60) is None
+    settings = stack_settings("b300x1-tokenspeed", {"image": "lightseekorg/tokenspeed:0.1.1",
+                                                    "apiPort": str(engine + 40), "enginePort": str(engine),
+                                                    "peerPort": str(engine + 60)})
+    assert (settings.api_port, settings.engine_port, settings.peer_port) == (engine + 40, engine, engine + 60)
+    # A record that holds some ports keeps them, and the one drawn now clears them all.
+    draws = iter([engine + 40, engine + 59, engine + 61])
+    kept = {"api_port": engine + 40, "peer_port": engine + 60}
+    _choose_ports(kept)
+    assert kept == {"api_port": engine + 40, "peer_port": engine + 60, "engine_port": engine + 61}
+
+
 def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
     from components.settings.loader import read_stack_file
     from sandbox.kimi import REPO_ROOT
