@@ -93,8 +93,9 @@ def test_hook_passes_the_rank_and_refuses_an_unknown_engine() -> None:
 def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(tmp_path) -> None:
     from components import proxy, tls
 
-    port = services.free_port()
-    api_port = services.free_port()
+    # The proxy listens on :apiPort (every address); two draws could also meet.
+    port = services.free_port("127.0.0.1", "0.0.0.0")
+    api_port = services.free_port("127.0.0.1", "0.0.0.0", avoid={port})
     node = make_fake_node(tmp_path, run_hook=str(ENGINE_HOOK),
                           extra_env={"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin"})
     settings = load_settings({"operatorCidr": "127.0.0.1/32", "allowPrivateOperatorCidr": True,
