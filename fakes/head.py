@@ -50,9 +50,7 @@ class ProxiedEngine:
         self.api_key = api_key
         self.startup_timeout = startup_timeout
         self.engine = FakeInferenceServer(settings, host="127.0.0.1", port=0)
-        # The Caddyfile listens on `:PORT`, every address: a listener on any other loopback address with that port
-        # (another test's service) makes caddy's bind fail, so the port must be free on the wildcard too.
-        self.port = free_port(host, "0.0.0.0")
+        self.port = free_port(host)  # free on every address: the Caddyfile listens on `:PORT`
         self.dir = Path(tempfile.mkdtemp(prefix="kimi-head-"))
         self.ca_certificate = ""
         self._ca = ca

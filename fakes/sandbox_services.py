@@ -65,16 +65,19 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def free_port(*hosts: str, span: int = 1, avoid: Collection[int] = ()) -> int:
-    """A port free on every one of hosts (default 127.0.0.1), for a service that binds it later; with span, the
-    span - 1 ports above it are free too (an engine that binds beside its own port), and none of them is in avoid
-    (ports already handed to something that has not bound them yet).
+    """A port free on every one of hosts (default 127.0.0.1) and on the wildcard address, for a service that binds
+    it later; with span, the span - 1 ports above it are free too (an engine that binds beside its own port), and
+    none of them is in avoid (ports already handed to something that has not bound them yet).
+
+    The wildcard check sees a listener on any address: a service that binds them all (a Caddyfile's `:PORT`) fails
+    on one held on another loopback address, and the fakes' loopback addresses are shared between tests.
 
     Not one from bind(port 0): that is an ephemeral port, which the kernel also hands to every outgoing connection
     (and keeps a minute in TIME_WAIT after it closes), so on a busy machine a port chosen now can belong to somebody's
     connection by the time the service binds it ("address already in use"). Below the ephemeral range only
     listeners take ports, and the bind check here sees those.
     """
-    hosts = hosts or ("127.0.0.1",)
+    hosts = (*(hosts or ("127.0.0.1",)), "0.0.0.0")
     low, _ = ephemeral_range()
     pool = range(PORT_FLOOR, low) if low - PORT_FLOOR >= 1000 else range(1024, 65536)
     for _ in range(200):

@@ -267,19 +267,16 @@ def _choose_ports(record: dict[str, Any]) -> None:
     and from the ports TokenSpeed's launcher binds above enginePort, which the settings refuse to share. Drawn
     independently from some 12,700 ports, about one TokenSpeed up in 3,000 drew a clash (a CI run met one)."""
     engine_span = catalog.TOKENSPEED_METRICS_PORT_OFFSET + 1
-    # The proxy's Caddyfile listens on :apiPort (every address) and the fake engines on their nodes' loopback
-    # addresses, which other sandboxes' nodes share; a bind check on 0.0.0.0 sees a listener on any address.
-    hosts = ("127.0.0.1", "0.0.0.0")
     taken: set[int] = set()
     if record.get("engine_port"):
         taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
     taken.update(record[key] for key in ("api_port", "peer_port") if record.get(key))
     if not record.get("engine_port"):
-        record["engine_port"] = services.free_port(*hosts, span=engine_span, avoid=taken)
+        record["engine_port"] = services.free_port(span=engine_span, avoid=taken)
         taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
     for key in ("api_port", "peer_port"):
         if not record.get(key):
-            record[key] = services.free_port(*hosts, avoid=taken)
+            record[key] = services.free_port(avoid=taken)
             taken.add(record[key])
 
 

@@ -93,9 +93,8 @@ def test_hook_passes_the_rank_and_refuses_an_unknown_engine() -> None:
 def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(tmp_path) -> None:
     from components import proxy, tls
 
-    # The proxy listens on :apiPort (every address); two draws could also meet.
-    port = services.free_port("127.0.0.1", "0.0.0.0")
-    api_port = services.free_port("127.0.0.1", "0.0.0.0", avoid={port})
+    port = services.free_port()
+    api_port = services.free_port(avoid={port})  # two draws could meet
     node = make_fake_node(tmp_path, run_hook=str(ENGINE_HOOK),
                           extra_env={"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin"})
     settings = load_settings({"operatorCidr": "127.0.0.1/32", "allowPrivateOperatorCidr": True,
@@ -220,13 +219,18 @@ def test_services_start_and_stop_by_pid(tmp_path) -> None:
 def test_a_chosen_port_is_free_on_every_host_and_outside_the_ephemeral_range(monkeypatch) -> None:
     low, _ = services.ephemeral_range()
     hosts = ("127.0.0.1", "127.0.0.2")
-    with socket.socket() as busy:  # a listener on the first port drawn: it must be passed over
-        busy.bind(("127.0.0.2", 0))
-        taken = busy.getsockname()[1]
+    # Two ports of the pool, free now; then a listener on the first, which the draws offer first.
+    taken = services.free_port(*hosts)
+    other = services.free_port(*hosts, avoid={taken})
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.2", taken))
         busy.listen()
-        draws = iter([taken, services.PORT_FLOOR + 7])
+        draws = iter([taken, other])
         monkeypatch.setattr(services.random, "choice", lambda pool: next(draws))
-        assert services.free_port(*hosts) == services.PORT_FLOOR + 7
+        assert services.free_port(*hosts) == other
+        # Held on 127.0.0.2 alone, it is still passed over for 127.0.0.1: a wildcard bind (`:PORT`) would fail.
+        draws = iter([taken, other])
+        assert services.free_port() == other
     monkeypatch.undo()
     for _ in range(20):
         port = services.free_port(*hosts)
