@@ -267,13 +267,10 @@ def _choose_ports(record: dict[str, Any]) -> None:
     and from the ports TokenSpeed's launcher binds above enginePort, which the settings refuse to share. Drawn
     independently from some 12,700 ports, about one TokenSpeed up in 3,000 drew a clash (a CI run met one)."""
     engine_span = catalog.TOKENSPEED_METRICS_PORT_OFFSET + 1
-    taken: set[int] = set()
-    if record.get("engine_port"):
-        taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
-    taken.update(record[key] for key in ("api_port", "peer_port") if record.get(key))
+    kept = {record[key] for key in ("api_port", "peer_port") if record.get(key)}
     if not record.get("engine_port"):
-        record["engine_port"] = services.free_port(span=engine_span, avoid=taken)
-        taken.update(range(record["engine_port"], record["engine_port"] + engine_span))
+        record["engine_port"] = services.free_port(span=engine_span, avoid=kept)
+    taken = kept | set(range(record["engine_port"], record["engine_port"] + engine_span))
     for key in ("api_port", "peer_port"):
         if not record.get(key):
             record[key] = services.free_port(avoid=taken)
