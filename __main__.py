@@ -4,24 +4,38 @@ Everything is validated before the first resource is registered, so bad config c
 """
 
 import os
+from typing import Any
 
 import pulumi
 
 from components.cluster import InferenceCluster
 from components.pricing import program_quote
-from components.settings import NAMESPACE, SettingsError
+from components.settings import NAMESPACE, Settings, SettingsError
 from components.settings.loader import placeholders, settings_from_pulumi
 from components.ssh_agent import dead_agent_socket
 
-settings, secrets = settings_from_pulumi()
-problems = placeholders(settings)
-if (dead_agent := dead_agent_socket(os.environ)) is not None:
-    problems.append(dead_agent)
-if secrets["sshPrivateKey"] is None:
-    problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
-                    f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, \"Real use\")")
-if problems:
-    raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
+
+def _validated() -> tuple[Settings, dict[str, Any]]:
+    """The stack's settings and secrets, or a SettingsError naming each bad key."""
+    settings, secrets = settings_from_pulumi()
+    problems = placeholders(settings)
+    if (dead_agent := dead_agent_socket(os.environ)) is not None:
+        problems.append(dead_agent)
+    if secrets["sshPrivateKey"] is None:
+        problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
+                        f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, "
+                        "\"Real use\")")
+    if problems:
+        raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
+    return settings, secrets
+
+
+try:
+    settings, secrets = _validated()
+except SettingsError as err:
+    # pulumi.RunError is the one exception the language host reports by its message alone: a bad key is the
+    # user's to fix, and a traceback would bury the key's name.
+    raise pulumi.RunError(str(err)) from None
 
 for warning in settings.warnings():
     pulumi.warn(warning)

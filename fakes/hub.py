@@ -17,6 +17,7 @@ import hashlib
 import json
 import random
 import re
+import ssl
 import struct
 import threading
 import time
@@ -126,8 +127,11 @@ class FakeHub:
 
     def __init__(self, repo: str, revision: str, files: list[HubFile] | None = None, *, token: str | None = None,
                  faults: Faults | None = None, host: str = "127.0.0.1", port: int = 0,
-                 log_file: str | None = None) -> None:
+                 log_file: str | None = None, cdn_host: str | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         self.repo, self.revision = repo, revision
+        # The name the LFS redirects send clients to; None: the other loopback name of the one they asked.
+        self.cdn_host = cdn_host
         self.files = {f.path: f for f in (files if files is not None else tiny_repo())}
         self.token = token
         self.faults = faults or Faults()
@@ -140,6 +144,14 @@ class FakeHub:
         self._next_slot: dict[str, float] = {}
         self.server = _QuietServer((host, port), _handler(self))
         self.server.daemon_threads = True
+        # (certificate file, key file): https, as a real mirror on another host serves the token's requests.
+        self.scheme = "https" if tls else "http"
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            # The handshake runs in each request's thread, not in the accept loop, where a slow client would stall it.
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
+                                                     do_handshake_on_connect=False)
         self._thread: threading.Thread | None = None
 
     @property
@@ -148,7 +160,7 @@ class FakeHub:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> FakeHub:
         # A second serve_forever on the same server outlives shutdown() (which ends only one) and then spins on the
@@ -336,8 +348,11 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 # Like the hub: the metadata rides on the redirect, the bytes come from a CDN on another host (here
                 # the other loopback name), so the client drops its Authorization header for the download.
                 host = self.headers.get("Host", f"127.0.0.1:{hub.port}")
-                cdn_host = f"localhost:{hub.port}" if host.startswith("127.0.0.1") else f"127.0.0.1:{hub.port}"
-                self._send(302, b"", {**common, "Location": f"http://{cdn_host}/cdn/{f.sha256}",
+                if hub.cdn_host:
+                    cdn_host = f"{hub.cdn_host}:{hub.port}"
+                else:
+                    cdn_host = f"localhost:{hub.port}" if host.startswith("127.0.0.1") else f"127.0.0.1:{hub.port}"
+                self._send(302, b"", {**common, "Location": f"{hub.scheme}://{cdn_host}/cdn/{f.sha256}",
                                       "ETag": f'"{f.git_sha1}"', "X-Linked-Etag": f'"{f.sha256}"',
                                       "X-Linked-Size": str(len(f.data))})
                 return
@@ -414,6 +429,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--client-bytes-per-second", type=float, help="cap all bodies sent to one client address")
     ap.add_argument("--shard-bytes", type=int, help="serve a synthetic repository with shards of this many bytes")
     ap.add_argument("--log-file", help="append one JSON line per answer: path, status, bytes sent, client address")
+    ap.add_argument("--tls-cert", help="serve https with this certificate (PEM; with --tls-key)")
+    ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    ap.add_argument("--cdn-host", help="the host name LFS downloads are redirected to, one that resolves to --host "
+                                       "(default: the other loopback name, 127.0.0.1 or localhost)")
     args = ap.parse_args(argv)
     token = args.token
     if args.token_file:
@@ -425,8 +444,9 @@ def main(argv: list[str] | None = None) -> None:
                     bytes_per_second=args.bytes_per_second, client_bytes_per_second=args.client_bytes_per_second)
     files = synthetic_repo(args.shards, args.shard_bytes) if args.shard_bytes else tiny_repo(args.shards)
     hub = FakeHub(args.repo, args.revision, files, token=token, faults=faults, host=args.host, port=args.port,
-                  log_file=args.log_file)
-    print(f"fake hub serving {args.repo}@{args.revision} at http://{args.host}:{hub.port}", flush=True)
+                  log_file=args.log_file, cdn_host=args.cdn_host,
+                  tls=(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None)
+    print(f"fake hub serving {args.repo}@{args.revision} at {hub.scheme}://{args.host}:{hub.port}", flush=True)
     try:
         hub.server.serve_forever()
     except KeyboardInterrupt:

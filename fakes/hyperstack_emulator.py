@@ -15,12 +15,12 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 DEFAULT_API_KEY = "emulator-key"
@@ -219,6 +219,17 @@ class Vm:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
+class NodeHost(Protocol):
+    """Runs the machines behind the VMs: booted at create, their rules applied, ended when the VM goes."""
+
+    def boot(self, address: str, user_data: str | None, authorized_key: str,
+             rules: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def firewall(self, address: str, rules: Iterable[Mapping[str, Any]]) -> None: ...
+
+    def shutdown(self, address: str) -> list[str]: ...
+
+
 @dataclass
 class EmulatorState:
     environments: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -366,8 +377,11 @@ class Emulator:
         vm_names_unique: bool = False,
         admin: bool = False,
         socket_timeout: float = SOCKET_TIMEOUT_S,
+        nodes: NodeHost | None = None,
     ) -> None:
         self.host, self.port = host, port
+        # Where a created VM boots (fakes/node_fabric.py: a namespace with sshd at its address), if anywhere.
+        self.nodes = nodes
         # No client holds a handler thread longer than this while it sends its request (or sends nothing).
         self.socket_timeout = socket_timeout
         # GET /_emulator/inventory and /_emulator/requests, for a test that runs the emulator in another process.
@@ -519,6 +533,14 @@ class Emulator:
                     self._faults.remove(fault)
                 return fault
         return None
+
+    def _shutdown(self, vm: Vm) -> None:
+        if self.nodes is not None:
+            self.nodes.shutdown(vm.fixed_ip)
+
+    def _firewall(self, vm: Vm) -> None:
+        if self.nodes is not None and vm.fate == "active":
+            self.nodes.firewall(vm.fixed_ip, [r.fields() for r in vm.rules.values()])
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -690,6 +712,7 @@ class Emulator:
             if mode == "delete":
                 vm.deleting_since = time.monotonic()
                 vm.events.append(self._event(vm, "warning", "RECLAIMED", "the host reclaimed this virtual machine"))
+                self._shutdown(vm)
             elif mode == "error":
                 vm.fate, vm.error_reason = "error", "hypervisor fault: the host of this virtual machine failed"
             else:
@@ -873,6 +896,14 @@ class Emulator:
             vm.events.append(self._event(vm, "info", "CREATING", "Virtual machine creation accepted"))
             self.state.vms[vm.id] = vm
             created.append(vm)
+            if self.nodes is not None and vm.fate == "active":
+                key = next(k for k in self.state.keypairs.values()
+                           if k["name"] == body["key_name"] and k["environment_id"] == env["id"])
+                try:
+                    self.nodes.boot(vm.fixed_ip, vm.user_data, key["public_key"],
+                                    [r.fields() for r in vm.rules.values()])
+                except Exception as exc:  # noqa: BLE001 - a node that cannot boot is a VM in ERROR, as on the cloud
+                    vm.fate, vm.error_reason = "error", f"the node did not boot: {exc}"
         return {"status": True, "message": "Virtual machine(s) creation initiated",
                 "instances": [self._vm_fields(v) for v in created]}
 
@@ -902,6 +933,7 @@ class Emulator:
             raise ApiError(409, "conflict", "Virtual machine is currently being created and cannot be deleted yet")
         if vm.deleting_since is None:
             vm.deleting_since = time.monotonic()
+            self._shutdown(vm)
         return {"status": True, "message": "Instance is being deleted."}
 
     def set_labels(self, query, body, vm_id):
@@ -927,12 +959,14 @@ class Emulator:
                    port_range_max=rule.get("port_range_max"),
                    **{k: rule[k] for k in ("direction", "ethertype", "protocol", "remote_ip_prefix")})
         vm.rules[new.id] = new
+        self._firewall(vm)
         return {"status": True, "message": "Security rule created", "security_rule": new.fields()}
 
     def delete_rule(self, query, body, vm_id, rule_id):
         vm = self._get_vm(vm_id)
         if vm.rules.pop(int(rule_id), None) is None:
             raise ApiError(404, "not_found", f"Security rule with id {rule_id} does not exists")
+        self._firewall(vm)
         return {"status": True, "message": "Security rule deleted"}
 
 

@@ -21,6 +21,8 @@ from components.settings import NAMESPACE, Settings
 from components.settings.loader import load_settings, read_stack_file
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import DEFAULT_API_KEY
+from fakes.node_fabric import CDN_NAME, Fabric, FabricConfig, FabricError, allocate
+from sandbox.cli_stacks import CliStacks
 from sandbox.commands import NodeExecution
 from sandbox.engine_client import EngineSettings, run_child
 from sandbox.state import plain_outputs, read_outputs
@@ -56,6 +58,14 @@ OPERATION_TIMEOUT_S = 900.0
 VERIFY_REQUEST_TIMEOUT_S = 60
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# What runs the stacks: the real Pulumi CLI (scripts/pulumi-toolchain), with each VM a namespace with sshd
+# (fakes/node_fabric.py); or "home", the sandbox's own engine with node commands run in directories, kept until
+# every flow runs under the real CLI. KIMI_SANDBOX_ENGINE chooses for a whole run (the test suite's flows).
+ENGINES = ("pulumi", "home")
+ENGINE_VARIABLE = "KIMI_SANDBOX_ENGINE"
+# What a user does after an interrupted `pulumi up` (README "Recovering from an interrupted up").
+RECOVERY = ("pulumi cancel (if the stack is locked), pulumi refresh --clear-pending-creates, then pulumi up; "
+            "the sandbox's up does all three")
 
 
 class SandboxUsageError(Exception):
@@ -205,6 +215,23 @@ def _dummy_ssh_key() -> str:
     return "sandbox-dummy-ssh-key-" + secrets.token_hex(8)
 
 
+def _ssh_private_key() -> str:
+    """A fresh ed25519 key in OpenSSH's format: the operator's key, which every fake node's sshd accepts."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
+
+
+def _ssh_public_key(private_key: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(private_key.encode(), password=None)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                         serialization.PublicFormat.OpenSSH).decode() + " kimi-sandbox"
+
+
 # ---- settings the sandbox derives from the stack -------------------------------------------------------------------
 
 
@@ -216,13 +243,15 @@ def stack_settings(topology: str, overrides: Mapping[str, str] | None = None) ->
     return load_settings(raw, STACK)
 
 
-def node_env(settings: Settings, faults: Mapping[str, str] | None = None) -> dict[str, str]:
+def node_env(settings: Settings, faults: Mapping[str, str] | None = None, host_address: str | None = None
+             ) -> dict[str, str]:
     """How the fake nodes look: their disks, GPUs, addresses, free space, and the engine the docker stub starts.
 
     FAKE_* variables of the caller's environment (`faults`, default os.environ) are passed on last: they are the
     fake node's fault knobs (fakes/node/__init__.py), e.g. FAKE_HANG=nvidia-smi for a driver that never answers.
     """
     disk = settings.storage_path.strip("/")
+    no_proxy = ",".join(["127.0.0.1", "localhost", *([host_address, CDN_NAME] if host_address else [])])
     knobs = {k: v for k, v in (os.environ if faults is None else faults).items() if k.startswith("FAKE_")}
     return {
         "FAKE_NODE_DISKS": disk,
@@ -235,9 +264,10 @@ def node_env(settings: Settings, faults: Mapping[str, str] | None = None) -> dic
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
         # The fake engine compiles this long when the kernels it needs are not in its cache folder.
         COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS),
-        # The hub and the engine are on loopback: a proxy from the caller's environment must not get in the way.
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
+        # The hub and the engine are on loopback or the fabric's bridge: a proxy from the caller's environment must
+        # not get in the way.
+        "NO_PROXY": no_proxy,
+        "no_proxy": no_proxy,
         **knobs,
     }
 
@@ -280,9 +310,92 @@ def _choose_ports(record: dict[str, Any]) -> None:
 class Sandbox:
     """One sandbox in one workdir. Methods return an exit code and print what a user needs to see."""
 
-    def __init__(self, workdir: str | Path = DEFAULT_WORKDIR, out: TextIO | None = None) -> None:
+    def __init__(self, workdir: str | Path = DEFAULT_WORKDIR, out: TextIO | None = None,
+                 engine: str | None = None) -> None:
         self.dir = Workdir(Path(workdir).resolve())
         self.out = out or sys.stdout
+        self.engine = engine or os.environ.get(ENGINE_VARIABLE) or ENGINES[0]
+        if self.engine not in ENGINES:
+            raise SandboxUsageError(f"{ENGINE_VARIABLE}={self.engine!r}: the engine is one of {', '.join(ENGINES)}")
+        self.cli = CliStacks(self.dir.root, self.dir.secrets_dir, self.out)
+
+    @property
+    def real(self) -> bool:
+        return self.engine == "pulumi"
+
+    # -- the stack as the engine keeps it --
+
+    def resources(self) -> list[dict[str, Any]]:
+        """What the cluster's state holds (the stack itself excluded)."""
+        return self.cli.resources(self.cli.cluster) if self.real else self.dir.resources()
+
+    def outputs(self) -> tuple[dict[str, Any], frozenset[str]]:
+        """(the cluster stack's outputs in plain text, the names of the secret ones)."""
+        return self.cli.outputs(self.cli.cluster) if self.real else self.dir.outputs()
+
+    @contextlib.contextmanager
+    def state_document(self) -> Iterator[Path]:
+        """A file holding the deployment with its secrets, as `pulumi stack export --show-secrets` gives it."""
+        if not self.real:
+            yield self.dir.state_path
+            return
+        with self.cli.export_file(self.cli.cluster) as path:
+            yield path
+
+    # -- the fake nodes' network (the real CLI reaches them over SSH) --
+
+    @property
+    def fabric_path(self) -> Path:
+        return self.dir.root / "fabric.json"
+
+    def fabric(self) -> FabricConfig | None:
+        return FabricConfig.load(self.fabric_path) if self.fabric_path.exists() else None
+
+    def _ensure_fabric(self, settings: Settings) -> FabricConfig:
+        """This sandbox's bridge and /24, made once; the nodes' environment is rewritten on every up."""
+        config = self.fabric()
+        if config is None or not Fabric(config).bridge_up():
+            try:
+                config = allocate(self.dir.nodes, node_path(), {})
+            except FabricError as exc:
+                raise SandboxUsageError(str(exc)) from None
+            self.say(f"made the fake nodes' network: bridge {config.bridge}, {config.subnet} (this machine is "
+                     f"{config.host_address}; each VM a namespace with sshd)")
+        ca = self._hub_tls(config)[2]
+        env = {**node_env(settings, host_address=config.host_address),
+               # The hub is https on the bridge (a token never crosses a network in clear): the nodes trust its CA,
+               # as a machine trusts a mirror's private CA (OpenSSL's and requests' variables).
+               "SSL_CERT_FILE": str(ca), "REQUESTS_CA_BUNDLE": str(ca)}
+        config = FabricConfig(config.id, config.subnet, config.nodes_dir, node_path(), env)
+        self.fabric_path.write_text(json.dumps(config.to_json(), indent=2) + "\n")
+        return config
+
+    def _hub_tls(self, fabric: FabricConfig) -> tuple[Path, Path, Path]:
+        """(certificate, key, CA) of the hub's https, for the bridge's address and the CDN name; made per fabric."""
+        from components.tls import make_ca, make_server_certificate
+
+        where = self.dir.secrets_dir / "hub-tls"
+        cert, key, ca = where / f"{fabric.id}.crt", where / f"{fabric.id}.key", where / f"{fabric.id}-ca.crt"
+        if not (cert.exists() and key.exists() and ca.exists()):
+            where.mkdir(parents=True, exist_ok=True, mode=0o700)
+            ca_pem, ca_key = make_ca("kimi-sandbox hub CA", days=30)
+            cert_pem, key_pem = make_server_certificate(ca_pem, ca_key, [fabric.host_address], [CDN_NAME], days=30)
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(key_pem)
+            cert.write_text(cert_pem)
+            ca.write_text(ca_pem)
+        return cert, key, ca
+
+    def _teardown_fabric(self) -> list[str]:
+        config = self.fabric()
+        if config is None:
+            return []
+        problems = Fabric(config).teardown()
+        if not problems:
+            self.fabric_path.unlink(missing_ok=True)
+            self.say(f"removed the fake nodes' network ({config.bridge}, {config.subnet})")
+        return problems
 
     def say(self, text: str = "") -> None:
         self.out.write(text + "\n")
@@ -292,8 +405,14 @@ class Sandbox:
 
     def _ensure_emulator(self, record: dict[str, Any]) -> tuple[str, str]:
         """(API URL, key) of the emulator: the one HYPERSTACK_API_URL names, else ours, started if not running."""
-        external = (os.environ.get("HYPERSTACK_API_URL") or "").rstrip("/")
-        if self.dir.resources() and "external_emulator" in record:
+        # Under the real CLI the sandbox always runs its own emulator, whose VMs boot as fake nodes: it never reads
+        # HYPERSTACK_API_URL or HYPERSTACK_API_KEY, which may be a real account's (and scrubs both from the CLI's
+        # environment, sandbox/pulumi_cli.py).
+        external = "" if self.real else (os.environ.get("HYPERSTACK_API_URL") or "").rstrip("/")
+        if self.real and os.environ.get("HYPERSTACK_API_URL"):
+            self.say("note: HYPERSTACK_API_URL is set; the sandbox ignores it (and HYPERSTACK_API_KEY) and runs its "
+                     "own emulator")
+        if self.resources() and "external_emulator" in record:
             # Deleting through another emulator than the one that holds the VMs would "succeed" and leave them.
             before = record["emulator_url"] if record["external_emulator"] else None
             if (before or None) != (external or None):
@@ -313,10 +432,11 @@ class Sandbox:
                 self.say(f"warning: the emulator of this sandbox (pid {previous.pid}) is not running any more; "
                          "starting a fresh one, which holds nothing of the earlier run")
             port = _port_for(previous)
+            fabric = ("--node-fabric", str(self.fabric_path)) if self.real and self.fabric_path.exists() else ()
             service = services.start(
                 # --admin: `reclaim` takes a VM away as the cloud would, through the emulator's admin route.
                 "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE,
-                                                   "--admin"),
+                                                   "--admin", *fabric),
                 host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=self.dir.logs,
                 # The key goes by environment, not argv, which every user of the machine can read.
                 env={"HYPERSTACK_API_KEY": key},
@@ -329,42 +449,56 @@ class Sandbox:
         record["external_emulator"] = False
         return record["emulator_url"], key
 
+    def _service_host(self) -> str:
+        """Where the hub and the bucket listen: on the fabric's bridge, which the fake nodes reach, or on loopback."""
+        fabric = self.fabric() if self.real else None
+        return fabric.host_address if fabric is not None else "127.0.0.1"
+
     def _ensure_hub(self, record: dict[str, Any], settings: Settings, bytes_per_second: float | None = None) -> str:
         self.dir.secret("hf_token", _hf_token)
         previous = _service(record, "hub")
+        host = self._service_host()
+        fabric = self.fabric() if self.real else None
+        tls = self._hub_tls(fabric) if fabric is not None else None
+        scheme = "https" if tls else "http"
+        if previous is not None and (previous.host != host or record.get("hub_url", "").split(":")[0] != scheme):
+            services.stop(previous)
+            previous = None
         if previous is None or not previous.running():
-            port = _port_for(previous)
+            port = _port_for(previous) if previous is not None else services.free_port(host)
+            cdn = ("--cdn-host", CDN_NAME, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1])) if tls else ()
             # A throttled hub keeps the weights step busy long enough to watch it (`status` mid-download).
             throttle = ("--bytes-per-second", str(bytes_per_second)) if bytes_per_second else ()
             service = services.start(
                 "hub", services.python_module(
                     "fakes.hub", "--port", str(port), "--repo", settings.model, "--revision", settings.model_revision,
                     # The hub answers only with this token: the checkpoint downloads prove it reached each node.
-                    "--token-file", str(self.dir.secret_path("hf_token")), *throttle),
-                host="127.0.0.1", port=port, marker="fakes.hub", log_dir=self.dir.logs,
+                    "--token-file", str(self.dir.secret_path("hf_token")), "--host", host, *cdn, *throttle),
+                host=host, port=port, marker="fakes.hub", log_dir=self.dir.logs,
             )
             record.setdefault("services", {})["hub"] = service.to_json()
-            self.say(f"started the fake Hugging Face hub on {service.url} serving {settings.model}@"
-                     f"{settings.model_revision[:12]} (pid {service.pid}, token required)")
+            self.say(f"started the fake Hugging Face hub on {scheme}://{host}:{service.port} serving "
+                     f"{settings.model}@{settings.model_revision[:12]} (pid {service.pid}, token required)")
         else:
             service = previous
-        return service.url
+        return f"{scheme}://{service.host}:{service.port}"
 
     def _ensure_kernel_store(self, record: dict[str, Any]) -> str:
         """The kernel-cache bucket: moto's S3 server, loaded from kernel-store/ (what the last destroy kept)."""
         creds = self.dir.secret_path("kernel_cache_credentials")
         previous = _service(record, "kernel-store")
-        if previous is None or not previous.running() or not creds.exists():
+        host = self._service_host()
+        if previous is None or not previous.running() or not creds.exists() or previous.host != host:
             if previous is not None:
                 services.stop(previous)
             self.dir.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             creds.unlink(missing_ok=True)  # the new server makes a new key
-            port = _port_for(previous)
+            port = _port_for(previous) if previous is not None and previous.host == host else services.free_port(host)
             service = services.start(
                 "kernel-store", services.python_module(
                     "fakes.s3_store", "--port", str(port), "--bucket", KERNEL_BUCKET,
-                    "--credentials-file", str(creds), "--data-dir", str(self.dir.kernel_store)),
-                host="127.0.0.1", port=port, marker="fakes.s3_store", log_dir=self.dir.logs, timeout=60,
+                    "--credentials-file", str(creds), "--data-dir", str(self.dir.kernel_store), "--host", host),
+                host=host, port=port, marker="fakes.s3_store", log_dir=self.dir.logs, timeout=60,
             )
             deadline = time.monotonic() + 60
             while not creds.exists():  # written once the bucket exists and the kept objects are back in it
@@ -406,8 +540,17 @@ class Sandbox:
             f"{NAMESPACE}:hfEndpoint": record["hub_url"],
             "hyperstack:apiUrl": record["emulator_url"],
         }
+        fabric = self.fabric() if self.real else None
+        if fabric is not None:
+            # The operator is this machine, at its address on the bridge; the key is a real one, which every fake
+            # node's sshd takes (the emulator puts the keypair's public key in its authorized_keys).
+            ssh_key = self.dir.secret("ssh_private_key_ed25519", _ssh_private_key)
+            config[f"{NAMESPACE}:operatorCidr"] = f"{fabric.host_address}/32"
+            config[f"{NAMESPACE}:sshPublicKey"] = _ssh_public_key(ssh_key)
+        else:
+            ssh_key = self.dir.secret("ssh_private_key", _dummy_ssh_key)
         secret_config = {
-            f"{NAMESPACE}:sshPrivateKey": self.dir.secret("ssh_private_key", _dummy_ssh_key),
+            f"{NAMESPACE}:sshPrivateKey": ssh_key,
             f"{NAMESPACE}:hfToken": self.dir.secret("hf_token", _hf_token),
             "hyperstack:apiKey": record["emulator_key"],
         }
@@ -432,6 +575,17 @@ class Sandbox:
         with _environment_set("HYPERSTACK_API_KEY", key):
             return run_child(operation, settings, echo=echo, out=self.out, pid_file=settings.workdir / "engine.pid",
                              forward_signals=True)
+
+    def _cli_up(self, engine: EngineSettings, echo: bool) -> dict[str, Any]:
+        """`pulumi up` of the cluster stack, after the recovery a user runs when an earlier up was interrupted."""
+        stack = self.cli.cluster
+        if self.cli.pending_operations(stack):
+            self.say("the last up was interrupted (the checkpoint lists operations it did not finish): "
+                     "pulumi cancel, pulumi refresh --clear-pending-creates, then up")
+            self.cli.recover(stack)
+        config = {**engine.config_overrides}
+        return self.cli.up(stack, REPO_ROOT / f"Pulumi.{STACK}.yaml", config, engine.secret_overrides, echo=echo,
+                           timeout=UP_DEADLINE_S)
 
     def _tail(self, log: str, echoed: bool, lines: int = 20) -> None:
         shown = log.splitlines()[-1:] if echoed else log.splitlines()[-lines:]
@@ -472,7 +626,7 @@ class Sandbox:
             record["config"] = {**(record.get("config") or {}), **config}
         if kernel_cache is not None:
             record["kernel_cache"] = kernel_cache
-        deployed = bool(self.dir.resources())
+        deployed = bool(self.resources())
         chosen = topology or record.get("topology") or TOPOLOGIES[0]
         if deployed and record.get("topology") and chosen != record["topology"]:
             raise SandboxUsageError(
@@ -486,7 +640,10 @@ class Sandbox:
         self.dir.root.mkdir(parents=True, exist_ok=True)
         (self.dir.root / "node-exec.json").write_text(json.dumps(self.node_execution(settings).to_json()) + "\n")
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
-                 f"{settings.engine_name}) in {self.dir.root}")
+                 f"{settings.engine_name}) in {self.dir.root}, under "
+                 f"{'the Pulumi CLI' if self.real else 'the sandbox engine'}")
+        if self.real:
+            self._ensure_fabric(settings)
         record["emulator_url"], record["emulator_key"] = self._ensure_emulator(record)
         record["hub_url"] = self._ensure_hub(record, settings, hub_bytes_per_second)
         if record.get("kernel_cache", True):
@@ -502,11 +659,16 @@ class Sandbox:
         engine = self._cluster_engine({**record, "emulator_key": key}, settings)
         services_s = time.monotonic() - started
 
-        result, log = self._run("up", engine, echo)
+        result: dict[str, Any] | None
+        if self.real:
+            result, log = self._cli_up(engine, echo), ""
+        else:
+            result, log = self._run("up", engine, echo)
         elapsed = time.monotonic() - started
-        if result is None:
+        if result is None or result.get("interrupted"):
             self._tail(log, echo)
-            self.say(f"sandbox up: stopped after {elapsed:.1f} s; what was done is in {self.dir.state_path}: "
+            where = "the stack's checkpoint" if self.real else str(self.dir.state_path)
+            self.say(f"sandbox up: stopped after {elapsed:.1f} s; what was done is in {where}: "
                      "run up again to resume, or destroy")
             return EXIT_INTERRUPTED
         if not result.get("ok"):
@@ -515,7 +677,7 @@ class Sandbox:
                     self.say(f"FAILED: {reason}")
             self.say(f"sandbox up: failed after {elapsed:.1f} s; fix and run up again (it resumes), or destroy")
             return EXIT_FAILED
-        outputs, secret_names = self.dir.outputs()
+        outputs, secret_names = self.outputs()
         self.say("")
         self.say("Stack outputs:")
         self.say(format_outputs(outputs, secret_names))
@@ -533,8 +695,8 @@ class Sandbox:
 
         out = self.dir.root / "timeline.png"
         try:
-            bars = write_timeline(json.loads(self.dir.state_path.read_text()), str(out),
-                                  f"sandbox {topology} bring-up")
+            with self.state_document() as state:
+                bars = write_timeline(json.loads(state.read_text()), str(out), f"sandbox {topology} bring-up")
         except (OSError, ValueError) as exc:
             self.say(f"timeline: not drawn ({type(exc).__name__}: {exc})")
             return
@@ -550,11 +712,13 @@ class Sandbox:
 
     def _verify(self, echo: bool) -> int:
         started = time.monotonic()
-        outputs, _ = self.dir.outputs()
+        outputs, _ = self.outputs()
         if not outputs.get("endpoint_url"):
             raise SandboxUsageError(f"no endpoint in {self.dir.state_path}: run python -m scripts.sandbox up first")
         self.say(f"sandbox verify: the verification stack against {outputs['endpoint_url']} "
                  f"({outputs.get('served_model_name')})")
+        if self.real:
+            return self._cli_verify(started, echo)
         engine = EngineSettings(
             project_dir=VERIFICATION_DIR, stack=STACK, workdir=self.dir.verification,
             config_overrides={
@@ -586,6 +750,31 @@ class Sandbox:
                  f"{verified.get('verified_endpoint_url')}")
         return EXIT_OK if ok else EXIT_FAILED
 
+    def _cli_verify(self, started: float, echo: bool) -> int:
+        """The verification stack under the real CLI: its StackReference reads the cluster stack's outputs."""
+        config = {
+            f"{VERIFY_NS}:clusterStack": CLUSTER_REF,
+            # A new run id re-runs every check: verify answers for the endpoint as it is now.
+            f"{VERIFY_NS}:runId": str(time.time_ns()),
+            f"{VERIFY_NS}:timeoutSeconds": str(VERIFY_REQUEST_TIMEOUT_S),
+        }
+        result = self.cli.up(self.cli.verification, None, config, {}, echo=echo, timeout=VERIFY_DEADLINE_S)
+        elapsed = time.monotonic() - started
+        if result.get("interrupted"):
+            self.say(f"sandbox verify: stopped after {elapsed:.1f} s")
+            return EXIT_INTERRUPTED
+        if not result.get("ok"):
+            for reason in result.get("failures") or []:
+                self.say("  " + "\n    ".join(reason.splitlines()[0].split("; ")))
+            self.say(f"sandbox verify: FAILED after {elapsed:.1f} s (the whole log: verify --verbose)")
+            return EXIT_FAILED
+        verified = self.cli.outputs(self.cli.verification)[0]
+        self.say(format_report(verified.get("verification_report") or []))
+        ok = bool(verified.get("verified"))
+        self.say(f"sandbox verify: {'PASSED' if ok else 'FAILED'} in {elapsed:.1f} s; verified_endpoint_url = "
+                 f"{verified.get('verified_endpoint_url')}")
+        return EXIT_OK if ok else EXIT_FAILED
+
     # -- status --
 
     def node_execution(self, settings: Settings) -> NodeExecution:
@@ -598,7 +787,8 @@ class Sandbox:
         from components.status_report import run
 
         record = self.dir.record()
-        if not self.dir.state_path.exists() or not record:
+        deployed = self.cli.checkpoint_path(self.cli.cluster).exists() if self.real else self.dir.state_path.exists()
+        if not deployed or not record:
             raise SandboxUsageError(f"nothing deployed in {self.dir.root}: run python -m scripts.sandbox up first")
         overrides = {**(record.get("config") or {}), "apiPort": str(record.get("api_port") or 8000),
                      "enginePort": str(record.get("engine_port") or 30000)}
@@ -606,6 +796,15 @@ class Sandbox:
         key = (os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY) if record.get("external_emulator") \
             else self.dir.secret("hyperstack_api_key", _emulator_key)
         api = _api(record["emulator_url"], key) if record.get("emulator_url") else None
+        if self.real:
+            # As for a real stack: its export, with secrets, and OpenSSH to each node with the pinned host key.
+            from components.node_exec import SshRunner
+
+            def load() -> Any:
+                with self.state_document() as state:
+                    return load_state_file(state, STACK)
+
+            return run(load, settings, SshRunner(), api, as_json=as_json, watch=watch, out=self.out)
         return run(lambda: load_state_file(self.dir.state_path, STACK), settings, self.node_execution(settings), api,
                    as_json=as_json, watch=watch, out=self.out)
 
@@ -616,7 +815,7 @@ class Sandbox:
         from sandbox import reclaim
 
         record = self.dir.record()
-        outputs, _ = self.dir.outputs()
+        outputs, _ = self.outputs()
         addresses = reclaim.node_addresses(outputs)
         name = next((n for n, a in addresses.items() if node in (n, a)), None)
         if name is None or not record.get("emulator_url"):
@@ -624,7 +823,8 @@ class Sandbox:
                                     f"{', '.join(f'{n} ({a})' for n, a in addresses.items()) or 'none'}")
         started = time.monotonic()
         answer = reclaim.ask_emulator(record["emulator_url"], name, mode)
-        killed = reclaim.kill_node(self.dir.nodes / addresses[name])
+        # Under the real CLI the emulator ends the VM's namespace itself; an ERROR VM keeps it, so end it here.
+        killed = [] if self.real and mode == "delete" else reclaim.kill_node(self.dir.nodes / addresses[name])
         self.say(f"reclaimed {name} ({addresses[name]}, VM {answer.get('id')}): the emulator "
                  f"{'deletes it' if mode == 'delete' else 'shows it in ERROR'}, {len(killed)} node processes killed, "
                  f"in {time.monotonic() - started:.2f} s")
@@ -642,7 +842,7 @@ class Sandbox:
         self._ensure_idle()
         record = self.dir.record()
         problems: list[str] = []
-        if not record and not self.dir.resources():
+        if not record and not self.resources():
             self.say(f"sandbox destroy: nothing deployed in {self.dir.root}")
             problems += self._stop_node_processes()
             return self._finish_destroy(problems, started)
@@ -662,8 +862,14 @@ class Sandbox:
         problems += self._delete_unrecorded_vms(api, settings)
         if not problems:
             engine = self._cluster_engine({**record, "emulator_key": key}, settings)
-            result, log = self._run("destroy", engine, echo)
-            if result is None:
+            result: dict[str, Any] | None
+            if self.real:
+                result, log = self.cli.destroy(self.cli.cluster, echo=echo, timeout=UP_DEADLINE_S), ""
+                if result.get("ok") and self.resources():
+                    result = {"ok": False, "failures": [f"the stack still holds {len(self.resources())} resources"]}
+            else:
+                result, log = self._run("destroy", engine, echo)
+            if result is None or result.get("interrupted"):
                 self._tail(log, echo)
                 self.say("sandbox destroy: stopped; what is left is still in the state file: run destroy again")
                 return EXIT_INTERRUPTED
@@ -701,6 +907,12 @@ class Sandbox:
         return EXIT_OK
 
     def _destroy_verification(self, echo: bool) -> list[str]:
+        if self.real:
+            done = self.cli.destroy(self.cli.verification, echo=False, timeout=VERIFY_DEADLINE_S)
+            if not done.get("ok"):
+                return ["the verification stack's destroy failed: " + "; ".join(done.get("failures") or [])]
+            self.cli.forget(self.cli.verification)
+            return []
         state = self.dir.verification / "state.json"
         if not state.exists():
             return []
@@ -715,7 +927,7 @@ class Sandbox:
     def _delete_unrecorded_vms(self, api: Any, settings: Settings) -> list[str]:
         from components.hyperstack.vm_lifecycle import delete_vm_and_wait
 
-        recorded = {str(r.get("id")) for r in self.dir.resources() if r.get("type", "").endswith(":VirtualMachine")}
+        recorded = {str(r.get("id")) for r in self.resources() if r.get("type", "").endswith(":VirtualMachine")}
         ours = {settings.node_name(rank) for rank in range(settings.nodes)}
         problems = []
         try:
@@ -770,6 +982,14 @@ class Sandbox:
         return left
 
     def _stop_node_processes(self) -> list[str]:
+        if self.real:
+            # Every VM's deletion ended its namespace; a namespace left (an emulator that died) ends here.
+            config = self.fabric()
+            if config is not None:
+                fabric = Fabric(config)
+                for namespace in fabric.namespaces():
+                    self.say(f"stopping a fake node the emulator left running: {namespace}")
+                return [p for n in fabric.namespaces() for p in fabric.end_namespace(n)]
         if not self.dir.nodes.exists():
             return []
         pids = services.processes_under(self.dir.nodes)
@@ -784,6 +1004,12 @@ class Sandbox:
         """A destroyed VM's disks are gone: the next up starts from blank nodes and fresh secrets."""
         import shutil
 
+        if self.real:
+            self.cli.forget(self.cli.cluster)
+            for problem in self._teardown_fabric():
+                self.say(f"LEFT: {problem}")
+            for name in ("state", "pulumi-home", "sshd"):
+                shutil.rmtree(self.dir.root / name, ignore_errors=True)
         shutil.rmtree(self.dir.nodes, ignore_errors=True)
         shutil.rmtree(self.dir.secrets_dir, ignore_errors=True)
         self.dir.record_path.unlink(missing_ok=True)

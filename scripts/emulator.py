@@ -10,7 +10,9 @@ import os
 import sys
 
 from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Fault, Lifecycle, StuckInBuild, VmError
+from fakes.node_fabric import Fabric, FabricConfig, missing
 
+FIRST_IP = "127.0.0.2"
 # Test-only faults, armed at start because the emulator then runs in another process than the test.
 FAULTS = {"vm-error": VmError, "stuck-in-build": StuckInBuild}
 
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-seconds", type=float, default=3.0, help="time in BUILD")
     parser.add_argument("--floating-ip-seconds", type=float, default=1.0, help="time the floating IP is ATTACHING")
     parser.add_argument("--deleting-seconds", type=float, default=1.0, help="time a deleted VM stays DELETING")
-    parser.add_argument("--first-ip", default="127.0.0.2", help="first loopback address handed to VMs")
+    parser.add_argument("--first-ip", default=FIRST_IP, help="first loopback address handed to VMs")
     parser.add_argument("--first-floating-ip", default=None,
                         help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
     parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
@@ -47,17 +49,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="TEST ONLY: arm a fault at start (repeatable): " + ", ".join(FAULTS))
     parser.add_argument("--capacity", action="append", default=[], metavar="REGION:FLAVOR=VMS",
                         help="VMs of FLAVOR that REGION holds in all (repeatable; default 16 per GPU flavor)")
+    parser.add_argument("--node-fabric", metavar="CONFIG",
+                        help="boot each VM as a fake node with sshd in a network namespace, at the addresses of "
+                             "this fabric (fakes/node_fabric.py; its JSON file; needs root). Default: no nodes")
     parser.add_argument("--admin", action="store_true",
                         help="TEST ONLY: serve GET /_emulator/inventory and /_emulator/requests (outside /v1)")
     args = parser.parse_args(argv)
 
     keys = tuple(args.api_keys or [os.environ.get("HYPERSTACK_API_KEY") or DEFAULT_API_KEY])
+    nodes = None
+    if args.node_fabric:
+        try:
+            nodes = Fabric(FabricConfig.load(args.node_fabric))
+        except (OSError, ValueError, KeyError) as err:
+            parser.error(f"--node-fabric {args.node_fabric}: {err}")
+        if needs := missing():
+            parser.error("--node-fabric needs " + "; ".join(needs))
+        if args.first_ip == FIRST_IP:  # the fabric's addresses, unless asked otherwise
+            args.first_ip = nodes.config.first_node_address
     emulator = Emulator(
         host=args.host, port=args.port, api_keys=keys,
         lifecycle=Lifecycle(args.creating_seconds, args.build_seconds, args.floating_ip_seconds,
                             args.deleting_seconds),
         first_ip=args.first_ip, first_floating_ip=args.first_floating_ip, vm_names_unique=args.vm_names_unique,
-        admin=args.admin,
+        admin=args.admin, nodes=nodes,
     )
     emulator.inject(*args.fault)
     for spec in args.capacity:

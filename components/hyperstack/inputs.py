@@ -8,7 +8,8 @@ from dataclasses import fields
 from typing import Any
 
 from pulumi.dynamic import CheckFailure, DiffResult, ResourceProvider
-from pulumi.runtime.rpc import UNKNOWN  # an input not known yet (preview)
+from pulumi.output import Unknown
+from pulumi.runtime.rpc import UNKNOWN  # an input not known yet (preview), as it travels on the wire
 
 from .errors import ProvisioningError
 
@@ -19,8 +20,15 @@ def as_int(value: Any) -> int:
     return int(float(value)) if isinstance(value, (int, float)) else int(str(value))
 
 
+def is_unknown(value: Any) -> bool:
+    """An input not known yet. The dynamic provider host deserializes the engine's unknowns with keep_unknowns, so
+    during a real preview they arrive as `pulumi.output.Unknown` objects (each a new one, equal to nothing); the wire
+    string is what they are in serialized form."""
+    return isinstance(value, Unknown) or (isinstance(value, str) and value == UNKNOWN)
+
+
 def known(value: Any) -> bool:
-    return value is not None and value != UNKNOWN
+    return value is not None and not is_unknown(value)
 
 
 def name_failures(props: Mapping[str, Any], *keys: str) -> list[CheckFailure]:
@@ -29,7 +37,7 @@ def name_failures(props: Mapping[str, Any], *keys: str) -> list[CheckFailure]:
         value = props.get(key)
         if value is None:
             failures.append(CheckFailure(key, f"{key} is required"))
-        elif value == UNKNOWN:
+        elif is_unknown(value):
             continue
         elif not isinstance(value, str) or not value.strip():
             failures.append(CheckFailure(key, f"{key} must be a non-empty string"))

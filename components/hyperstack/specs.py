@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .inputs import UNKNOWN, timing_inputs
+from .inputs import UNKNOWN, is_unknown, timing_inputs
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class VmSpec:
 def user_data_digest(props: Mapping[str, Any]) -> str | None:
     """user_data may carry secrets (a host key): outputs keep only its SHA-256, enough to detect a change."""
     value = props.get("user_data")
-    if value == UNKNOWN:
+    if is_unknown(value):
         return UNKNOWN
     if value is not None:
         return hashlib.sha256(str(value).encode()).hexdigest()

@@ -482,8 +482,10 @@ def monitor(spec_json: str) -> None:
     out_spec = spec["props"].get("StandardOutput", "")
     log_path = (out_spec.split(":", 1)[1] if out_spec.startswith(("append:", "file:"))
                 else str(UNITS / f"{spec['unit']}.log"))
-    # systemd starts units with a clean environment; PATH and the fake's knobs stand in for the node's defaults.
-    env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("FAKE_") or k in ("LANG", "TMPDIR")}
+    # systemd starts units with a clean environment; PATH, the fake's knobs and the machine's trust store (the
+    # sandbox hub's CA, as systemd's DefaultEnvironment would carry it) stand in for the node's defaults.
+    env = {k: v for k, v in os.environ.items() if k == "PATH" or k.startswith("FAKE_")
+           or k in ("LANG", "TMPDIR", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")}
     env.update(spec["setenv"])
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     import subprocess

@@ -1,0 +1,209 @@
+"""The sandbox's two stacks (the cluster and its verification) under the real Pulumi CLI, in one workdir.
+
+What the sandbox asks of an engine, answered by `pulumi`: up and destroy with a result (ok, counts, failures),
+the resources and outputs of a stack, and an export with its secrets for `scripts.status`. The file backend's
+checkpoint (`state/.pulumi/stacks/<project>/<stack>.json`) is read directly for the resource list: it is the
+CLI's own file, and reading it needs no process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from .pulumi_cli import PulumiCli, PulumiError, Stack, toolchain_bin
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+VERIFICATION_DIR = REPO_ROOT / "verification"
+STACK_NAME = "sandbox"
+STACK_TYPE = "pulumi:pulumi:Stack"
+# The CLI's summary lines: "    + 65 created", "    65 unchanged", "    - 65 deleted".
+_COUNT = re.compile(r"^\s+[+~\-]?\s*(\d+) (created|updated|deleted|unchanged|replaced)\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _counts(output: str) -> dict[str, int]:
+    names = {"created": "create", "updated": "update", "deleted": "delete", "unchanged": "same",
+             "replaced": "replace"}
+    counts: dict[str, int] = {}
+    for line in output.splitlines():
+        if m := _COUNT.match(_ANSI.sub("", line)):
+            counts[names[m[2]]] = int(m[1])
+    return counts
+
+
+def failures(output: str) -> list[str]:
+    """The CLI's error lines, each resource's once, in the order it printed them."""
+    found: list[str] = []
+    for raw in output.splitlines():
+        line = _ANSI.sub("", raw).strip()
+        if line.startswith("error:") and line not in found and "update failed" not in line:
+            found.append(line.removeprefix("error:").strip())
+    return found
+
+
+class CliStacks:
+    """The real CLI for one sandbox workdir; `passphrase_file` guards its stacks' secrets."""
+
+    def __init__(self, root: Path, secrets_dir: Path, out: TextIO) -> None:
+        self.root = root
+        self.secrets_dir = secrets_dir
+        self.out = out
+        self._cli: PulumiCli | None = None
+        self.cluster = Stack(root / "projects" / "cluster", STACK_NAME, REPO_ROOT)
+        self.verification = Stack(root / "projects" / "verification", STACK_NAME, VERIFICATION_DIR)
+
+    # -- the CLI --
+
+    @property
+    def passphrase_file(self) -> Path:
+        path = self.secrets_dir / "pulumi_passphrase"
+        if not path.exists():
+            self.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(32) + "\n")
+        return path
+
+    def cli(self) -> PulumiCli:
+        if self._cli is None:
+            cli = PulumiCli(self.root, toolchain_bin(self.out), self.passphrase_file, self.out)
+            cli.prepare()
+            self._cli = cli
+        return self._cli
+
+    # -- state, read from the backend's files --
+
+    def checkpoint_path(self, stack: Stack) -> Path:
+        project = PulumiCli.project_name(Stack(stack.program_dir, stack.name, stack.program_dir))
+        return self.root / "state" / ".pulumi" / "stacks" / project / f"{stack.name}.json"
+
+    def resources(self, stack: Stack) -> list[dict[str, Any]]:
+        """The stack's resources (the stack itself excluded), as its checkpoint holds them."""
+        path = self.checkpoint_path(stack)
+        if not path.exists():
+            return []
+        doc = json.loads(path.read_text())
+        latest = (doc.get("checkpoint") or {}).get("latest") or {}
+        return [r for r in latest.get("resources") or [] if r.get("type") != STACK_TYPE]
+
+    def pending_operations(self, stack: Stack) -> list[dict[str, Any]]:
+        path = self.checkpoint_path(stack)
+        if not path.exists():
+            return []
+        latest = (json.loads(path.read_text()).get("checkpoint") or {}).get("latest") or {}
+        return list(latest.get("pending_operations") or [])
+
+    def outputs(self, stack: Stack) -> tuple[dict[str, Any], frozenset[str]]:
+        """(the stack's outputs in plain text, the names of those that are secrets)."""
+        if not self.checkpoint_path(stack).exists():
+            return {}, frozenset()
+        cli = self.cli()
+        shown = json.loads(cli.run(["stack", "output", "--json", "--show-secrets", "--stack", stack.name],
+                                   cwd=stack.project_dir) or "{}")
+        masked = json.loads(cli.run(["stack", "output", "--json", "--stack", stack.name],
+                                    cwd=stack.project_dir) or "{}")
+        secret_names = frozenset(k for k, v in masked.items() if v == "[secret]" and shown.get(k) != "[secret]")
+        return shown, secret_names
+
+    @contextmanager
+    def export_file(self, stack: Stack) -> Iterator[Path]:
+        """`pulumi stack export --show-secrets` in a 0600 file of the secrets folder, removed afterwards."""
+        doc = self.cli().export(stack, show_secrets=True)
+        path = self.secrets_dir / f"export-{os.getpid()}-{threading.get_ident()}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(doc, handle)
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    # -- operations --
+
+    def _project(self, stack: Stack, base: Path | None) -> None:
+        """The stack's project folder: the program's Pulumi.yaml, its `main` and virtualenv made absolute, and the
+        stack's config file, the checkout's as it is now plus the salt of this stack's passphrase."""
+        project = yaml.safe_load((stack.program_dir / "Pulumi.yaml").read_text())
+        project["main"] = str(stack.program_dir)
+        options = project.setdefault("runtime", {}).setdefault("options", {})
+        # The interpreter running the sandbox is the project's virtualenv (scripts/venv.sh made it).
+        options["virtualenv"] = sys.prefix
+        stack.project_dir.mkdir(parents=True, exist_ok=True)
+        (stack.project_dir / "Pulumi.yaml").write_text(
+            "# Written by the sandbox (sandbox/cli_stacks.py) from the checkout's Pulumi.yaml: the program runs from\n"
+            f"# {stack.program_dir}.\n" + yaml.safe_dump(project, sort_keys=False))
+        salt = None
+        if stack.config_file.exists():
+            salt = (yaml.safe_load(stack.config_file.read_text()) or {}).get("encryptionsalt")
+        text = base.read_text() if base is not None and base.exists() else "config: {}\n"
+        stack.config_file.write_text(text + (f"encryptionsalt: {salt}\n" if salt else ""))
+
+    def up(self, stack: Stack, base: Path | None, config: Mapping[str, str], secret_config: Mapping[str, str],
+           *, echo: bool, timeout: float) -> dict[str, Any]:
+        """`pulumi up --yes` (with its preview) after `stack init` (once) and `config set` of every value."""
+        cli = self.cli()
+        self._project(stack, base)
+        cli.ensure_stack(stack)
+        cli.set_config(stack, config, secret_config)
+        return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout))
+
+    def recover(self, stack: Stack) -> None:
+        """What a user runs after an interrupted up: `pulumi cancel` where the backend still holds the stack's lock
+        (the file backend has none to cancel), then `pulumi refresh --clear-pending-creates`, which asks each
+        provider whether what the interrupted up began exists, and keeps what does."""
+        cli = self.cli()
+        try:
+            cli.run(["cancel", "--yes", "--stack", stack.name], cwd=stack.project_dir)
+        except PulumiError as err:
+            self.out.write(f"pulumi cancel: {failures(err.output)[:1] or [err]}\n")
+        cli.run(["refresh", "--yes", "--clear-pending-creates", "--stack", stack.name], cwd=stack.project_dir,
+                timeout=600)
+
+    def destroy(self, stack: Stack, *, echo: bool, timeout: float) -> dict[str, Any]:
+        if not self.checkpoint_path(stack).exists():
+            return {"ok": True, "counts": {}, "failures": [], "output": ""}
+        cli = self.cli()
+        if not stack.config_file.exists():
+            self._project(stack, None)
+        return self._operation(lambda: cli.destroy(stack, echo=echo, timeout=timeout))
+
+    def forget(self, stack: Stack) -> None:
+        """After a destroy that left 0 resources: the stack and its config go (a new up starts a new one)."""
+        if self.checkpoint_path(stack).exists():
+            if self.resources(stack):
+                raise PulumiError(f"stack {stack.name} of {stack.project_dir.name} still holds resources")
+            self.cli().remove_stack(stack)
+        stack.config_file.unlink(missing_ok=True)
+
+    def _operation(self, run: Any) -> dict[str, Any]:
+        interrupted: list[int] = []
+
+        def forward(signum: int, _frame: Any) -> None:
+            interrupted.append(signum)
+            self.cli().interrupt(signal.SIGINT)
+
+        handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            output = run()
+        except PulumiError as err:
+            return {"ok": False, "interrupted": bool(interrupted), "counts": _counts(err.output),
+                    "failures": failures(err.output) or [str(err)], "output": err.output}
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        return {"ok": True, "interrupted": bool(interrupted), "counts": _counts(output), "failures": [],
+                "output": output}
