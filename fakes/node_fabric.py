@@ -214,6 +214,19 @@ class Fabric:
             self.end_namespace(namespace)
         node = self.node_dir(address)
         node.mkdir(parents=True, exist_ok=True)
+        self.attach(address)
+        self.firewall(address, rules)
+        host_key = _apply_cloud_config(node, user_data)
+        ssh = node / ".ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        (ssh / "authorized_keys").write_text(authorized_key.strip() + "\n")
+        self._start_sshd(address, namespace, host_key)
+
+    def attach(self, address: str) -> str:
+        """A bare namespace at `address` on the bridge (no firewall, no sshd): a VM's network, or a stranger on the
+        same network for a test. Returns its name."""
+        c = self.config
+        namespace = c.namespace(address)
         _run("ip", "netns", "add", namespace)
         veth = f"kv{c.id}{int(ipaddress.IPv4Address(address)) & 0xFF}"
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
@@ -221,12 +234,7 @@ class Fabric:
         _run("ip", "-n", namespace, "addr", "add", f"{address}/{c.network.prefixlen}", "dev", "eth0")
         _run("ip", "-n", namespace, "link", "set", "eth0", "up")
         _run("ip", "-n", namespace, "link", "set", "lo", "up")
-        self.firewall(address, rules)
-        host_key = _apply_cloud_config(node, user_data)
-        ssh = node / ".ssh"
-        ssh.mkdir(mode=0o700, exist_ok=True)
-        (ssh / "authorized_keys").write_text(authorized_key.strip() + "\n")
-        self._start_sshd(address, namespace, host_key)
+        return namespace
 
     def _start_sshd(self, address: str, namespace: str, host_key: Path) -> None:
         node, run = self.node_dir(address), self._sshd_dir(address)
