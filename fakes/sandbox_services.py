@@ -127,6 +127,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def is_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie has already ended)."""
+    return _alive(pid)
+
+
 def _is(pid: int, marker: str) -> bool:
     return _alive(pid) and any(marker in word for word in _cmdline(pid))
 

@@ -78,7 +78,7 @@ class CliStacks:
 
     def cli(self) -> PulumiCli:
         if self._cli is None:
-            cli = PulumiCli(self.root, toolchain_bin(self.out), self.passphrase_file, self.out)
+            cli = PulumiCli(self.root, toolchain_bin(), self.passphrase_file, self.out)
             cli.prepare()
             self._cli = cli
         return self._cli

@@ -594,6 +594,11 @@ class Sandbox:
 
     def _ensure_idle(self) -> None:
         """Refuse while an engine runs on this workdir: a destroy must not delete VMs an up is still creating."""
+        running = self.dir.root / "pulumi.pid"
+        if running.exists() and running.read_text().strip().isdigit() and \
+                services.is_alive(int(running.read_text().strip())):
+            raise SandboxUsageError(f"pulumi (pid {running.read_text().strip()}) is running on {self.dir.root}; "
+                                    "wait for it or stop it with Ctrl-C first")
         lock = self.dir.root / ".lock"
         if not lock.exists():
             return

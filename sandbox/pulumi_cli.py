@@ -15,6 +15,7 @@ own build.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,16 +46,14 @@ class PulumiError(Exception):
         self.returncode = returncode
 
 
-def toolchain_bin(out: TextIO | None = None) -> Path:
+def toolchain_bin() -> Path:
     """The directory of `pulumi` and its Python language host: scripts/pulumi-toolchain's last line (it builds
     them once if this machine has none, about 8 minutes on 2 cores)."""
-    done = subprocess.run(["bash", str(TOOLCHAIN)], stdout=subprocess.PIPE, stderr=None if out is None else
-                          subprocess.PIPE, text=True)
-    if out is not None and done.stderr:
-        out.write(done.stderr)
+    # Its steps go straight to stderr: a first build runs for minutes and says what it is doing as it goes.
+    done = subprocess.run(["bash", str(TOOLCHAIN)], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0 or not done.stdout.strip():
-        raise PulumiError(f"scripts/pulumi-toolchain failed ({done.returncode}): no Pulumi CLI to run",
-                          done.stderr or "", done.returncode)
+        raise PulumiError(f"scripts/pulumi-toolchain failed ({done.returncode}): no Pulumi CLI to run", "",
+                          done.returncode)
     return Path(done.stdout.strip().splitlines()[-1])
 
 
@@ -82,6 +81,7 @@ class PulumiCli:
         self.passphrase_file = passphrase_file
         self.out = out or sys.stdout
         self._current: subprocess.Popen[str] | None = None
+        self.pid_file = workdir / "pulumi.pid"
 
     # -- environment --
 
@@ -122,6 +122,8 @@ class PulumiCli:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         self._current = proc
+        # Who is running: for a second sandbox command (refused while this one runs) and for a test's kill.
+        self.pid_file.write_text(f"{proc.pid}\n")
         lines: list[str] = []
         assert proc.stdin is not None and proc.stdout is not None  # both are PIPE
         try:
@@ -140,9 +142,19 @@ class PulumiCli:
                     raise PulumiError(f"pulumi {args[0]} did not finish within {timeout:g} s and was interrupted",
                                       "".join(lines), 124)
                 time.sleep(0.05)
+        except KeyboardInterrupt:
+            # Ctrl-C in this process (no handler of the caller's took it): the CLI ends its operation cleanly.
+            self.interrupt()
+            proc.wait(120)
+            raise
         finally:
+            # A pulumi that was killed leaves its plugins running (they are its children, in its session): a
+            # provider host would go on polling, and end an operation nobody waits for. They go with it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
             reader.join(10)
             self._current = None
+            self.pid_file.unlink(missing_ok=True)
         output = "".join(lines)
         if proc.returncode != 0:
             raise PulumiError(f"pulumi {' '.join(args[:2])} failed (exit {proc.returncode})", output,

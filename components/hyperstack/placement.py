@@ -28,6 +28,7 @@ import pulumi
 import pulumi.dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
+from . import progress
 from .errors import ProvisioningError
 from .inputs import known
 from .market import format_stock_table, region_stock
@@ -98,11 +99,11 @@ class PlacementProvider(_Provider):
         existing = self._existing_region(env_name) if env_name else None
         if existing is not None:
             region, seen = existing, list[dict[str, Any]]()
-            pulumi.log.info(f"placement: environment {env_name!r} already exists in {region}; the cluster stays there")
+            progress.info(f"placement: environment {env_name!r} already exists in {region}; the cluster stays there")
         else:
             region, seen = choose_region(regions, flavor, count, front_flavor)
             front_note = f" and the front ({front_flavor})" if front_flavor else ""
-            pulumi.log.info(f"placement: {region} chosen for {count} x {flavor}{front_note} (first of "
+            progress.info(f"placement: {region} chosen for {count} x {flavor}{front_note} (first of "
                             f"{', '.join(regions)} with stock); later ups keep it")
         outs = {"regions": regions, "flavor_name": flavor, "count": count, "environment_name": env_name,
                 "region": region, "chosen_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -120,7 +121,7 @@ class PlacementProvider(_Provider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         region = olds["region"]
         if region not in (news.get("regions") or []):
-            pulumi.log.warn(f"placement: the cluster stays in {region}, which kimi-cluster:regions no longer lists; "
+            progress.warn(f"placement: the cluster stays in {region}, which kimi-cluster:regions no longer lists; "
                             "a running cluster is never moved (to move it: pulumi destroy, then pulumi up)")
         return UpdateResult({**olds, **{k: news[k] for k in _INPUTS if k in news}, "region": region})
 

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import pulumi
-
+from . import progress
 from .api import HyperstackError
 from .errors import ProvisioningError
 
@@ -58,10 +57,10 @@ def poll(subject: str, what: str, timeout: float, interval: float, probe: Callab
 def _log_change(subject: str, before: str | None, look: Look[Any], elapsed: float) -> None:
     if before is None:
         if look.value is None:  # a wait that is over at the first look needs no sign of life
-            pulumi.log.info(f"{subject}: {look.state}; waiting for {look.waiting_for}")
+            progress.info(f"{subject}: {look.state}; waiting for {look.waiting_for}")
         return
     line = f"{subject}: {before} → {look.state} after {_duration(elapsed)}"
-    pulumi.log.info(line + (f"; waiting for {look.waiting_for}" if look.value is None else ""))
+    progress.info(line + (f"; waiting for {look.waiting_for}" if look.value is None else ""))
 
 
 def _duration(seconds: float) -> str:

@@ -24,7 +24,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import pulumi
 from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
@@ -36,6 +35,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
+from . import progress
 from .api import (
     API_KEY_CONFIG,
     API_URL_CONFIG,
@@ -67,7 +67,7 @@ def stack_config() -> dict[str, Any]:
 
 
 def client() -> HyperstackClient:
-    return HyperstackClient.from_settings(ApiSettings.resolve(stack_config()), log=pulumi.log.info)
+    return HyperstackClient.from_settings(ApiSettings.resolve(stack_config()), log=progress.info)
 
 
 class _Provider(ResourceProvider):
@@ -272,7 +272,7 @@ class VirtualMachineProvider(_Provider):
         lost = self._lost(_id)
         if lost:
             # The cloud took it away (a reclaim, a hardware fault): `pulumi up` alone brings it back, no refresh needed.
-            pulumi.log.warn(f"VM {news.get('name') or _id} (id {_id}) {lost}: it is created again")
+            progress.warn(f"VM {news.get('name') or _id} (id {_id}) {lost}: it is created again")
             return DiffResult(changes=True, replaces=["name"], delete_before_replace=True)
         return diff_inputs(olds, news, VM_REPLACE, VM_UPDATE, True)
 
@@ -369,11 +369,11 @@ class VirtualMachineProvider(_Provider):
                 f"VM {spec.name!r} (id {vm['id']}) from an earlier interrupted run has flavor {flavor} and image "
                 f"{image}, but {spec.flavor_name} and {spec.image_name} are wanted; delete it, then run again")
         if vm.get("status") == "ERROR":
-            pulumi.log.warn(f"VM {spec.name!r} (id {vm['id']}) left by an earlier run is in ERROR: deleting it")
+            progress.warn(f"VM {spec.name!r} (id {vm['id']}) left by an earlier run is in ERROR: deleting it")
             delete_vm_and_wait(api, vm["id"], f"VM {spec.name!r} (id {vm['id']})",
                                spec.delete_timeout_seconds, spec.poll_interval_seconds)
             return None
-        pulumi.log.warn(f"adopting VM {spec.name!r} (id {vm['id']}), created by an earlier run that did not finish")
+        progress.warn(f"adopting VM {spec.name!r} (id {vm['id']}), created by an earlier run that did not finish")
         return vm
 
     def _post(self, api: HyperstackClient, spec: VmSpec) -> VmRecord:
@@ -389,7 +389,7 @@ class VirtualMachineProvider(_Provider):
             for _ in range(3):
                 found = self._find(api, spec)
                 if found:
-                    pulumi.log.warn(f"the create answer for VM {spec.name!r} was lost ({err}); adopting id "
+                    progress.warn(f"the create answer for VM {spec.name!r} was lost ({err}); adopting id "
                                     f"{found[0]['id']}")
                     return found[0]
                 time.sleep(spec.poll_interval_seconds)

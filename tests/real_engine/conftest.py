@@ -6,9 +6,11 @@ since .ci/run installs everything they need.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +58,17 @@ def real_sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
         if fabric.exists():  # a flow that failed half-way: its namespaces and bridge go too
             subprocess.run([sys.executable, "-m", "fakes.node_fabric", "teardown", str(fabric)], capture_output=True,
                            cwd=Path(__file__).resolve().parents[2], timeout=120)
+
+
+def inventory(runner: SandboxRunner) -> dict:
+    """The sandbox's own emulator's bookkeeping (it runs with --admin), as the test-only admin route gives it."""
+    base = runner.record()["emulator_url"].removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/_emulator/inventory", timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def vm_posts(runner: SandboxRunner) -> int:
+    base = runner.record()["emulator_url"].removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/_emulator/requests", timeout=10) as answer:
+        requests = json.loads(answer.read())
+    return sum(1 for r in requests if r["method"] == "POST" and r["path"] == "/core/virtual-machines")

@@ -1,0 +1,72 @@
+"""An interrupted `pulumi up`, and the recovery a user runs (README "Recovering from an interrupted up"):
+
+- Ctrl-C (SIGINT to the sandbox, which hands it to `pulumi`): the CLI stops starting new steps, finishes or cancels
+  the ones under way and saves its checkpoint; the next up carries on, with no second VM.
+- `pulumi` killed outright (SIGKILL: a crash), its provider hosts living on, or with its whole session (a closed
+  laptop): the checkpoint keeps the creates it had begun as pending operations; the next up runs `pulumi cancel`
+  (the file backend has no lock to cancel), `pulumi refresh --clear-pending-creates`, then `pulumi up`, whose VM
+  provider adopts each VM a lost create made, by name. A provider host that outlived pulumi must not delete the VM
+  it was waiting for (components/hyperstack/progress.py): that would cost a second VM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from fakes import sandbox_services as services
+from tests.sandbox.conftest import leftover_processes, ok, report, wait_for
+
+from .conftest import inventory, vm_posts
+
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
+NODES = [f"kimi-sandbox-node{r}" for r in range(4)]
+
+
+def _vms(run) -> list[str]:
+    try:
+        return sorted(vm["name"] for vm in inventory(run)["virtual_machines"])
+    except (OSError, KeyError, ValueError):
+        return []  # the emulator is not up yet
+
+
+def _pulumi_pid(run) -> int:
+    pid_file = run.workdir / "pulumi.pid"
+    return int(wait_for("pulumi's pid file", lambda: pid_file.exists() and pid_file.read_text().strip(), 60))
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill", "killpg"])
+def test_an_interrupted_up_resumes_with_no_second_vm_and_destroys_clean(real_sandbox, how: str) -> None:
+    run = real_sandbox()
+    started = time.monotonic()
+    driver = run.start("up", "--topology", "h100x4-sglang", "--quiet")
+    wait_for("four VMs in the emulator", lambda: _vms(run) == NODES, 120)
+    pid = _pulumi_pid(run)
+    if how == "sigint":
+        os.kill(driver.pid, signal.SIGINT)  # the user's Ctrl-C reaches the sandbox, which passes it to pulumi
+    elif how == "sigkill":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        os.killpg(pid, signal.SIGKILL)  # pulumi and its plugins (it runs in a session of its own)
+    output, _ = driver.communicate(timeout=300)
+    assert driver.returncode != 0, output
+    wait_for(f"pulumi (pid {pid}) to end", lambda: not services.is_alive(pid), 30)
+    if how == "sigint":
+        assert "sandbox up: stopped after" in output, output
+
+    resumed = run("up")
+    out = ok(resumed)
+    if how != "sigint":
+        assert "pulumi refresh --clear-pending-creates" in out, out
+    assert vm_posts(run) == 4, out
+    assert _vms(run) == NODES
+
+    ok(run("verify"))
+    destroy = run("destroy", "--quiet")
+    assert "emulator: nothing left" in ok(destroy)
+    assert leftover_processes(run.workdir) == []
+    report(f"h100x4-sglang up interrupted by {how} once its VMs existed: resumed up {resumed.seconds:.1f} s, "
+           f"whole test {time.monotonic() - started:.1f} s")
