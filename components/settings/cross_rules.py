@@ -13,11 +13,9 @@ from components import catalog, tls_check
 from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
-    _FLAVOR,
     _FLAVOR_GPUS,
     _HF_ENDPOINT,
     _NAME,
-    _PRINTABLE,
     _V4_MAPPED,
     IPV4_MIN_PREFIX,
     IPV6_MIN_PREFIX,
@@ -167,17 +165,9 @@ def name_problems(env: str, environment_name: str | None, stack: str, longest_no
             f"short, every VM name would collide): set {NAMESPACE}:environmentName to at most {room} characters"]
 
 
-def replica_problems(replicas: int, front_flavor: str, front_hourly_price_usd: float | None,
-                     front_os_image: str | None, env: str, longest_vm_name: str) -> list[str]:
-    """replicas >= 2: the front's flavor and image are names the API sees, and every derived VM name fits."""
+def replica_problems(replicas: int, env: str, longest_vm_name: str) -> list[str]:
+    """replicas >= 2: every derived VM name fits (the front's flavor and image have rules of their own: rules.py)."""
     problems = []
-    if not _FLAVOR.fullmatch(front_flavor):
-        problems.append(f"{NAMESPACE}:frontFlavor {shown(front_flavor)} is not a Hyperstack flavor name")
-    elif front_flavor not in catalog.CPU_FLAVORS and front_hourly_price_usd is None:
-        problems.append(f"{NAMESPACE}:frontFlavor {front_flavor} has no catalog price (known: "
-                        f"{', '.join(catalog.CPU_FLAVORS)}); set {NAMESPACE}:frontHourlyPriceUsd for it")
-    if front_os_image is not None and not _PRINTABLE.fullmatch(front_os_image):
-        problems.append(f"{NAMESPACE}:frontOsImage {shown(front_os_image)} has control characters")
     if _NAME.fullmatch(env) and len(longest_vm_name) > NAME_MAX:
         room = NAME_MAX - (len(longest_vm_name) - len(env))
         problems.append(f"{NAMESPACE}:replicas {replicas} makes the VM name {longest_vm_name!r} "

@@ -60,6 +60,8 @@ EXAMPLES: dict[str, str] = {
     "apiOutputPriceUsdPerM": "10.00",
     "inputTokensPerOutputToken": "20",
     "engineLayout": "tp8-dcp8",
+    "frontFlavor": catalog.FRONT_FLAVOR.name,
+    "frontOsImage": f"'{catalog.FRONT_OS_IMAGE}'",
 }
 
 

@@ -189,13 +189,15 @@ class Settings(BaseModel):
             raise ValueError(f"{shown(v)} is not a flavor name such as n3-H100x8-NVLink")
         return v
 
-    @field_validator("os_image")
+    @field_validator("os_image", "front_os_image")
     @classmethod
     def _os_image(cls, v: str | None) -> str | None:
-        if v is not None and (not _PRINTABLE.fullmatch(v) or v != v.strip() or len(v) > 200):
-            raise ValueError(f"{shown(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
-                             "spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker'")
-        return v
+        return rules.os_image(v)
+
+    @field_validator("front_flavor")
+    @classmethod
+    def _front_flavor(cls, v: str) -> str:
+        return rules.front_flavor(v)
 
     @field_validator("served_model_name")
     @classmethod
@@ -351,8 +353,7 @@ class Settings(BaseModel):
         if self.replicas == 1:
             return self
         longest = max((self.replica_node_name(self.replicas - 1, self.nodes - 1), self.front_name), key=len)
-        problems = cross_rules.replica_problems(self.replicas, self.front_flavor, self.front_hourly_price_usd,
-                                                self.front_os_image, self.env_name, longest)
+        problems = cross_rules.replica_problems(self.replicas, self.env_name, longest)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

@@ -14,6 +14,7 @@ import posixpath
 import re
 from typing import Any
 
+from components import catalog
 from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.steps import ALL_STEPS, CACHE_STEPS
@@ -248,6 +249,28 @@ def operator_cidr(v: str) -> str:
             "use your own address, e.g. \"$(curl -4 -s https://ifconfig.me)/32\""
         )
     return str(net)
+
+
+def os_image(v: str | None) -> str | None:
+    """osImage and frontOsImage: an image name as Hyperstack lists them, sent to the API as it is written."""
+    # isprintable: no control character, and no Unicode separator or format character (U+2028, a zero-width space).
+    if v is not None and (not v.isprintable() or v != v.strip() or len(v) > 200):
+        raise ValueError(f"{shown(v)} is not an image name as Hyperstack lists them (at most 200 printable "
+                         "characters, no surrounding spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with "
+                         "Docker'")
+    return v
+
+
+def front_flavor(v: str) -> str:
+    """The front runs Caddy alone: a CPU flavor of the catalog (catalog.CPU_FLAVORS), which prices it."""
+    if v in catalog.CPU_FLAVORS:
+        return v
+    known = ", ".join(catalog.CPU_FLAVORS)
+    if _FLAVOR_GPUS.search(v):
+        raise ValueError(f"{shown(v)} is a GPU flavor: the front only runs Caddy in front of the replicas, so it "
+                         f"bills GPUs for nothing; use a CPU flavor of the catalog: {known}")
+    raise ValueError(f"{shown(v)} is not a CPU flavor of the catalog (components/catalog.py, which also prices it); "
+                     f"known: {known}")
 
 
 def cidr_list(v: Any) -> Any:

@@ -414,7 +414,7 @@ def _run_one(index: int) -> None:
     except MemoryError:
         print("\nOUTCOME hang (memory ran out)")
     except AssertionError as err:  # refused, but not naming the key or the reason the case expects
-        print(f"\nOUTCOME misreported {str(err)[:200]}")
+        print("\nOUTCOME misreported " + str(err)[:200].replace("\n", " "))
     except BaseException as err:  # noqa: BLE001 - a probe counts every other way a case can end
         traceback.print_exc()
         print(f"\nOUTCOME traceback {type(err).__name__}: {str(err)[:200]}")
