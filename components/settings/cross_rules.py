@@ -20,6 +20,8 @@ from components.settings.rules import (
     IPV4_MIN_PREFIX,
     IPV6_MIN_PREFIX,
     NAME_MAX,
+    RESERVED_PORTS,
+    UNPRIVILEGED_PORT_MIN,
     _is_loopback,
     _non_public,
 )
@@ -105,6 +107,15 @@ def tokenspeed_problem(engine_name: str, nodes: int, image: str | None, engine_p
                     f"{NAMESPACE}:enginePort 30000 with apiPort 8000")
     if engine_port + metrics > 65535:
         return f"{NAMESPACE}:enginePort {engine_port} leaves no room for TokenSpeed's two ports above it"
+    # The image's user is not root: it cannot bind below 1024, so the launch would fail after the GPUs bill.
+    if engine_port < UNPRIVILEGED_PORT_MIN:
+        return (f"{NAMESPACE}:enginePort {engine_port}: TokenSpeed's image runs as a user that is not root, which "
+                f"cannot listen below {UNPRIVILEGED_PORT_MIN} (nor its two ports above it); e.g. "
+                f"{NAMESPACE}:enginePort 30000")
+    for port, what in taken.items():
+        if port in RESERVED_PORTS:
+            return (f"{NAMESPACE}:enginePort {engine_port} puts {what} on port {port}, {RESERVED_PORTS[port]}'s; "
+                    f"pick another, e.g. {NAMESPACE}:enginePort 30000")
     return None
 
 

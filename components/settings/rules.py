@@ -64,6 +64,8 @@ MAX_LIST_ITEMS = 256
 SSH_PORT = 22
 DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
 RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)"}
+# Below it, only root may listen (Linux's default net.ipv4.ip_unprivileged_port_start).
+UNPRIVILEGED_PORT_MIN = 1024
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
 
@@ -227,9 +229,16 @@ def endpoint_url(v: str | None) -> str | None:
     return v.rstrip("/")
 
 
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A CIDR as a firewall rule takes it; ValueError otherwise. One check for operatorCidr and apiAllowedCidrs."""
+    if "%" in text:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
+        raise ValueError(text)
+    return ipaddress.ip_network(text.strip(), strict=False)
+
+
 def operator_cidr(v: str) -> str:
     try:
-        net = ipaddress.ip_network(str(v).strip(), strict=False)
+        net = _network(str(v))
     except ValueError:
         raise ValueError(f"{shown(v)} is not a CIDR such as 203.0.113.7/32") from None
     if net.prefixlen == 0:
@@ -289,9 +298,7 @@ def cidr_list(v: Any) -> Any:
     out: list[str] = []
     for cidr in v:
         try:
-            if "%" in cidr:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
-                raise ValueError(cidr)
-            net = ipaddress.ip_network(cidr.strip(), strict=False)
+            net = _network(cidr)
         except ValueError:
             raise ValueError(f"{shown(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
         if net.prefixlen == 0:
