@@ -119,6 +119,17 @@ def tokenspeed_problem(engine_name: str, nodes: int, image: str | None, engine_p
     return None
 
 
+def context_problems(max_model_len: int | None, context_window: int, model: str, positions: int) -> list[str]:
+    """maxModelLen (what the engine admits) and contextWindow (what clients are told) within the model's positions
+    (catalog.ModelSpec.context_window): past them the engine refuses to start, or clients send what it cuts."""
+    out = []
+    for key, value in (("maxModelLen", max_model_len), ("contextWindow", context_window)):
+        if value is not None and value > positions:
+            out.append(f"{NAMESPACE}:{key} {value:,} is more than {model}'s {positions:,} positions; set at most "
+                       f"{positions}, e.g. pulumi config set {NAMESPACE}:{key} {positions}")
+    return out
+
+
 def layout_problem(engine_layout: str | None, engine_name: str, nodes: int, gpus_per_node: int) -> str | None:
     if engine_layout is None:
         return None
