@@ -61,6 +61,7 @@ EXAMPLES: dict[str, str] = {
     "inputTokensPerOutputToken": "20",
     "engineLayout": "tp8-dcp8",
     "frontFlavor": catalog.FRONT_FLAVOR.name,
+    "nodeTiming": '\'{"settleSeconds": 2, "pollSeconds": 5}\'',
     "frontOsImage": f"'{catalog.FRONT_OS_IMAGE}'",
 }
 

@@ -372,6 +372,7 @@ class Settings(BaseModel):
             + cross_rules.name_problems(self.env_name, self.environment_name, self.stack, last_node) \
             + cross_rules.api_cidr_problems(self.api_allowed_cidrs, self.allow_private_operator_cidr) \
             + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname) \
+            + node_timing.deadline_problems(self.timing, self) \
             + cross_rules.context_problems(self.max_model_len, self.context_window, self.model,
                                            self.model_spec.context_window)
         if problems:

@@ -315,7 +315,7 @@ CASES: list[tuple[int, str, Callable[[], None]]] = [
     (6, "launch timeout 1 s", refused({"nodeTiming": '{"launchTimeoutS": 1}'}, "launchTimeoutS")),
     (6, "cloud-init timeout 1 s", refused({"nodeTiming": '{"cloudInitTimeoutS": 1}'}, "cloudInitTimeoutS")),
     (6, "docker timeout under a poll", refused({"nodeTiming": '{"dockerTimeoutS": 60, "fastPollSeconds": 600}'},
-                                               "dockerTimeoutS")),
+                                               "fastPollSeconds")),
     # 7. engine limits
     (7, "maxModelLen 2**24", refused({"maxModelLen": 2**24}, "kimi-cluster:maxModelLen")),
     (7, "maxModelLen 1048577", refused({"maxModelLen": 1_048_577}, "kimi-cluster:maxModelLen")),
