@@ -113,6 +113,11 @@ def placeholders(settings: Settings) -> list[str]:
     return out
 
 
+# A stack config is a few KB (its largest values a TLS chain and the SSH keys); the YAML parser is pure Python and
+# takes minutes over tens of MB, so the file is read only up to this and refused beyond it.
+STACK_FILE_MAX_BYTES = 1024 * 1024
+
+
 def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a Pulumi.<stack>.yaml: (kimi-cluster keys without namespace, every other key as written).
 
@@ -121,8 +126,12 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     import yaml  # only the offline tools read stack files; the program gets config from the engine
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = _load_yaml_bounded(fh, path) or {}
+        with open(path, "rb") as fh:
+            data = fh.read(STACK_FILE_MAX_BYTES + 1)
+        if len(data) > STACK_FILE_MAX_BYTES:
+            raise SettingsError(f"{path} is larger than {STACK_FILE_MAX_BYTES // 1024 ** 2} MB, more than any stack "
+                                "config (a few KB, a TLS chain included), or not a file; give Pulumi.<stack>.yaml")
+        doc = _load_yaml_bounded(data.decode("utf-8"), path) or {}
     except IsADirectoryError:
         raise SettingsError(f"{path} is a directory, not a stack config file (Pulumi.<stack>.yaml)") from None
     except OSError as err:
