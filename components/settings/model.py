@@ -128,8 +128,7 @@ class Settings(BaseModel):
     # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
     api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
                                                     allow_inf_nan=False)
-    # At least a hundredth of a cent per 1M: the break-even divides the cluster's hour by it, and a price near zero
-    # (1e-300) makes token rates past any float.
+    # At least $0.0001 per 1M: the break-even divides the cluster's hour by it (1e-300 overflows every float).
     api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", ge=1e-4, le=10_000,
                                                      allow_inf_nan=False)
     input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,

@@ -172,7 +172,7 @@ def tls_refused(leaf_key_factory, needle: str, extensions=(), sha1=False) -> Cal
         ca = _cert("Team CA", ca_key, ca=True)
         leaf_key = leaf_key_factory()
         leaf = _cert(HOST, leaf_key, "Team CA", ca_key, extensions=extensions)
-        if sha1:
+        if isinstance(ca_key, rsa.RSAPrivateKey):  # the SHA-1 case: only RSA's signature keeps its length
             leaf = _resigned_sha1(leaf, ca_key)
         refused({"tlsCertificate": _pem(leaf) + _pem(ca), "tlsPrivateKey": _key_pem(leaf_key),
                  "apiHostname": HOST}, needle)()
@@ -396,6 +396,30 @@ def test_legitimate_namespaces_are_accepted(tmp_path):
         "pulumi:tags": {"team": "ml"}, "pulumi:disable-default-providers": ["*"]}}), encoding="utf-8")
     raw, other = read_stack_file(str(path))
     assert raw["operatorCidr"] == "198.18.0.7/32" and other["hyperstack:retryBaseSeconds"] == "0.005"
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"kimi_cluster:topology": "b300x1-vllm"}, "did you mean kimi-cluster:topology?"),
+    ({"hyperstack:retryBaseSeconds": "1e9"}, "hyperstack:retryBaseSeconds '1e9' is not a number of seconds"),
+], ids=["namespace", "retry base"])
+def test_the_program_refuses_before_registering_anything(extra, needle):
+    from tests.pulumi_harness import Recording, run_program
+    from tests.test_program import config, outputs_for
+
+    cfg, secret = config()
+    recording = Recording()
+    with pytest.raises(SettingsError, match=needle):
+        run_program({**cfg, **extra}, secret, outputs_for, recording=recording)
+    assert not recording.resources
+
+
+def test_the_program_refuses_a_retry_base_variable(monkeypatch):
+    from tests.pulumi_harness import run_program
+    from tests.test_program import config, outputs_for
+
+    monkeypatch.setenv("HYPERSTACK_RETRY_BASE_SECONDS", "inf")
+    with pytest.raises(SettingsError, match="HYPERSTACK_RETRY_BASE_SECONDS 'inf' is not a number of seconds"):
+        run_program(*config(), outputs_for)
 
 
 # ---- the count ------------------------------------------------------------------------------------------------------
