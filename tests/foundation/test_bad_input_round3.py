@@ -56,9 +56,14 @@ def refused(raw: dict, needle: str) -> Callable[[], None]:
 
 
 def _tmp() -> Path:
+    """A scratch directory, removed when the process ends (the 50 MB stack file is among them)."""
+    import atexit
+    import shutil
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix="bad-input-3-"))
+    path = Path(tempfile.mkdtemp(prefix="bad-input-3-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def stack_file_refused(lines: dict[str, str], needle: str) -> Callable[[], None]:
