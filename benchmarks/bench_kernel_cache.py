@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks._args import workdir_problem
 from sandbox.kimi import FAKE_COMPILE_SECONDS, TOPOLOGIES, Sandbox
 
 READY_RESOURCE = "kimi-ready-wait"
@@ -74,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=".sandbox-bench")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir).resolve()
-    if (workdir / "state.json").exists() and json.loads((workdir / "state.json").read_text()).get("resources"):
-        raise SystemExit(f"{workdir} holds a deployed sandbox; destroy it or pick another --workdir")
+    problem = workdir_problem(workdir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     shutil.rmtree(workdir / "kernel-store", ignore_errors=True)  # an empty bucket: the first up is cold
     quiet = io.StringIO()
     sandbox = Sandbox(workdir, out=quiet)

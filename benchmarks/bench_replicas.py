@@ -36,6 +36,7 @@ from typing import Any
 
 import openai
 
+from benchmarks._args import number_problem, workdir_problem
 from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
 from sandbox.kimi import TOPOLOGIES, Sandbox
 
@@ -172,6 +173,20 @@ def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop
     return threads
 
 
+# Beyond these the figures mean nothing: more chats than the fake engines' slots, a decode slower than a second a
+# token, or a load phase longer than an hour.
+MAX_CHATS, MAX_TOKEN_SECONDS, MAX_PHASE_SECONDS = 256, 1.0, 3600.0
+
+
+def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
+    if not 1 <= args.chats <= MAX_CHATS:
+        return f"--chats {args.chats} is not between 1 and {MAX_CHATS}"
+    return (number_problem("--token-seconds", args.token_seconds, 0, MAX_TOKEN_SECONDS)
+            or number_problem("--before", args.before, 0, MAX_PHASE_SECONDS)
+            or number_problem("--after", args.after, 0, MAX_PHASE_SECONDS)
+            or workdir_problem(workdir))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_replicas", description=__doc__.splitlines()[0])
     ap.add_argument("--topology", choices=TOPOLOGIES, default="b300x1-vllm")
@@ -190,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                          "what fails while the replicas restart one after the other")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir).resolve()
-    if (workdir / "state.json").exists() and json.loads((workdir / "state.json").read_text()).get("resources"):
-        raise SystemExit(f"{workdir} holds a deployed sandbox; destroy it or pick another --workdir")
+    problem = _usage_problem(args, workdir)
+    if problem:  # before the bring-up, which takes minutes
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     os.environ["FAKE_ENGINE_TOKEN_SECONDS"] = str(args.token_seconds)  # reaches the engines through the nodes' env
     log = io.StringIO()
     sandbox = Sandbox(workdir, out=log)

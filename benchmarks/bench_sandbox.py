@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks._args import number_problem
 from fakes import sandbox_services as services
 from sandbox.kimi import EXIT_OK, Sandbox
 
@@ -60,6 +61,26 @@ def _measure(workdir: Path, topology: str, config: dict[str, str]) -> dict[str, 
     return {"up": up_s, "vms": len(creates), "longest_create": max(creates, default=0.0)}
 
 
+# An emulated VM boot past ten minutes measures nothing the shorter ones do not.
+MAX_BUILD_SECONDS = 600.0
+_SCRATCH = re.compile(r"logs|b[0-9.e+-]+-[0-9]+")
+
+
+def _usage_problem(build_seconds: Sequence[float], root: Path) -> str | None:
+    for value in build_seconds:
+        problem = number_problem("--build-seconds", value, 0, MAX_BUILD_SECONDS, low_open=False)
+        if problem:
+            return problem
+    if root.exists() and not root.is_dir():
+        return f"--workdir {root} is a file; give a directory (it is created, and removed afterwards)"
+    # The workdir is removed afterwards: only one this benchmark made (its logs and b<seconds>-<case> folders).
+    foreign = [p.name for p in root.iterdir() if not _SCRATCH.fullmatch(p.name)] if root.is_dir() else []
+    if foreign:
+        return (f"--workdir {root} holds {', '.join(sorted(foreign)[:3])}, which this benchmark did not make and "
+                "would remove afterwards; give a new or empty directory")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sandbox", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default=".sandbox-bench", help="scratch directory, removed afterwards")
     args = parser.parse_args(argv)
     root = Path(args.workdir).resolve()
+    problem = _usage_problem(args.build_seconds, root)
+    if problem:  # before the emulator starts
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     rows = []
     for build in args.build_seconds:
         emulator = _emulator(build, root / "logs")

@@ -99,6 +99,9 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
 MAX_NODES, MAX_SHARDS, MAX_SHARD_BYTES = 64, 10_000, 10**9
 
 
+MAX_NAIVE_SECONDS = 3600
+
+
 def _usage_problem(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot make a benchmark, or None; asked before the hub starts."""
     for flag, value, top in (("--nodes", args.nodes, MAX_NODES), ("--shards", args.shards, MAX_SHARDS),
@@ -107,6 +110,11 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
             return f"{flag} {value} is not between 1 and {top:,}"
     if not (math.isfinite(args.cap) and args.cap > 0):
         return f"--cap {args.cap:g} is not a positive number of bytes per second"
+    # The naive run fetches the whole checkpoint per node at the cap: past an hour the benchmark never ends in use.
+    floor = args.shards * args.shard_bytes / MAX_NAIVE_SECONDS
+    if args.cap < floor:
+        return (f"--cap {args.cap:g} bytes per second fetches the {args.shards * args.shard_bytes / 1e6:,.1f} MB "
+                f"checkpoint in more than {MAX_NAIVE_SECONDS // 60} minutes; give at least {floor:,.0f}")
     if args.keep and os.path.exists(args.keep) and not os.path.isdir(args.keep):
         return f"--keep {args.keep} is a file; give a directory (it is created if missing)"
     return None

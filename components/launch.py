@@ -75,15 +75,21 @@ def needs_marlin(settings: Settings) -> bool:
 # Other spellings of flags the program sets (SGLang's ServerArgs.add_cli_args, vLLM's make_arg_parser), and flags it
 # owns without always passing them: extraEngineArgs may set none of these.
 _OWNED_ALIASES = {
+    # The parallelism is topology's: data and pipeline parallel too, which the sizing does not plan for.
     "sglang": ("--model", "--tensor-parallel-size", "--tp", "--expert-parallel-size", "--ep", "--api-key",
-               "--nnodes", "--node-rank", "--dist-init-addr", "--context-length"),
+               "--nnodes", "--node-rank", "--dist-init-addr", "--context-length", "--dp-size",
+               "--data-parallel-size", "--pp-size", "--pipeline-parallel-size"),
     # The layout's parallelism is engineLayout's, in every layout (vLLM's short spellings -tp, -dp, -dcp too).
     # TokenSpeed 0.1.1: its CLI's aliases (cli/_argsplit.py), ServerArgs' parallelism and the smg gateway's key.
     "tokenspeed": ("--model", "--model-path", "--tp", "--tensor-parallel-size", "--attn-tp-size", "--world-size",
                    "--nprocs-per-node", "--nnodes", "--node-rank", "--dist-init-addr", "--headless", "--api-key",
-                   "--control-port", "--prometheus-port", "--prometheus-host", "--max-model-len"),
+                   "--control-port", "--prometheus-port", "--prometheus-host", "--max-model-len",
+                   "--data-parallel-size", "--dp-size"),
+    # vLLM's data-parallel placement (-dpl, -dpr, -dpn) and pipeline parallel belong to the layout as well.
     "vllm": ("--model", "-tp", "--api-key", "--max-model-len", "--headless", "--data-parallel-address",
-             "--tensor-parallel-size", "--data-parallel-size", "-dp", "--decode-context-parallel-size", "-dcp"),
+             "--tensor-parallel-size", "--data-parallel-size", "-dp", "--decode-context-parallel-size", "-dcp",
+             "--pipeline-parallel-size", "-pp", "--data-parallel-size-local", "-dpl", "--data-parallel-start-rank",
+             "-dpr", "--data-parallel-rank", "-dpn"),
 }
 
 

@@ -154,9 +154,30 @@ def parse_state(doc: Any, stack: str) -> StackState:
     return StackState(stack=stack, outputs=outputs, nodes=sorted(nodes, key=lambda n: n.rank))
 
 
+# A stack export of this project is a few MB at most: some hundred resources, and each node step's stdout, which
+# pulumi-command keeps, is a progress line every pollSeconds. 32 MiB is several times the largest (8 replicas with
+# hours of weights progress) and parses in well under a second; a bigger file (or /dev/zero) is refused unread.
+STATE_MAX_BYTES = 32 * 1024 * 1024
+
+
+def read_capped(path: str | Path, limit: int = STATE_MAX_BYTES) -> bytes:
+    """At most `limit` bytes of `path` ("-": stdin); ValueError when there are more, OSError when unreadable."""
+    import sys
+
+    if str(path) == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"is larger than {limit // (1024 * 1024)} MB, more than any stack export of this project "
+                         "(or not a file: a device never ends)")
+    return data
+
+
 def load_state_file(path: str | Path, stack: str) -> StackState:
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(read_capped(path))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         raise StackStateError(f"cannot read the stack state {path}: {str(exc)[:300]}") from None
     return parse_state(doc, stack)

@@ -2,7 +2,8 @@
 
 A chain that parses can still fail every handshake, or fail only the readiness wait two hours into `up`: an expired or
 not-yet-valid certificate, blocks that do not chain (or come in the wrong order), a leaf with no CA after it, a CA in
-the leaf's place, a leaf that does not name the hostname clients dial, a private key that is not the leaf's. Each
+the leaf's place, a leaf that does not name the hostname clients dial, a private key that is not the leaf's, a key too
+weak or a signature hash too broken for clients, a leaf whose key usage forbids serving TLS. Each
 check here answers with one sentence or None; a private key is never quoted (it is a secret).
 
 The rules follow what a TLS client does with the chain (RFC 5280 path building, RFC 6125 name matching): each block
@@ -15,13 +16,21 @@ from __future__ import annotations
 import datetime as dt
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 # A bring-your-own leaf this close to its end is accepted with a warning (components/tls.py renews its own at 60 days).
 RENEW_WARN_DAYS = 30
+# What TLS clients still accept (CA/Browser Forum baseline requirements, Go's crypto/x509 and OpenSSL's default
+# security level): RSA of 2048 bits or more, EC on P-256 or a larger curve.
+RSA_MIN_BITS = 2048
+EC_MIN_BITS = 256
+# Signature hashes clients refuse outright (SHA-1 since 2017, MD5 long before).
+_BROKEN_HASHES = (hashes.SHA1, hashes.MD5)
 
 
 def _is_ca(cert: x509.Certificate) -> bool:
@@ -55,6 +64,54 @@ def names_host(cert: x509.Certificate, hostname: str) -> bool:
     return False
 
 
+def _key_strength_problem(cert: x509.Certificate) -> str | None:
+    try:
+        key = cert.public_key()
+    except (ValueError, UnsupportedAlgorithm):
+        return f"certificate {_label(cert)} holds a public key of a kind TLS clients do not take"
+    if isinstance(key, rsa.RSAPublicKey) and key.key_size < RSA_MIN_BITS:
+        return f"certificate {_label(cert)} holds an RSA key of {key.key_size} bits; clients refuse less than " \
+               f"{RSA_MIN_BITS}"
+    if isinstance(key, ec.EllipticCurvePublicKey) and key.curve.key_size < EC_MIN_BITS:
+        return f"certificate {_label(cert)} holds an EC key on {key.curve.name}; clients take P-256 or larger"
+    if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+                      | ed448.Ed448PublicKey):
+        return f"certificate {_label(cert)} holds a {type(key).__name__}, which TLS servers do not use"
+    return None
+
+
+def _signature_problem(cert: x509.Certificate) -> str | None:
+    try:
+        algorithm = cert.signature_hash_algorithm
+    except UnsupportedAlgorithm:
+        oid = cert.signature_algorithm_oid.dotted_string
+        return f"certificate {_label(cert)} is signed with an algorithm clients do not know ({oid})"
+    if isinstance(algorithm, _BROKEN_HASHES):
+        return (f"certificate {_label(cert)} is signed with {algorithm.name.upper().replace('SHA1', 'SHA-1')}, "
+                "which every current client refuses: have it issued again with SHA-256")
+    return None
+
+
+def _usage_problem(leaf: x509.Certificate) -> str | None:
+    """A leaf that restricts its use must allow a TLS server's: signing the handshake, serverAuth."""
+    try:
+        usage = leaf.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = None
+    if usage is not None and not usage.digital_signature and not (
+            isinstance(leaf.public_key(), rsa.RSAPublicKey) and usage.key_encipherment):
+        return (f"leaf {_label(leaf)} has a key usage without digitalSignature, so it cannot sign a TLS handshake: "
+                "have it issued with key usage digitalSignature (and keyEncipherment for RSA)")
+    try:
+        purposes = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return None
+    if ExtendedKeyUsageOID.SERVER_AUTH not in purposes and ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE not in purposes:
+        return (f"leaf {_label(leaf)} has an extended key usage without serverAuth: clients refuse it for a "
+                "server; have it issued with extended key usage serverAuth")
+    return None
+
+
 def chain_problem(chain_pem: str, hostname: str, now: dt.datetime | None = None) -> str | None:
     """Why the chain cannot serve `hostname` to clients that trust its last certificate, or None."""
     if "PRIVATE KEY" in chain_pem:
@@ -79,14 +136,25 @@ def chain_problem(chain_pem: str, hostname: str, now: dt.datetime | None = None)
             return f"certificate {_label(cert)} is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
         if cert.not_valid_after_utc <= now:
             return f"certificate {_label(cert)} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    for cert in certs:
+        problem = _key_strength_problem(cert)
+        if problem:
+            return problem
     for child, parent in zip(certs, certs[1:], strict=False):
         if parent is not ca and not _is_ca(parent):
             return f"certificate {_label(parent)} signs {_label(child)} but is not a CA certificate"
+        # Before verifying: cryptography refuses a SHA-1 signature as unsupported, which reads as a broken chain.
+        problem = _signature_problem(child)
+        if problem:
+            return problem
         try:
             child.verify_directly_issued_by(parent)
         except (ValueError, TypeError, InvalidSignature):
             return (f"certificate {_label(child)} is not issued by the next one, {_label(parent)}: the blocks do "
                     "not chain (the order is leaf, intermediates, CA)")
+    problem = _usage_problem(leaf)
+    if problem:
+        return problem
     if not names_host(leaf, hostname):
         return (f"leaf {_label(leaf)} does not name kimi-cluster:apiHostname {hostname!r} among its DNS subject "
                 "alternative names: every client would refuse it")

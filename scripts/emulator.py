@@ -6,6 +6,7 @@ Point the program at it with HYPERSTACK_API_URL=http://127.0.0.1:8700/v1 and HYP
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 
@@ -31,6 +32,14 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _ipv4(text: str) -> str:
+    """The emulator hands out addresses counting up from this one (IPv4, as Hyperstack's are)."""
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address such as 127.0.0.2") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
@@ -41,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-seconds", type=float, default=3.0, help="time in BUILD")
     parser.add_argument("--floating-ip-seconds", type=float, default=1.0, help="time the floating IP is ATTACHING")
     parser.add_argument("--deleting-seconds", type=float, default=1.0, help="time a deleted VM stays DELETING")
-    parser.add_argument("--first-ip", default=FIRST_IP, help="first loopback address handed to VMs")
-    parser.add_argument("--first-floating-ip", default=None,
+    parser.add_argument("--first-ip", type=_ipv4, default=FIRST_IP, help="first address handed to VMs")
+    parser.add_argument("--first-floating-ip", type=_ipv4, default=None,
                         help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
     parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
     parser.add_argument("--fault", action="append", default=[], type=parse_fault, metavar="KIND[:VM_NAME]",

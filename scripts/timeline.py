@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from components.stack_state import read_capped
 from components.timeline import TimelineError, out_problem, table, write_timeline
 
 
@@ -29,11 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --out {args.out}: {problem}", file=sys.stderr)
         return 2
     try:
-        if args.state == "-":
-            doc = json.load(sys.stdin)
-        else:
-            with open(args.state, encoding="utf-8") as fh:
-                doc = json.load(fh)
+        doc = json.loads(read_capped(args.state))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         print(f"error: cannot read {args.state}: {str(exc)[:300]}", file=sys.stderr)
         return 2

@@ -154,7 +154,7 @@ def test_replicas_validation_names_the_key():
     base = {"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x"}
     with pytest.raises(SettingsError, match="kimi-cluster:replicas"):
         load_settings({**base, "replicas": 0}, "dev")
-    with pytest.raises(SettingsError, match="kimi-cluster:frontFlavor n1-cpu-huge has no catalog price"):
+    with pytest.raises(SettingsError, match="kimi-cluster:frontFlavor: 'n1-cpu-huge' is not a CPU flavor"):
         load_settings({**base, "replicas": 2, "frontFlavor": "n1-cpu-huge"}, "dev")
     long_env = "e" * 40  # fits one replica (e...-node3, 46) but not e...-r1-node3 (49) + ... -r7-node3
     load_settings({**base, "environmentName": long_env}, "dev")

@@ -27,12 +27,28 @@ RETRY_BASE_ENV = "HYPERSTACK_RETRY_BASE_SECONDS"
 # The API documents a 500 requests/minute budget and asks clients to wait >= 1 s, double, and stop after 5.
 RATE_LIMIT_TRIES = 5
 DEFAULT_RETRY_BASE_SECONDS = 1.0
+# The first 429 waits the base, then each try doubles it (RATE_LIMIT_TRIES - 1 waits, 15 bases in all): a minute of
+# base is a quarter of an hour of backoff; 0 (no wait) is the tests'. Past it, a typo sleeps for years.
+MAX_RETRY_BASE_SECONDS = 60.0
 # (connect, read): creates can take a while to answer, but nothing should hang a deployment forever.
 DEFAULT_TIMEOUT = (10.0, 120.0)
 SERVER_ERROR_STATUSES = (500, 502, 503, 504)
 _PAGE_SIZE = 100
 _LOGGER = logging.getLogger(__name__)
 _MAX_PAGES = 200
+
+
+def retry_base_problem(value: Any) -> str | None:
+    """Why `value` (hyperstack:retryBaseSeconds or HYPERSTACK_RETRY_BASE_SECONDS, text or a number) is no backoff
+    base, or None."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        return f"must be a number of seconds, got {str(value)[:40]!r}"
+    if not 0 <= seconds <= MAX_RETRY_BASE_SECONDS:  # also false for NaN
+        return (f"{str(value)[:40]!r} is not a number of seconds from 0 to {MAX_RETRY_BASE_SECONDS:g} (the backoff "
+                f"doubles it {RATE_LIMIT_TRIES - 2} times)")
+    return None
 
 
 class HyperstackError(Exception):
@@ -180,13 +196,11 @@ class ApiSettings:
                 error_reason="bad_config",
             )
         base = pick(RETRY_BASE_CONFIG, RETRY_BASE_ENV)
-        try:
-            retry_base = float(base) if base is not None else DEFAULT_RETRY_BASE_SECONDS
-        except ValueError:
-            raise HyperstackError(
-                f"{RETRY_BASE_CONFIG} / {RETRY_BASE_ENV} must be a number of seconds, got {base!r}",
-                error_reason="bad_config",
-            ) from None
+        problem = retry_base_problem(base) if base is not None else None
+        if problem:
+            source = RETRY_BASE_CONFIG if config.get(RETRY_BASE_CONFIG) not in (None, "") else RETRY_BASE_ENV
+            raise HyperstackError(f"{source} {problem}", error_reason="bad_config")
+        retry_base = float(base) if base is not None else DEFAULT_RETRY_BASE_SECONDS
         return cls(api_url=url, api_key=key, retry_base_seconds=retry_base)
 
 

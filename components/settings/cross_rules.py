@@ -13,15 +13,15 @@ from components import catalog, tls_check
 from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
-    _FLAVOR,
     _FLAVOR_GPUS,
     _HF_ENDPOINT,
     _NAME,
-    _PRINTABLE,
     _V4_MAPPED,
     IPV4_MIN_PREFIX,
     IPV6_MIN_PREFIX,
     NAME_MAX,
+    RESERVED_PORTS,
+    UNPRIVILEGED_PORT_MIN,
     _is_loopback,
     _non_public,
 )
@@ -107,7 +107,27 @@ def tokenspeed_problem(engine_name: str, nodes: int, image: str | None, engine_p
                     f"{NAMESPACE}:enginePort 30000 with apiPort 8000")
     if engine_port + metrics > 65535:
         return f"{NAMESPACE}:enginePort {engine_port} leaves no room for TokenSpeed's two ports above it"
+    # The image's user is not root: it cannot bind below 1024, so the launch would fail after the GPUs bill.
+    if engine_port < UNPRIVILEGED_PORT_MIN:
+        return (f"{NAMESPACE}:enginePort {engine_port}: TokenSpeed's image runs as a user that is not root, which "
+                f"cannot listen below {UNPRIVILEGED_PORT_MIN} (nor its two ports above it); e.g. "
+                f"{NAMESPACE}:enginePort 30000")
+    for port, what in taken.items():
+        if port in RESERVED_PORTS:
+            return (f"{NAMESPACE}:enginePort {engine_port} puts {what} on port {port}, {RESERVED_PORTS[port]}'s; "
+                    f"pick another, e.g. {NAMESPACE}:enginePort 30000")
     return None
+
+
+def context_problems(max_model_len: int | None, context_window: int, model: str, positions: int) -> list[str]:
+    """maxModelLen (what the engine admits) and contextWindow (what clients are told) within the model's positions
+    (catalog.ModelSpec.context_window): past them the engine refuses to start, or clients send what it cuts."""
+    out = []
+    for key, value in (("maxModelLen", max_model_len), ("contextWindow", context_window)):
+        if value is not None and value > positions:
+            out.append(f"{NAMESPACE}:{key} {value:,} is more than {model}'s {positions:,} positions; set at most "
+                       f"{positions}, e.g. pulumi config set {NAMESPACE}:{key} {positions}")
+    return out
 
 
 def layout_problem(engine_layout: str | None, engine_name: str, nodes: int, gpus_per_node: int) -> str | None:
@@ -167,17 +187,9 @@ def name_problems(env: str, environment_name: str | None, stack: str, longest_no
             f"short, every VM name would collide): set {NAMESPACE}:environmentName to at most {room} characters"]
 
 
-def replica_problems(replicas: int, front_flavor: str, front_hourly_price_usd: float | None,
-                     front_os_image: str | None, env: str, longest_vm_name: str) -> list[str]:
-    """replicas >= 2: the front's flavor and image are names the API sees, and every derived VM name fits."""
+def replica_problems(replicas: int, env: str, longest_vm_name: str) -> list[str]:
+    """replicas >= 2: every derived VM name fits (the front's flavor and image have rules of their own: rules.py)."""
     problems = []
-    if not _FLAVOR.fullmatch(front_flavor):
-        problems.append(f"{NAMESPACE}:frontFlavor {shown(front_flavor)} is not a Hyperstack flavor name")
-    elif front_flavor not in catalog.CPU_FLAVORS and front_hourly_price_usd is None:
-        problems.append(f"{NAMESPACE}:frontFlavor {front_flavor} has no catalog price (known: "
-                        f"{', '.join(catalog.CPU_FLAVORS)}); set {NAMESPACE}:frontHourlyPriceUsd for it")
-    if front_os_image is not None and not _PRINTABLE.fullmatch(front_os_image):
-        problems.append(f"{NAMESPACE}:frontOsImage {shown(front_os_image)} has control characters")
     if _NAME.fullmatch(env) and len(longest_vm_name) > NAME_MAX:
         room = NAME_MAX - (len(longest_vm_name) - len(env))
         problems.append(f"{NAMESPACE}:replicas {replicas} makes the VM name {longest_vm_name!r} "

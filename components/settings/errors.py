@@ -60,6 +60,9 @@ EXAMPLES: dict[str, str] = {
     "apiOutputPriceUsdPerM": "10.00",
     "inputTokensPerOutputToken": "20",
     "engineLayout": "tp8-dcp8",
+    "frontFlavor": catalog.FRONT_FLAVOR.name,
+    "nodeTiming": '\'{"settleSeconds": 2, "pollSeconds": 5}\'',
+    "frontOsImage": f"'{catalog.FRONT_OS_IMAGE}'",
 }
 
 

@@ -8,16 +8,19 @@ whole model (the engine flags components/launch.py owns) and the secrets' shapes
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from components import launch, tls_check
+from components.hyperstack.api import RETRY_BASE_CONFIG, RETRY_BASE_ENV, retry_base_problem
 from components.settings.errors import SettingsError, format_errors, how_to_set
 from components.settings.kernel_cache_store import KernelCacheSettings
 from components.settings.keys import CREDENTIAL_KEYS, NAMESPACE, SECRET_KEYS
 from components.settings.model import Settings
+from components.settings.namespaces import foreign_key_problems
 from components.settings.rules import credentials_problem
 from components.settings.ssh_key import private_key_problem
 
@@ -110,6 +113,11 @@ def placeholders(settings: Settings) -> list[str]:
     return out
 
 
+# A stack config is a few KB (its largest values a TLS chain and the SSH keys); the YAML parser is pure Python and
+# takes minutes over tens of MB, so the file is read only up to this and refused beyond it.
+STACK_FILE_MAX_BYTES = 1024 * 1024
+
+
 def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a Pulumi.<stack>.yaml: (kimi-cluster keys without namespace, every other key as written).
 
@@ -118,8 +126,12 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     import yaml  # only the offline tools read stack files; the program gets config from the engine
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = _load_yaml_bounded(fh, path) or {}
+        with open(path, "rb") as fh:
+            data = fh.read(STACK_FILE_MAX_BYTES + 1)
+        if len(data) > STACK_FILE_MAX_BYTES:
+            raise SettingsError(f"{path} is larger than {STACK_FILE_MAX_BYTES // 1024 ** 2} MB, more than any stack "
+                                "config (a few KB, a TLS chain included), or not a file; give Pulumi.<stack>.yaml")
+        doc = _load_yaml_bounded(data.decode("utf-8"), path) or {}
     except IsADirectoryError:
         raise SettingsError(f"{path} is a directory, not a stack config file (Pulumi.<stack>.yaml)") from None
     except OSError as err:
@@ -138,6 +150,9 @@ def read_stack_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     config = doc.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError(f"{path}: 'config' must be a mapping")
+    foreign = foreign_key_problems(config)
+    if foreign:
+        raise SettingsError(_errors(None, foreign))
     ours = strip_namespace(config)
     others = {k: v for k, v in config.items() if not k.startswith(NAMESPACE + ":")}
     return ours, others
@@ -194,7 +209,17 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
     cfg = pulumi.Config(NAMESPACE)
     raw: dict[str, Any] = {}
     prefix = NAMESPACE + ":"
-    for full_key in _stack_config_keys():
+    full_keys = _stack_config_keys()
+    # A misspelt namespace, and a backoff base (hyperstack:retryBaseSeconds or its variable) that would crash or
+    # sleep for years on the first 429: both refused before the first resource is registered.
+    foreign = foreign_key_problems({k: pulumi.runtime.get_config(k) if k == RETRY_BASE_CONFIG else None
+                                    for k in full_keys})
+    env_retry = os.environ.get(RETRY_BASE_ENV)
+    if env_retry not in (None, "") and (problem := retry_base_problem(env_retry)):
+        foreign.append(f"{RETRY_BASE_ENV} {problem}")
+    if foreign:
+        raise SettingsError(_errors(None, foreign))
+    for full_key in full_keys:
         if full_key.startswith(prefix):
             key = full_key[len(prefix):]
             # Secrets are read through get_secret below; here only the shapes of the SSH key, the bucket credentials

@@ -128,7 +128,8 @@ class Settings(BaseModel):
     # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
     api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,
                                                     allow_inf_nan=False)
-    api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", gt=0, le=10_000,
+    # At least $0.0001 per 1M: the break-even divides the cluster's hour by it (1e-300 overflows every float).
+    api_output_price_usd_per_m: float | None = Field(None, alias="apiOutputPriceUsdPerM", ge=1e-4, le=10_000,
                                                      allow_inf_nan=False)
     input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,
                                                         allow_inf_nan=False)
@@ -187,13 +188,15 @@ class Settings(BaseModel):
             raise ValueError(f"{shown(v)} is not a flavor name such as n3-H100x8-NVLink")
         return v
 
-    @field_validator("os_image")
+    @field_validator("os_image", "front_os_image")
     @classmethod
     def _os_image(cls, v: str | None) -> str | None:
-        if v is not None and (not _PRINTABLE.fullmatch(v) or v != v.strip() or len(v) > 200):
-            raise ValueError(f"{shown(v)} is not an image name as Hyperstack lists them (printable, no surrounding "
-                             "spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with Docker'")
-        return v
+        return rules.os_image(v)
+
+    @field_validator("front_flavor")
+    @classmethod
+    def _front_flavor(cls, v: str) -> str:
+        return rules.front_flavor(v)
 
     @field_validator("served_model_name")
     @classmethod
@@ -349,8 +352,7 @@ class Settings(BaseModel):
         if self.replicas == 1:
             return self
         longest = max((self.replica_node_name(self.replicas - 1, self.nodes - 1), self.front_name), key=len)
-        problems = cross_rules.replica_problems(self.replicas, self.front_flavor, self.front_hourly_price_usd,
-                                                self.front_os_image, self.env_name, longest)
+        problems = cross_rules.replica_problems(self.replicas, self.env_name, longest)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self
@@ -368,7 +370,10 @@ class Settings(BaseModel):
         problems = [p for p in one if p] \
             + cross_rules.name_problems(self.env_name, self.environment_name, self.stack, last_node) \
             + cross_rules.api_cidr_problems(self.api_allowed_cidrs, self.allow_private_operator_cidr) \
-            + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname)
+            + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname) \
+            + node_timing.deadline_problems(self.timing, self) \
+            + cross_rules.context_problems(self.max_model_len, self.context_window, self.model,
+                                           self.model_spec.context_window)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

@@ -14,8 +14,8 @@ from typing import Any
 
 from components.settings.errors import close_match, shown
 from components.settings.keys import NAMESPACE
-from components.settings.rules import json_text_object
-from components.timing import Timing
+from components.settings.rules import DURATION_MAX_MINUTES, json_text_object
+from components.timing import TimedSettings, Timing
 
 # Timing's two long deadlines have keys of their own; nodeTiming leaves them to those.
 _OWN_KEYS = {"download_timeout_s": "downloadTimeoutMinutes", "readiness_timeout_s": "readinessTimeoutMinutes"}
@@ -33,7 +33,22 @@ _INT_FIELDS = {f.name for f in fields(Timing) if str(f.type) == "int"}
 # A day bounds every wait and deadline (a step's whole deadline is bounded by stepDeadlineMinutes' week anyway);
 # the counts and intervals have tighter bounds of their own.
 DAY_S = 24 * 3600
-MAXIMA = {"pollSeconds": 3600, "fastPollSeconds": 600, "pullAttempts": 100, "logTail": 100_000}
+# A settle is a pause before checking the container still runs: past ten minutes it only delays every launch.
+MAXIMA = {"pollSeconds": 3600, "fastPollSeconds": 600, "pullAttempts": 100, "logTail": 100_000,
+          "settleSeconds": 600, "proxySettleSeconds": 600}
+# A minute: none of these steps' own work (cloud-init, the driver listing the GPUs, docker restarting, an image
+# pulled, a container started and checked, a proxy written and started, 1.5 TB read) is done in less on a fresh VM,
+# so a shorter timeout fails every bring-up after the GPUs bill.
+TIMEOUT_MIN_S = 60
+_TIMEOUTS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS", "storageTimeoutS",
+             "checkTimeoutS", "launchTimeoutS", "proxyTimeoutS")
+# The waits that re-check every fastPollSeconds: each needs room for two checks.
+_POLLED_WAITS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS")
+# The nodeTiming keys each step's default deadline is made of (Timing.deadline_s), for the message that bounds it.
+_DRIVES = {"ready": "cloudInitTimeoutS, gpuTimeoutS", "storage": "storageTimeoutS, dockerTimeoutS",
+           "image": "pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)", "check": "checkTimeoutS",
+           "launch": "launchTimeoutS, settleSeconds", "proxy": "proxyTimeoutS, proxySettleSeconds",
+           "front-ready": "cloudInitTimeoutS, dockerTimeoutS"}
 _EXAMPLE = '\'{"settleSeconds": 1, "pollSeconds": 5}\''
 
 
@@ -55,6 +70,9 @@ def _number(key: str, value: Any) -> int | float:
     high = MAXIMA.get(key, DAY_S)
     if number > high:
         raise ValueError(f"{key}: {shown(value)} is more than {high:,}, beyond any node's need")
+    if key in _TIMEOUTS and number < TIMEOUT_MIN_S:
+        raise ValueError(f"{key}: {shown(value)} is shorter than the step's own work takes on a fresh VM; at least "
+                         f"{TIMEOUT_MIN_S} s")
     return number
 
 
@@ -76,7 +94,30 @@ def node_timing(v: Any) -> dict[str, int | float]:
             hint = f" (did you mean {close}?)" if close else ""
             raise ValueError(f"{shown(key)} is not a node timing{hint}; known: {', '.join(FIELDS)}")
         out[key] = _number(key, value)
+    poll = out.get("fastPollSeconds", Timing.fast_poll_seconds)
+    for key in _POLLED_WAITS:
+        wait = out.get(key, getattr(Timing, FIELDS[key]))
+        if key in out or "fastPollSeconds" in out:
+            if wait < 2 * poll:
+                raise ValueError(f"{key}: {wait:g} s leaves no room for two checks fastPollSeconds ({poll:g} s) "
+                                 "apart; shorten fastPollSeconds or lengthen the wait")
     return out
+
+
+def deadline_problems(timing: Timing, settings: TimedSettings) -> list[str]:
+    """nodeTiming as a whole: no step's deadline past the week stepDeadlineMinutes allows (unless the defaults'
+    own already is, with a week-long downloadTimeoutMinutes), for the steps stepDeadlineMinutes leaves to it."""
+    problems = []
+    for step, keys in _DRIVES.items() | {"weights": "deadlineSlackS", "readiness": "deadlineSlackS"}.items():
+        if settings.step_deadline_minutes.get(step):
+            continue  # its own deadline bounds it
+        limit = max(DURATION_MAX_MINUTES * 60, Timing().deadline_s(step, settings))
+        deadline = timing.deadline_s(step, settings)
+        if deadline > limit:
+            problems.append(f"{NAMESPACE}:nodeTiming makes the {step} step's deadline {deadline / 3600:,.1f} h "
+                            f"({keys}, plus deadlineSlackS), past the week ({DURATION_MAX_MINUTES} minutes) "
+                            f"{NAMESPACE}:stepDeadlineMinutes allows; shorten them")
+    return problems
 
 
 def timing_of(node_timing: dict[str, int | float]) -> Timing:

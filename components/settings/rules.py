@@ -14,6 +14,7 @@ import posixpath
 import re
 from typing import Any
 
+from components import catalog
 from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.steps import ALL_STEPS, CACHE_STEPS
@@ -63,6 +64,8 @@ MAX_LIST_ITEMS = 256
 SSH_PORT = 22
 DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
 RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)"}
+# Below it, only root may listen (Linux's default net.ipv4.ip_unprivileged_port_start).
+UNPRIVILEGED_PORT_MIN = 1024
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
 WIDE_PREFIX = {4: 16, 6: 48}
 
@@ -226,9 +229,16 @@ def endpoint_url(v: str | None) -> str | None:
     return v.rstrip("/")
 
 
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A CIDR as a firewall rule takes it; ValueError otherwise. One check for operatorCidr and apiAllowedCidrs."""
+    if "%" in text:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
+        raise ValueError(text)
+    return ipaddress.ip_network(text.strip(), strict=False)
+
+
 def operator_cidr(v: str) -> str:
     try:
-        net = ipaddress.ip_network(str(v).strip(), strict=False)
+        net = _network(str(v))
     except ValueError:
         raise ValueError(f"{shown(v)} is not a CIDR such as 203.0.113.7/32") from None
     if net.prefixlen == 0:
@@ -250,6 +260,28 @@ def operator_cidr(v: str) -> str:
     return str(net)
 
 
+def os_image(v: str | None) -> str | None:
+    """osImage and frontOsImage: an image name as Hyperstack lists them, sent to the API as it is written."""
+    # isprintable: no control character, and no Unicode separator or format character (U+2028, a zero-width space).
+    if v is not None and (not v.isprintable() or v != v.strip() or len(v) > 200):
+        raise ValueError(f"{shown(v)} is not an image name as Hyperstack lists them (at most 200 printable "
+                         "characters, no surrounding spaces), e.g. 'Ubuntu Server 24.04 LTS R570 CUDA 12.8 with "
+                         "Docker'")
+    return v
+
+
+def front_flavor(v: str) -> str:
+    """The front runs Caddy alone: a CPU flavor of the catalog (catalog.CPU_FLAVORS), which prices it."""
+    if v in catalog.CPU_FLAVORS:
+        return v
+    known = ", ".join(catalog.CPU_FLAVORS)
+    if _FLAVOR_GPUS.search(v):
+        raise ValueError(f"{shown(v)} is a GPU flavor: the front only runs Caddy in front of the replicas, so it "
+                         f"bills GPUs for nothing; use a CPU flavor of the catalog: {known}")
+    raise ValueError(f"{shown(v)} is not a CPU flavor of the catalog (components/catalog.py, which also prices it); "
+                     f"known: {known}")
+
+
 def cidr_list(v: Any) -> Any:
     if isinstance(v, str):
         text = v.strip()
@@ -266,9 +298,7 @@ def cidr_list(v: Any) -> Any:
     out: list[str] = []
     for cidr in v:
         try:
-            if "%" in cidr:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
-                raise ValueError(cidr)
-            net = ipaddress.ip_network(cidr.strip(), strict=False)
+            net = _network(cidr)
         except ValueError:
             raise ValueError(f"{shown(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
         if net.prefixlen == 0:

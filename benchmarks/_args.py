@@ -1,0 +1,36 @@
+"""The checks every sandbox benchmark makes of its arguments before it brings anything up: a bring-up takes minutes,
+so a bad number or workdir is refused first, in one `error:` line naming the argument."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+def number_problem(flag: str, value: float, low: float, high: float, *, low_open: bool = True) -> str | None:
+    """Why `value` is not a finite number in (low, high] (or [low, high] when not low_open), or None."""
+    above = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above and value <= high):
+        side = "more than" if low_open else "at least"
+        return f"{flag} {value:g} is not a number {side} {low:g} and at most {high:g}"
+    return None
+
+
+def workdir_problem(workdir: Path) -> str | None:
+    """Why the sandbox cannot be brought up in `workdir`, or None: a file, a state.json that is not the sandbox
+    engine's JSON object, or one that still holds a deployed sandbox."""
+    if workdir.exists() and not workdir.is_dir():
+        return f"--workdir {workdir} is a file; give a directory (it is created if missing)"
+    state = workdir / "state.json"
+    if not state.exists():
+        return None
+    try:
+        doc = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested past Python's stack
+        return f"--workdir {workdir}: its state.json cannot be read ({type(err).__name__}); remove it or pick another"
+    if not isinstance(doc, dict):
+        return f"--workdir {workdir}: its state.json is not a sandbox state (an object); remove it or pick another"
+    if doc.get("resources"):
+        return f"--workdir {workdir} holds a deployed sandbox; destroy it or pick another --workdir"
+    return None
