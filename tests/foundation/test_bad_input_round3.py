@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pulumi
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -413,7 +414,7 @@ def test_the_program_refuses_before_registering_anything(extra, needle):
 
     cfg, secret = config()
     recording = Recording()
-    with pytest.raises(SettingsError, match=needle):
+    with pytest.raises(pulumi.RunError, match=needle):
         run_program({**cfg, **extra}, secret, outputs_for, recording=recording)
     assert not recording.resources
 
@@ -423,7 +424,7 @@ def test_the_program_refuses_a_retry_base_variable(monkeypatch):
     from tests.test_program import config, outputs_for
 
     monkeypatch.setenv("HYPERSTACK_RETRY_BASE_SECONDS", "inf")
-    with pytest.raises(SettingsError, match="HYPERSTACK_RETRY_BASE_SECONDS 'inf' is not a number of seconds"):
+    with pytest.raises(pulumi.RunError, match="HYPERSTACK_RETRY_BASE_SECONDS 'inf' is not a number of seconds"):
         run_program(*config(), outputs_for)
 
 
