@@ -58,7 +58,11 @@ MAX_MEMBERS = 200_000
 # Open flags for every path under the cache folder: the engine container writes there as root, so any component
 # may have been swapped for a link (or a FIFO) since it was last looked at.
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# A file is first opened with O_PATH, which runs no open of its own: a device node planted there (its driver's open
+# may act, a tape rewinds, a watchdog starts) or a FIFO (its writer wakes) is refused by type before anything opens
+# it. The regular file is then read through that descriptor, never by its name again.
+_PATH_ONLY = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_REOPEN = os.O_RDONLY | os.O_CLOEXEC
 
 
 class CacheError(Exception):
@@ -119,15 +123,20 @@ def open_file_beneath(root_fd: int, rel: str) -> int:
     *dirs, name = rel.split("/")
     dfd = _open_dirs(root_fd, dirs, create=False)
     try:
-        fd = os.open(name, _NOFOLLOW_FILE, dir_fd=dfd)
+        pfd = os.open(name, _PATH_ONLY, dir_fd=dfd)
     except OSError as exc:
         raise CacheError(f"{rel} cannot be opened without following a link ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CacheError(f"{rel} is not a regular file")
-    return fd
+    try:
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISLNK(mode):
+            raise CacheError(f"{rel} cannot be opened without following a link (it is one)")
+        if not stat.S_ISREG(mode):
+            raise CacheError(f"{rel} is not a regular file")
+        return os.open(f"/proc/self/fd/{pfd}", _REOPEN)  # the very file just checked (Linux's /proc)
+    finally:
+        os.close(pfd)
 
 
 # ---- what may travel -----------------------------------------------------------------------------------------------
