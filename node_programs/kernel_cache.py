@@ -32,6 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# status's escape: shipped beside this program on the node (templates/_printable.sh.j2); the names it prints are
+# the engine's to choose.
+from components.printable import printable
+
 ARCHIVE_NAME = "cache.tar.gz"
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -673,7 +677,7 @@ def save(args: argparse.Namespace) -> str:
     secrets = secret_values(files)
     sel = select(args.cache_dir, secrets)
     for line in sel.stripped[:20]:
-        say(f"left out {line}")
+        say(f"left out {printable(line, 1200)}")
     if len(sel.stripped) > 20:
         say(f"left out {len(sel.stripped) - 20} more files")
     if not sel.files:

@@ -254,6 +254,18 @@ def test_engine_dying_at_start_up_fails_with_its_log_and_never_the_key(node_fact
     assert API_KEY not in out
 
 
+def test_a_dying_engines_log_reaches_the_output_escaped(node_factory):
+    """Issue 34: the engine's log tail reached `pulumi up`'s output raw, so an engine could write the operator's
+    clipboard (OSC 52) or the terminal's title. It is printed through status's escape (components/printable.py)."""
+    osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
+    node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": f"Traceback {osc52}\x9b2J end\n"})
+    _weights_on_disk(node)
+    out = failed(node.run(scripts_for(node)["launch"]), "the engine exited at start-up")
+    for raw in ("\x1b", "\x07", "\x9b"):
+        assert raw not in out, (raw, out)
+    assert "Traceback \\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x9b2J end" in out, out
+
+
 def test_vllm_launch_runs_on_the_host_network_on_loopback_without_a_key(node_factory):
     node = node_factory()
     _weights_on_disk(node)
