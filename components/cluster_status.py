@@ -29,6 +29,7 @@ from components.engine_metrics import parse_metrics
 from components.hyperstack.api import HyperstackClient, HyperstackError
 from components.node_exec import NodeRunner, probe_command
 from components.pricing import catalog_quote, token_cost
+from components.printable import printable
 from components.replica_status import replicas_view
 from components.settings import Settings
 from components.stack_state import NodeRecord, StackState
@@ -57,20 +58,6 @@ def _parse_time(value: Any) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def printable(value: Any, limit: int = 300) -> str:
-    """`value` as text a terminal shows as it is: every non-printable character (C0/C1 controls such as ESC, format
-    characters, U+2028/U+2029) written as a Python-style escape, cut to `limit` characters."""
-    out = []
-    for ch in str(value)[:limit]:
-        if ch.isprintable():
-            out.append(ch)
-        else:
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
-                       else f"\\U{code:08x}")
-    return "".join(out)
 
 
 def _count(value: Any) -> int | None:

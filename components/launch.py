@@ -248,6 +248,9 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
         ("HF_HOME", container_hf_home(settings)),
+        # HF_HOME is mounted read-only (docker_run_argv); --trust-remote-code writes the model's own code here,
+        # in the writable cache folder instead (outside the kernel cache's allow-list: it never travels).
+        ("HF_MODULES_CACHE", f"{cache}/hf-modules"),
         # Each GPU worker gets its share of the node's cores rather than all of them: when every worker claims all
         # cores, loading the weights is oversubscribed and many times slower.
         ("OMP_NUM_THREADS", threads),
@@ -320,7 +323,9 @@ def docker_run_argv(
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
     items += [
         ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
-        ("-v", _mount(hf_dir, container_hf_home(settings))),
+        # Read-only: the node's root weights step and peer server write and serve these files, and an engine that
+        # could write there could swap a verified blob for a link to a host secret (issue 34).
+        ("-v", _mount(hf_dir, container_hf_home(settings), read_only=True)),
         ("-v", _mount(cache_dir, container_cache(settings))),
     ]
     env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
@@ -331,8 +336,9 @@ def docker_run_argv(
     return items
 
 
-def _mount(host: Word, container: str) -> Word:
-    return ShellExpr(f"{host}:{container}") if isinstance(host, ShellExpr) else f"{host}:{container}"
+def _mount(host: Word, container: str, read_only: bool = False) -> Word:
+    spec = f"{host}:{container}" + (":ro" if read_only else "")
+    return ShellExpr(spec) if isinstance(host, ShellExpr) else spec
 
 
 def launch_fingerprint(settings: Settings, rank: int, private_ip: str, head_private_ip: str) -> str:

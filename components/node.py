@@ -38,6 +38,7 @@ KERNEL_CACHE_SAVE_TYPE = "kimi:cluster:KernelCacheSave"
 FETCH_SOURCE = Path(__file__).resolve().parents[1] / "node_programs" / "fetch_weights.py"
 SPLIT_SOURCE = Path(__file__).resolve().parent / "weights.py"  # the split, shipped beside the program
 NAMES_SOURCE = Path(__file__).resolve().parent / "hub_names.py"  # the manifest's name rules, shipped beside both
+PRINTABLE_SOURCE = Path(__file__).resolve().parent / "printable.py"  # status's escape, for what engines print
 SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
 
 # A fresh VM refuses SSH for minutes after it reports ACTIVE; pulumi-command's defaults (10 dials, 15 s each) give up
@@ -138,6 +139,7 @@ def _values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[st
         "storage_path": _storage_path(settings),
         "poll_seconds": timing.poll_seconds,
         "fast_poll_seconds": timing.fast_poll_seconds,
+        "printable_source": _source(PRINTABLE_SOURCE),  # for the steps that include _printable.sh.j2
     }
 
 

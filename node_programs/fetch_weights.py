@@ -15,9 +15,15 @@ step compares the record with the manifest instead of reading 1.56 TB a second t
 Transport: huggingface_hub for the manifest, the file URLs and the auth headers; httpx2 (the HTTP client
 huggingface_hub itself uses, so nothing new is installed on the node) for the streams; Python's http.server for the
 peers. The peer token is read from a root-only file and never leaves the node: each peer request carries an HMAC of
-its method, path, time and a fresh nonce under the token (`peer_authorization`), which the server checks, refusing
-a stale time or a nonce it has seen. So whatever answers on a peer's address (a process that took the port first, a
-sniffer on the private network) learns no token, and cannot replay what it saw.
+its method, destination (host:port), path, time and a fresh nonce under the token (`peer_authorization`), which the
+server checks against its own address, refusing a stale time or a nonce it has seen. So whatever answers on a
+peer's address (a process that took the port first, a sniffer on the private network) learns no token, and cannot
+replay what it saw, at that peer or any other.
+
+The engine may run beside the peer server (a model-revision change, a replica feeding its re-created twin), as root
+in its container, with the cache mounted read-only but possibly swapped by an older launch: the server serves a
+blob only if it is still the regular file, of the manifest's size, that was committed (same device and inode), and
+opens it without following a link, so a blob turned into a link to a host secret is refused, not sent.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -37,7 +44,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, unquote
 
 import httpx2
@@ -76,6 +83,10 @@ class Corrupt(Exception):
 
 class PeerFault(Exception):
     """A peer that answered out of shape or too slowly: treated as dead, its files taken from the hub."""
+
+
+class Unservable(Exception):
+    """A verified file whose blob is no longer the file that was committed: never sent to a peer."""
 
 
 @dataclass(frozen=True)
@@ -210,9 +221,16 @@ class Cache:
             return False
         try:
             st = os.stat(self.link(e))  # follows the link to the blob
+            blob = os.lstat(self.blob(e))
         except OSError:
             return False
-        return st.st_size == e.size and st.st_mtime_ns == rec.get("mtime_ns")
+        if not stat.S_ISREG(blob.st_mode) or (blob.st_dev, blob.st_ino) != (st.st_dev, st.st_ino):
+            return False  # the snapshot link leads elsewhere, or the blob itself is a link
+        if "ino" not in rec:
+            # A record from before inodes were kept: this check is its commit's, so the peer server may serve it.
+            rec.update(dev=st.st_dev, ino=st.st_ino)
+        return (st.st_size == e.size and st.st_mtime_ns == rec.get("mtime_ns")
+                and (st.st_dev, st.st_ino) == (rec.get("dev"), rec.get("ino")))
 
     def commit(self, e: Entry, tmp: str) -> None:
         """A verified download becomes the blob, the snapshot link and a line in the record."""
@@ -223,11 +241,36 @@ class Cache:
         if os.path.lexists(link):
             os.unlink(link)
         os.symlink(target, link)
-        st = os.stat(self.blob(e))
+        st = os.lstat(self.blob(e))
         with self.lock:
+            # The device and inode name the very file that was verified: the peer server serves that file only.
             self.record["files"][e.name] = {"etag": e.etag, "size": e.size, "mtime_ns": st.st_mtime_ns,
+                                            "dev": st.st_dev, "ino": st.st_ino,
                                             "sha256" if e.sha256 else "git_sha1": e.etag}
             write_json(self.record_path, self.record)
+
+    def open_verified(self, e: Entry) -> int:
+        """A read descriptor on e's blob, if it is still the regular file of e's size committed for it (same device
+        and inode); Unservable otherwise. The path is opened with O_PATH and O_NOFOLLOW, which neither follows a
+        link in its last part nor opens a device or FIFO; a link earlier in the path leads to another inode, which
+        the record refuses. Reading reopens that descriptor (/proc/self/fd, Linux), never the path again, so the
+        file read is the file checked."""
+        with self.lock:
+            rec = dict(self.record["files"].get(e.name) or {})
+        try:
+            pfd = os.open(self.blob(e), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise Unservable(f"{e.name}: its blob cannot be opened ({os.strerror(exc.errno or 0)})") from None
+        try:
+            st = os.fstat(pfd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Unservable(f"{e.name}: its blob is no longer a regular file")
+            if (st.st_size, st.st_dev, st.st_ino) != (e.size, rec.get("dev"), rec.get("ino")) \
+                    or rec.get("etag") != e.etag:
+                raise Unservable(f"{e.name}: its blob is not the file verified for it")
+            return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(pfd)
 
     def finish(self, manifest: list[Entry]) -> None:
         with self.lock:
@@ -340,24 +383,29 @@ def peer_url(spec: str) -> str:
     return f"http://{host or spec}:{port or PEER_PORT}"
 
 
-def _peer_mac(token: str, ts: int, nonce: str, method: str, path: str) -> str:
-    return hmac.new(token.encode(), f"{ts}\n{nonce}\n{method}\n{path}".encode(), hashlib.sha256).hexdigest()
+def _peer_mac(token: str, ts: int, nonce: str, method: str, dest: str, path: str) -> str:
+    return hmac.new(token.encode(), f"{ts}\n{nonce}\n{method}\n{dest}\n{path}".encode(),
+                    hashlib.sha256).hexdigest()
 
 
-def peer_authorization(token: str, method: str, path: str, now: float | None = None) -> str:
-    """The Authorization value of one peer request: the token signs it and never travels (one nonce per request)."""
+def peer_authorization(token: str, method: str, dest: str, path: str, now: float | None = None) -> str:
+    """The Authorization value of one peer request to `dest` (the server's host:port, as peer_url has it): the token
+    signs it and never travels (one nonce per request). Naming the destination makes it good at that server only:
+    nonces are kept per server, so without it a request seen on its way to one node passed at every other."""
     ts, nonce = int(time.time() if now is None else now), secrets.token_hex(16)
-    return f"{PEER_AUTH_SCHEME} ts={ts},nonce={nonce},mac={_peer_mac(token, ts, nonce, method, path)}"
+    return f"{PEER_AUTH_SCHEME} ts={ts},nonce={nonce},mac={_peer_mac(token, ts, nonce, method, dest, path)}"
 
 
 _PEER_AUTH = re.compile(PEER_AUTH_SCHEME + r" ts=(\d{1,12}),nonce=([0-9a-f]{32}),mac=([0-9a-f]{64})")
 
 
 class PeerVerifier:
-    """The server's side of peer_authorization: a valid MAC, a time within PEER_CLOCK_SKEW_S, a nonce not seen."""
+    """The server's side of peer_authorization: a valid MAC for this server's own address (host:port), a time within
+    PEER_CLOCK_SKEW_S, a nonce not seen."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, address: str) -> None:
         self.token = token
+        self.address = address
         self.seen: dict[str, float] = {}
         self.lock = threading.Lock()
 
@@ -369,7 +417,7 @@ class PeerVerifier:
         now = time.time()
         if abs(now - ts) > PEER_CLOCK_SKEW_S:
             return False
-        if not hmac.compare_digest(_peer_mac(self.token, ts, nonce, method, path), mac):
+        if not hmac.compare_digest(_peer_mac(self.token, ts, nonce, method, self.address, path), mac):
             return False
         with self.lock:
             if len(self.seen) > 1000:  # nonces older than the window can never pass the time check again
@@ -457,7 +505,7 @@ class Server:
 
     def __init__(self, bind: str, port: int, token: str, node: Node, max_connections: int = 64) -> None:
         self.node = node
-        handler = _handler(token, node)
+        handler = _handler(token, f"{bind}:{port}", node)
         self.httpd = _PeerHTTPServer((bind, port), handler, max_connections)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -487,8 +535,8 @@ class _DeadlineReader:
         return getattr(self.raw, name)
 
 
-def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
-    verifier = PeerVerifier(token)
+def _handler(token: str, address: str, node: Node) -> type[BaseHTTPRequestHandler]:
+    verifier = PeerVerifier(token, address)
     transfer_timeout = node.args.stall_seconds
 
     class Handler(BaseHTTPRequestHandler):
@@ -540,6 +588,16 @@ def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
             self._file(e)
 
         def _file(self, e: Entry) -> None:
+            try:
+                fd = node.cache.open_verified(e)
+            except Unservable as exc:
+                cast(_PeerHTTPServer, self.server).note(f"not serving {exc}")
+                self._send(404, b'{"error": "not served: changed since it was verified"}')
+                return
+            with os.fdopen(fd, "rb") as fh:
+                self._send_file(e, fh)
+
+        def _send_file(self, e: Entry, fh: Any) -> None:
             start = 0
             rng = self.headers.get("Range", "")
             if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
@@ -559,8 +617,7 @@ def _handler(token: str, node: Node) -> type[BaseHTTPRequestHandler]:
                 return  # an empty file: sendfile refuses a count of 0
             try:
                 self.wfile.flush()
-                with open(node.cache.blob(e), "rb") as fh:
-                    self.connection.sendfile(fh, start, e.size - start)
+                self.connection.sendfile(fh, start, e.size - start)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
 
@@ -595,9 +652,11 @@ class Node:
         self.peer_failures: dict[str, int] = {}
         self.hub_only: set[str] = set()
 
-    def peer_auth(self, path: str) -> dict[str, str]:
-        """Headers for one GET of `path` from a peer: signed with the token, a new nonce each time."""
-        return {"Authorization": peer_authorization(self.peer_token, "GET", path)} if self.peer_token else {}
+    def peer_auth(self, p: Peer, path: str) -> dict[str, str]:
+        """Headers for one GET of `path` from peer p: signed with the token for p's address, a new nonce each time."""
+        if not self.peer_token:
+            return {}
+        return {"Authorization": peer_authorization(self.peer_token, "GET", p.url.removeprefix("http://"), path)}
 
     # what peers see
     def done_snapshot(self) -> set[str]:
@@ -627,7 +686,7 @@ class Node:
     def peer_status(self, p: Peer) -> dict[str, Any]:
         """A peer's GET /status, read up to a size cap and checked field by field (PeerFault if out of shape)."""
         deadline = time.monotonic() + PEER_STATUS_DEADLINE_S  # the whole answer, so a trickle cannot hold the loop
-        with self.peer_client.stream("GET", f"{p.url}/status", headers=self.peer_auth("/status"),
+        with self.peer_client.stream("GET", f"{p.url}/status", headers=self.peer_auth(p, "/status"),
                                      timeout=2.0) as r:
             r.raise_for_status()
             body = b""
@@ -688,7 +747,7 @@ class Node:
                 # The whole transfer has a deadline: a peer's own byte count cannot vouch for its speed.
                 deadline = time.monotonic() + e.size / self.args.peer_min_rate + self.args.stall_seconds
                 stream_to(self.peer_client, url, {}, e, tmp, self.counters, False, 2, deadline,
-                          sign=lambda: self.peer_auth(path))
+                          sign=lambda: self.peer_auth(source, path))
             self.cache.commit(e, tmp)
         except BaseException:
             if os.path.exists(tmp):

@@ -32,6 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# status's escape: shipped beside this program on the node (templates/_printable.sh.j2); the names it prints are
+# the engine's to choose.
+from components.printable import printable
+
 ARCHIVE_NAME = "cache.tar.gz"
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -58,7 +62,11 @@ MAX_MEMBERS = 200_000
 # Open flags for every path under the cache folder: the engine container writes there as root, so any component
 # may have been swapped for a link (or a FIFO) since it was last looked at.
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_NOFOLLOW_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# A file is first opened with O_PATH, which runs no open of its own: a device node planted there (its driver's open
+# may act, a tape rewinds, a watchdog starts) or a FIFO (its writer wakes) is refused by type before anything opens
+# it. The regular file is then read through that descriptor, never by its name again.
+_PATH_ONLY = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_REOPEN = os.O_RDONLY | os.O_CLOEXEC
 
 
 class CacheError(Exception):
@@ -119,15 +127,20 @@ def open_file_beneath(root_fd: int, rel: str) -> int:
     *dirs, name = rel.split("/")
     dfd = _open_dirs(root_fd, dirs, create=False)
     try:
-        fd = os.open(name, _NOFOLLOW_FILE, dir_fd=dfd)
+        pfd = os.open(name, _PATH_ONLY, dir_fd=dfd)
     except OSError as exc:
         raise CacheError(f"{rel} cannot be opened without following a link ({os.strerror(exc.errno or 0)})") from None
     finally:
         os.close(dfd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CacheError(f"{rel} is not a regular file")
-    return fd
+    try:
+        mode = os.fstat(pfd).st_mode
+        if stat.S_ISLNK(mode):
+            raise CacheError(f"{rel} cannot be opened without following a link (it is one)")
+        if not stat.S_ISREG(mode):
+            raise CacheError(f"{rel} is not a regular file")
+        return os.open(f"/proc/self/fd/{pfd}", _REOPEN)  # the very file just checked (Linux's /proc)
+    finally:
+        os.close(pfd)
 
 
 # ---- what may travel -----------------------------------------------------------------------------------------------
@@ -664,7 +677,7 @@ def save(args: argparse.Namespace) -> str:
     secrets = secret_values(files)
     sel = select(args.cache_dir, secrets)
     for line in sel.stripped[:20]:
-        say(f"left out {line}")
+        say(f"left out {printable(line, 1200)}")
     if len(sel.stripped) > 20:
         say(f"left out {len(sel.stripped) - 20} more files")
     if not sel.files:

@@ -121,7 +121,8 @@ def test_the_front_balances_over_every_replica_with_health_checks_and_post_retri
     caddyfile = base64.b64decode(blob.group(1)).decode()
     assert "to 10.0.0.10:30000 10.0.1.10:30000" in caddyfile
     for directive in ("health_uri /health", "lb_retry_match", "method GET HEAD POST", "fail_duration",
-                      "lb_try_duration", 'header Authorization "Bearer {file../api-key}"', "header_up -Authorization"):
+                      "lb_try_duration", 'vars {http.request.header.Authorization} "Bearer {file../api-key}"',
+                      "header_up -Authorization"):
         assert directive in caddyfile, directive
 
 

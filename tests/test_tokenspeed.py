@@ -85,7 +85,8 @@ def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
 def test_the_proxy_sends_metrics_to_the_gateways_listener_and_only_with_the_key():
     text = proxy.render_config(_settings())
     block = text[text.index("@metrics"):text.index("# Every other path")]
-    assert 'header Authorization "Bearer {file../api-key}"' in block
+    assert 'vars {http.request.header.Authorization} "Bearer {file../api-key}"' in block
+    assert 'vars_regexp {http.request.header.Authorization} "^Bearer [A-Za-z0-9._~+/=-]{16,}$"' in block
     assert "reverse_proxy 127.0.0.1:30002" in block and "header_up -Authorization" in block
     vllm = proxy.render_config(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev"))
     assert "@metrics" not in vllm

@@ -124,7 +124,8 @@ def make_fake_node(
     """A fresh node: docker on the root disk, an NVIDIA runtime in daemon.json, a stale file in /dev/shm.
 
     Faults: `gpus` (0 = driver not answering), `disk_avail_bytes`, `pull_fails` (-1 = always), `cloud_init`
-    ("done", "error", ...), `cloud_init_running_polls`, `run_exits` (the engine dies at start-up), `run_hook`,
+    ("done", "error", ...), `cloud_init_running_polls`, `run_exits` (the engine dies at start-up, its log ending
+    with extra_env's FAKE_RUN_LOG), `run_hook`,
     `hang` (a stub call that never returns, e.g. "nvidia-smi" or "docker info"; FAKE_HANG).
     """
     root = Path(tmp_path) / "node"

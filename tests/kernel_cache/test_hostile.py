@@ -9,7 +9,10 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tarfile
+import threading
+import time
 
 import pytest
 
@@ -106,6 +109,38 @@ def test_a_secret_written_into_a_checked_file_before_pack_stops_the_save(tmp_pat
         fh.write(secret)
     with pytest.raises(program.CacheError, match="came to hold a secret"):
         program.pack(str(cache), sel, str(tmp_path / "a.tar.gz"), [secret])
+
+
+def test_a_planted_fifo_or_device_node_is_refused_before_it_is_opened(tmp_path):
+    """The save opened every candidate (O_NONBLOCK, but opened) before checking its type: a device node's driver
+    runs its open, and a FIFO's writer wakes. Here a writer waits in open() on a FIFO planted among the kernels; the
+    save must leave it waiting, and leave out the FIFO and a device node (as root, like the engine) by name."""
+    cache = tmp_path / "cache"
+    (cache / "triton/ab").mkdir(parents=True)
+    (cache / "triton/ab/kernel.cubin").write_bytes(b"\x7fELF kernel")
+    fifo = cache / "triton/ab/planted.cubin"
+    os.mkfifo(fifo)
+    woke = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "wb"):  # returns once someone opens the FIFO for reading
+            woke.set()
+
+    threading.Thread(target=writer, daemon=True).start()
+    time.sleep(0.3)  # the writer is in its open() by now
+    device = cache / "triton/ab/null.cubin"
+    if os.geteuid() == 0:
+        os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    try:
+        sel = program.select(str(cache), [])
+        woke_during_select = woke.wait(1.0)
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # release the writer thread, if it still waits
+    assert not woke_during_select, "the save opened the planted FIFO"
+    assert [rel for rel, _ in sel.files] == ["triton/ab/kernel.cubin"]
+    assert "triton/ab/planted.cubin (not a regular file)" in sel.stripped
+    if os.geteuid() == 0:
+        assert "triton/ab/null.cubin (not a regular file)" in sel.stripped
 
 
 def test_select_does_not_follow_a_linked_folder(tmp_path):

@@ -121,6 +121,18 @@ def test_save_then_restore_on_a_fresh_node_and_no_canary_travels(node_factory, s
     assert not any(HF_TOKEN in p.read_text(errors="replace") for p in cache_dir(second).rglob("*") if p.is_file())
 
 
+def test_the_names_a_save_leaves_out_reach_the_output_escaped(node_factory, store):
+    """Issue 34: the save's "left out NAME" lines printed names the engine chose, raw, into `pulumi up`'s output."""
+    node = node_factory()
+    settings = settings_for(node, store, "escaped")
+    compiled(node)
+    (cache_dir(node) / "triton/5f3a/token\x1b]0;pwned\x07").write_bytes(b"x")
+    out = run_step(node, settings, "cache-save", store.credentials)
+    assert "saved 4 kernel files" in out, out
+    assert "\x1b" not in out and "\x07" not in out, out
+    assert "left out triton/5f3a/token\\x1b]0;pwned\\x07 (a name kernels never have)" in out, out
+
+
 def test_reruns_with_an_unchanged_key_download_and_upload_nothing(node_factory, store):
     first, second = node_factory(), node_factory()
     s1 = settings_for(first, store, "rerun")

@@ -94,7 +94,7 @@ def test_sglang_launch_follows_the_guide_per_rank():
                  "--shm-size 32g", "--network host", "--ipc=host", "--gpus all", "--ulimit memlock=-1",
                  "--served-model-name moonshotai/Kimi-K3.1-Pro", "--model-path moonshotai/Kimi-K3.1-Pro",
                  "--revision 6d0a0202956796543364d666ab19c6ad1a494ee1", "--context-length 131072",
-                 "-v /ephemeral/hf:/root/.cache/huggingface", "--restart unless-stopped",
+                 "-v /ephemeral/hf:/root/.cache/huggingface:ro", "--restart unless-stopped",
                  "SGLANG_HOST_IP=10.0.0.12", "NCCL_SOCKET_IFNAME=${NIC}", "GLOO_SOCKET_IFNAME=${NIC}",
                  "NCCL_IB_DISABLE=1", "NCCL_CUMEM_ENABLE=1", "HF_HUB_OFFLINE=1", "OMP_NUM_THREADS=${OMP_THREADS}",
                  "--host 127.0.0.1", "--port 30000"):

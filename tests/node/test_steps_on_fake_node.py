@@ -209,6 +209,28 @@ def test_launch_twice_keeps_the_running_engine_and_clears_shm_only_on_a_real_lau
     assert sum(1 for c in node.calls("docker") if c[0] == "run") == 1
 
 
+def test_tokenspeeds_recursive_chmod_of_the_cache_runs_only_once_the_old_engine_is_gone(node, tmp_path):
+    """Issue 34, security 5: the TokenSpeed launch ran `chmod -R a+rwX` on the cache while the old engine, root in
+    its container and writing that folder, still ran: a link it raced into the tree made a host file 0666. A chmod
+    on PATH ahead of the real one records which engine containers run when it is called."""
+    _weights_on_disk(node)
+    image = "lightseekorg/tokenspeed:0.1.1@sha256:" + "ab" * 32
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    seen = tmp_path / "running-at-chmod"
+    (spy / "chmod").write_text(f'#!/bin/bash\ndocker ps -q --filter name=^kimi-engine$ --filter status=running '
+                               f'>> {seen}\necho chmod >> {seen}\nexec /bin/chmod "$@"\n')
+    (spy / "chmod").chmod(0o755)
+    path = f"{spy}:{node.env['PATH']}"
+    ok(node.run(scripts_for(node, "b300x1-tokenspeed", image=image, maxModelLen=65536)["launch"], PATH=path))
+    assert node.container("kimi-engine")["status"] == "running"
+    seen.unlink()
+    # A changed configuration: the old engine runs until the launch removes it.
+    ok(node.run(scripts_for(node, "b300x1-tokenspeed", image=image, maxModelLen=131072)["launch"], PATH=path))
+    assert seen.read_text() == "chmod\n", "chmod -R ran while an engine container was running"
+    assert node.container("kimi-engine")["status"] == "running"
+
+
 def test_the_head_engine_listens_on_loopback_only_and_never_reads_a_key(node):
     _weights_on_disk(node)
     script = scripts_for(node)["launch"]
@@ -230,6 +252,18 @@ def test_engine_dying_at_start_up_fails_with_its_log_and_never_the_key(node_fact
     out = failed(node.run(scripts_for(node)["launch"], stdin=API_KEY), "the engine exited at start-up",
                  "unrecognized arguments", "API key seen: none")
     assert API_KEY not in out
+
+
+def test_a_dying_engines_log_reaches_the_output_escaped(node_factory):
+    """Issue 34: the engine's log tail reached `pulumi up`'s output raw, so an engine could write the operator's
+    clipboard (OSC 52) or the terminal's title. It is printed through status's escape (components/printable.py)."""
+    osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
+    node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": f"Traceback {osc52}\x9b2J end\n"})
+    _weights_on_disk(node)
+    out = failed(node.run(scripts_for(node)["launch"]), "the engine exited at start-up")
+    for raw in ("\x1b", "\x07", "\x9b"):
+        assert raw not in out, (raw, out)
+    assert "Traceback \\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x9b2J end" in out, out
 
 
 def test_vllm_launch_runs_on_the_host_network_on_loopback_without_a_key(node_factory):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from components import cluster_status
+from components import cluster_status, replica_status
 from components.stack_state import parse_state
 from components.status_report import format_report
 from tests.node.conftest import make_settings
@@ -47,15 +47,17 @@ def _hostile_probe() -> dict:
             "engine": {"state": HOSTILE, "restart_count": "7", "restarting": "no", "exit_code": "1"}}
 
 
-def _models_server(ids: list[object]):
-    body = json.dumps({"object": "list", "data": [{"id": i} for i in ids]}).encode()
+def _models_server(ids: list[object], metrics: str | None = None):
+    """The endpoint: /v1/models lists `ids`; /metrics answers `metrics`, or 404 without it."""
+    models = json.dumps({"object": "list", "data": [{"id": i} for i in ids]}).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:
             pass
 
         def do_GET(self) -> None:
-            self.send_response(200 if self.path != "/metrics" else 404)
+            body = models if self.path != "/metrics" else (metrics or "").encode()
+            self.send_response(200 if self.path != "/metrics" or metrics is not None else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -85,6 +87,34 @@ def test_escape_sequences_and_wrong_types_from_a_node_never_reach_the_terminal(m
     assert engine["restart_count"] == 0 and engine["restarting"] is False and engine["exit_code"] is None
     assert report["nodes"][0]["weights"]["bytes_total"] is None
     assert report["endpoint"]["models"][0].startswith("kimi\\x1b")
+
+
+HOSTILE_METRICS = ("vllm:request_success_total 1e999\n"  # inf: int() raised OverflowError
+                   "vllm:prompt_tokens_total .\n"  # float() raised ValueError
+                   "vllm:generation_tokens_total 1e308\nvllm:generation_tokens_total 1e308\n"  # sums to inf
+                   "sglang:num_requests_total -inf\nsglang:prompt_tokens_total +Inf\n"
+                   'smg_router_tokens_total{token_type="output"} 7\n')
+
+
+def test_metrics_that_are_not_finite_numbers_are_skipped_not_raised_on(monkeypatch):
+    """Issue 34, security 6: one line of `1e999` or `.` on an engine's /metrics crashed `status` (--watch and the
+    front's view too). Values that are not finite numbers, and totals that overflow, are skipped."""
+    assert cluster_status.parse_metrics(HOSTILE_METRICS) == {"generation_tokens": 7}
+    httpd = _models_server(["kimi"], metrics=HOSTILE_METRICS)
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    real_view = cluster_status.endpoint_view
+    monkeypatch.setattr(cluster_status, "endpoint_view", lambda _url, *a: real_view(base, *a))
+    try:
+        report = cluster_status.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert "requests" not in report["endpoint"] and report["endpoint"]["generation_tokens"] == 7
+    format_report(report)
+    front = Runner(None)  # the front's own probe, as it would print what a replica's engine served
+    front.out = json.dumps([{"upstream": "10.0.0.10:30000", "/health": [200, ""], "/metrics": [200, HOSTILE_METRICS]}])
+    assert replica_status.front_view(front, None, ["10.0.0.10:30000"]) == [
+        {"upstream": "10.0.0.10:30000", "health": "ok", "generation_tokens": 7}]
 
 
 def test_a_probe_that_is_not_an_object_or_not_json_is_an_error_line():

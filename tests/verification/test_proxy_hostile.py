@@ -73,11 +73,19 @@ def front_config(folder: Path, api_port: int, engine_port: int) -> str:
     return front.caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
 
 
-# The same attacks on both Caddyfiles that hold the bearer check: a head's proxy, and the front over the replicas.
-@pytest.fixture(scope="module", params=["head proxy", "front"])
+def tokenspeed_config(folder: Path, api_port: int, engine_port: int) -> str:
+    """A head's Caddyfile with TokenSpeed's /metrics route (its own upstream, here the same recorder)."""
+    return proxy.caddyfile(api_port, f"127.0.0.1:{engine_port}", f"127.0.0.1:{engine_port}")
+
+
+# The same attacks on every Caddyfile that holds the bearer check: a head's proxy (with TokenSpeed's /metrics route
+# too), and the front over the replicas.
+CONFIGS = {"head proxy": None, "tokenspeed head": tokenspeed_config, "front": front_config}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
 def head(request):
-    proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY,
-                            config=front_config if request.param == "front" else None)
+    proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY, config=CONFIGS[request.param])
     proxied.engine = Recorder()  # type: ignore[assignment]  # the same start/stop/port/url as the fake engine
     with proxied:
         yield proxied
@@ -111,13 +119,41 @@ def test_no_state_of_the_key_file_lets_an_empty_bearer_through(head, state, http
         else:
             head.set_key("" if state == "empty" else "\n")
         for header in ("Authorization: Bearer ", "Authorization: Bearer", "Authorization: Bearer  "):
-            for path in ("/v1/models", "/invocations"):
+            for path in ("/v1/models", "/invocations", "/metrics"):  # /metrics: TokenSpeed's route of its own
                 code, seen = reached(head, http, "-H", header, "-X", "POST", head.url + path)
                 assert (code, seen) == ("401", []), (state, header, path)
     finally:
         head.set_key(KEY)
     code, seen = reached(head, http, "-H", f"Authorization: Bearer {KEY}", head.url + "/v1/models")
     assert code == "200" and seen and "Authorization" not in seen[0][2]
+
+
+@pytest.mark.parametrize("state", ["empty", "missing"])
+def test_repeated_authorization_headers_are_one_value_and_never_open_a_route(head, state):
+    """Caddy's header matchers pass when any one value of a repeated header matches: with the key file empty or
+    missing, an empty bearer (which matched "Bearer ") beside a well-formed junk one (which passed the shape check)
+    got 200 over HTTP/2 on every route, TokenSpeed's /metrics included. The check now takes the headers joined."""
+    junk = "Authorization: Bearer " + "j" * 24
+    key_file = head.dir / "api-key"
+    try:
+        if state == "missing":
+            key_file.unlink()
+        else:
+            head.set_key("")
+        for http in ("--http1.1", "--http2"):
+            for pair in (["Authorization: Bearer ", junk], [junk, "Authorization: Bearer "]):
+                for path in ("/v1/models", "/invocations", "/metrics"):
+                    code, seen = reached(head, http, "-H", pair[0], "-H", pair[1], head.url + path)
+                    assert (code, seen) == ("401", []), (state, http, pair, path)
+    finally:
+        head.set_key(KEY)
+    for path in ("/v1/models", "/metrics"):
+        # The key beside another bearer is refused too (Authorization is one credential, RFC 9110 11.6.2)...
+        code, seen = reached(head, "--http2", "-H", f"Authorization: Bearer {KEY}", "-H", junk, head.url + path)
+        assert (code, seen) == ("401", []), path
+        # ... and alone it passes, on every route, and is never forwarded.
+        code, seen = reached(head, "--http2", "-H", f"Authorization: Bearer {KEY}", head.url + path)
+        assert code == "200" and seen and "Authorization" not in seen[0][2], path
 
 
 def test_health_passes_only_as_a_bare_get_or_head(head):

@@ -151,7 +151,8 @@ def test_the_peer_server_refuses_a_wrong_token_and_unfinished_files(cluster):
     with FakeHub(REPO, REVISION, files, faults=Faults(client_bytes_per_second=60_000)) as hub:
         c = cluster(hub, 2, **{"--peer-timeout": "30"})
         c.start(0)  # its peer never comes: it keeps serving while it waits
-        url = f"http://{c.hosts[0]}:{c.port}"
+        dest = f"{c.hosts[0]}:{c.port}"
+        url = f"http://{dest}"
         deadline = time.time() + 30
         while not listening(c.hosts[0], c.port):
             assert time.time() < deadline, c.log(0)
@@ -161,11 +162,11 @@ def test_the_peer_server_refuses_a_wrong_token_and_unfinished_files(cluster):
         # The token signs each request (node_programs/fetch_weights.py peer_authorization); sent as itself it opens
         # nothing.
         assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
-        ok = httpx2.get(f"{url}/status", headers={"Authorization": peer_authorization(TOKEN, "GET", "/status")})
+        ok = httpx2.get(f"{url}/status", headers={"Authorization": peer_authorization(TOKEN, "GET", dest, "/status")})
         assert ok.status_code == 200 and ok.json()["complete"] is False
         not_yet = [f for f in hub.files if f not in ok.json()["done"]][0]
         r = httpx2.get(f"{url}/files/{not_yet}",
-                       headers={"Authorization": peer_authorization(TOKEN, "GET", f"/files/{not_yet}")})
+                       headers={"Authorization": peer_authorization(TOKEN, "GET", dest, f"/files/{not_yet}")})
         assert r.status_code == 404
         c.kill_all()
 

@@ -102,8 +102,9 @@ def test_the_check_refuses_a_name_outside_the_snapshot(tmp_path, capsys):
 DATA = os.urandom(300_000)
 
 
-def signed(path: str) -> dict[str, str]:
-    return {"Authorization": fw.peer_authorization(TOKEN, "GET", path)}
+def signed(url: str, path: str) -> dict[str, str]:
+    """A peer request to the server at `url`, signed for that server's address."""
+    return {"Authorization": fw.peer_authorization(TOKEN, "GET", url.removeprefix("http://"), path)}
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ def test_half_sent_requests_are_dropped_at_the_deadline_and_the_server_still_ser
     server, url, _ = peer_server
     held = [_open(url, b"GET /status HTTP/1.1\r\nHost: x\r\n") for _ in range(5)]
     assert all(_closed_by_server(s, within=5.0) for s in held), "a half-sent request was held past its deadline"
-    r = httpx2.get(f"{url}/status", headers=signed("/status"), timeout=5)
+    r = httpx2.get(f"{url}/status", headers=signed(url, "/status"), timeout=5)
     assert r.status_code == 200 and r.json()["done"] == ["model.safetensors"]
 
 
@@ -202,9 +203,9 @@ def test_early_hang_ups_leave_one_short_line_not_tracebacks(peer_server, capsys)
 def test_a_range_at_the_end_of_the_file_answers_416(peer_server):
     _, url, entry = peer_server
     path = "/files/model.safetensors"
-    r = httpx2.get(url + path, headers={**signed(path), "Range": f"bytes={entry.size}-"}, timeout=5)
+    r = httpx2.get(url + path, headers={**signed(url, path), "Range": f"bytes={entry.size}-"}, timeout=5)
     assert r.status_code == 416 and r.headers["Content-Range"] == f"bytes */{entry.size}"
-    r = httpx2.get(url + path, headers={**signed(path), "Range": "bytes=100-"}, timeout=5)
+    r = httpx2.get(url + path, headers={**signed(url, path), "Range": "bytes=100-"}, timeout=5)
     assert r.status_code == 206 and r.content == DATA[100:]
 
 
@@ -218,17 +219,94 @@ def test_the_token_never_travels_and_a_seen_request_cannot_be_replayed(peer_serv
     """What a sniffer or a process holding the peer port sees is a MAC for one request: not the token, and not a
     request the server takes twice, for another path, or out of its time window."""
     _, url, _ = peer_server
-    header = signed("/status")
+    header = signed(url, "/status")
     assert TOKEN not in header["Authorization"]
     assert httpx2.get(f"{url}/status", headers=header, timeout=5).status_code == 200
     assert httpx2.get(f"{url}/status", headers=header, timeout=5).status_code == 401  # the same nonce again
-    other = signed("/status")
+    other = signed(url, "/status")
     assert httpx2.get(f"{url}/files/model.safetensors", headers=other, timeout=5).status_code == 401  # another path
-    stale = {"Authorization": fw.peer_authorization(TOKEN, "GET", "/status", now=time.time() - 3600)}
+    stale = {"Authorization": fw.peer_authorization(TOKEN, "GET", url.removeprefix("http://"), "/status",
+                                                      now=time.time() - 3600)}
     assert httpx2.get(f"{url}/status", headers=stale, timeout=5).status_code == 401
     assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).status_code == 401
-    wrong = {"Authorization": fw.peer_authorization("another-token-entirely", "GET", "/status")}
+    wrong = {"Authorization": fw.peer_authorization("another-token-entirely", "GET", url.removeprefix("http://"),
+                                                      "/status")}
     assert httpx2.get(f"{url}/status", headers=wrong, timeout=5).status_code == 401
+
+
+def test_a_request_signed_for_one_peer_is_refused_at_every_other(peer_server):
+    """Issue 34, security 2: the MAC named no destination and nonces are kept per server, so a request for node 1,
+    seen on the wire, passed at nodes 2 and 3 and at the signer's own server. Now it names host:port."""
+    _, url, _ = peer_server
+    host, port = url.removeprefix("http://").split(":")
+    for elsewhere in (f"{host}:{int(port) + 1}", f"10.0.0.9:{port}", "127.0.0.2:" + port):
+        header = {"Authorization": fw.peer_authorization(TOKEN, "GET", elsewhere, "/status")}
+        assert httpx2.get(f"{url}/status", headers=header, timeout=5).status_code == 401, elsewhere
+        files = {"Authorization": fw.peer_authorization(TOKEN, "GET", elsewhere, "/files/model.safetensors")}
+        assert httpx2.get(f"{url}/files/model.safetensors", headers=files, timeout=5).status_code == 401
+    assert httpx2.get(f"{url}/status", headers=signed(url, "/status"), timeout=5).status_code == 200
+
+
+SECRET = b"-----BEGIN PRIVATE KEY-----\nthe proxy's TLS key, root only\n-----END PRIVATE KEY-----\n"
+
+
+def _get_file(url: str) -> httpx2.Response:
+    path = "/files/model.safetensors"
+    return httpx2.get(url + path, headers=signed(url, path), timeout=5)
+
+
+@pytest.mark.parametrize("swap", ["link to a host secret", "hard link to a host secret", "link in the path",
+                                  "a FIFO", "truncated"])
+def test_a_verified_blob_swapped_by_the_engine_is_never_served(peer_server, tmp_path, capsys, swap):
+    """Issue 34, security 1: an engine beside the peer server (root in its container, the cache mounted into it)
+    swapped a verified blob for a link to a host secret, and the next peer that fetched it received the secret.
+    Now the server sends only the regular file, of the manifest's size, committed for that name (its device and
+    inode), opened without following a link; anything else answers 404 and one log line."""
+    _, url, entry = peer_server
+    assert _get_file(url).content == DATA
+    secret = tmp_path / "tls.key"
+    secret.write_bytes(SECRET + b"x" * (len(DATA) - len(SECRET)))  # even of the blob's very size
+    blob = Path(fw.Cache(str(tmp_path / "hub"), REPO, REVISION, str(tmp_path / "rec.json")).blob(entry))
+    blob.unlink()
+    if swap == "link to a host secret":
+        blob.symlink_to(secret)
+    elif swap == "hard link to a host secret":
+        os.link(secret, blob)  # a regular file of the right size, not a link: only its inode tells
+    elif swap == "link in the path":
+        # The blobs folder itself becomes a link, to a folder whose file of the blob's name is the secret.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        os.link(secret, elsewhere / blob.name)
+        blob.parent.rename(tmp_path / "blobs-was")
+        blob.parent.symlink_to(elsewhere)
+    elif swap == "a FIFO":
+        os.mkfifo(blob)  # opening it for reading would hold a server thread until a writer came
+    else:
+        blob.write_bytes(DATA[:1000])
+    r = _get_file(url)
+    assert r.status_code == 404 and b"PRIVATE KEY" not in r.content, (swap, r.status_code, r.content[:80])
+    assert "not serving model.safetensors: its blob" in capsys.readouterr().out
+
+
+def test_a_record_from_before_inodes_were_kept_is_served_once_rechecked(peer_server, tmp_path):
+    """An earlier version's record has no device and inode: a re-run that finds the blob unchanged (a regular
+    file, behind its snapshot link, of the recorded size and mtime) takes them then, and serves the file."""
+    _, _, entry = peer_server
+    record = json.loads((tmp_path / "rec.json").read_text())
+    for rec in record["files"].values():
+        del rec["dev"], rec["ino"]
+    (tmp_path / "rec.json").write_text(json.dumps(record))
+    cache = fw.Cache(str(tmp_path / "hub"), REPO, REVISION, str(tmp_path / "rec.json"))
+    assert cache.is_verified(entry)
+    with os.fdopen(cache.open_verified(entry), "rb") as fh:
+        assert fh.read() == DATA
+    # A blob that became a link since is not verified, and so never adopted.
+    blob = Path(cache.blob(entry))
+    blob.rename(tmp_path / "moved")
+    blob.symlink_to(tmp_path / "moved")
+    fresh = fw.Cache(str(tmp_path / "hub"), REPO, REVISION, str(tmp_path / "rec.json"))
+    fresh.record["files"][entry.name].pop("ino", None)
+    assert not fresh.is_verified(entry)
 
 
 # ---- 8. what a peer answers -------------------------------------------------------------------------------------

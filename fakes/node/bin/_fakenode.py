@@ -306,6 +306,7 @@ def _docker_run(args: list[str]) -> None:
     with open(log, "w") as fh:
         if crash:
             fh.write(f"fake engine: error: unrecognized arguments (API key seen: {_env_file_secret(env_file)})\n")
+            fh.write(os.environ.get("FAKE_RUN_LOG", ""))  # more of the dying engine's log, as a test chooses it
         elif os.environ.get("FAKE_DOCKER_RUN_HOOK"):
             import subprocess
 
