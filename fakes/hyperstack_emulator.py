@@ -688,19 +688,30 @@ class Emulator:
 
     def _admin(self, method: str, what: str, body: Any = None) -> tuple[int, Any]:
         """Not part of the API and not recorded among its requests: what exists, what was asked, and (for a test
-        in another process) POST capacity {"region", "flavor_name", "vms"} to change a region's stock."""
+        in another process) POST capacity {"region", "flavor_name", "vms"} to change a region's stock, POST faults
+        {"kind", ...} to arm a fault, POST reclaim {"name", "mode"} to take a VM away."""
         if method == "POST" and what == "capacity" and isinstance(body, dict):
             self.set_capacity(str(body["flavor_name"]), int(body["vms"]), region=str(body["region"]))
             return 200, {"status": True}
         if method == "POST" and what == "reclaim" and isinstance(body, dict):
             return self._reclaim(str(body.get("name") or ""), str(body.get("mode") or "delete"))
+        if method == "POST" and what == "faults" and isinstance(body, dict):
+            # {"kind": "vm-error", "name": ...}: arm a fault in an emulator another process started (the sandbox's).
+            kinds: dict[str, type] = {"rate-limit": RateLimit, "server-error": ServerError, "vm-error": VmError,
+                                      "stuck-in-build": StuckInBuild, "lost-create": LostCreateResponse}
+            fields = {k: v for k, v in body.items() if k != "kind"}
+            try:
+                self.inject(kinds[str(body.get("kind"))](**fields))
+            except (KeyError, TypeError) as exc:
+                return 400, {"status": False, "message": f"fault {body!r}: {exc} (kinds: {', '.join(kinds)})"}
+            return 200, {"status": True}
         if method == "GET" and what == "inventory":
             return 200, self.inventory()
         if method == "GET" and what == "requests":
             return 200, [{"method": r.method, "path": r.path, "status": r.status, "authorized": r.authorized}
                          for r in self.requests]
         return 404, {"message": f"no admin route {method} {ADMIN_PREFIX}{what} (inventory, requests, capacity, "
-                                "reclaim)"}
+                                "reclaim, faults)"}
 
     def _reclaim(self, name: str, mode: str) -> tuple[int, Any]:
         """What the cloud does to a VM on a hardware fault or a maintenance reclaim: it goes (mode "delete": DELETING,

@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import secrets
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +64,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # every flow runs under the real CLI. KIMI_SANDBOX_ENGINE chooses for a whole run (the test suite's flows).
 ENGINES = ("pulumi", "home")
 ENGINE_VARIABLE = "KIMI_SANDBOX_ENGINE"
+# More arguments for the sandbox's own emulator, e.g. "--fault vm-error:kimi-sandbox-node0" (tests/sandbox/).
+EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
 # What a user does after an interrupted `pulumi up` (README "Recovering from an interrupted up").
 RECOVERY = ("pulumi cancel (if the stack is locked), pulumi refresh --clear-pending-creates, then pulumi up; "
             "the sandbox's up does all three")
@@ -433,10 +436,12 @@ class Sandbox:
                          "starting a fresh one, which holds nothing of the earlier run")
             port = _port_for(previous)
             fabric = ("--node-fabric", str(self.fabric_path)) if self.real and self.fabric_path.exists() else ()
+            # A test's faults and stock for this emulator (scripts.emulator's --fault and --capacity), from the start.
+            extra = tuple(shlex.split(os.environ.get(EMULATOR_ARGS_VARIABLE, "")))
             service = services.start(
                 # --admin: `reclaim` takes a VM away as the cloud would, through the emulator's admin route.
                 "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE,
-                                                   "--admin", *fabric),
+                                                   "--admin", *fabric, *extra),
                 host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=self.dir.logs,
                 # The key goes by environment, not argv, which every user of the machine can read.
                 env={"HYPERSTACK_API_KEY": key},

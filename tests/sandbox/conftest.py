@@ -41,12 +41,10 @@ def _not_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @dataclass
-class ExternalEmulator:
-    """`python -m scripts.emulator --admin` in its own process, as HYPERSTACK_API_URL points the sandbox at it."""
+class EmulatorAdmin:
+    """An emulator in another process, through its test-only admin routes (`--admin`)."""
 
     url: str
-    key: str
-    proc: subprocess.Popen
 
     def _get(self, what: str):
         base = self.url.removesuffix("/v1")
@@ -68,6 +66,22 @@ class ExternalEmulator:
 
     def vm_posts(self) -> int:
         return sum(1 for r in self.requests() if r["method"] == "POST" and r["path"] == "/core/virtual-machines")
+
+    def arm(self, kind: str, **fields: Any) -> None:
+        """A fault from now on (the admin route's kinds: rate-limit, server-error, vm-error, stuck-in-build, ...)."""
+        base = self.url.removesuffix("/v1")
+        body = json.dumps({"kind": kind, **fields}).encode()
+        request = urllib.request.Request(f"{base}/_emulator/faults", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            answer.read()
+
+
+@dataclass
+class ExternalEmulator(EmulatorAdmin):
+    """`python -m scripts.emulator --admin` in its own process, as HYPERSTACK_API_URL points the sandbox at it."""
+
+    key: str = ""
+    proc: subprocess.Popen | None = None
 
     def env(self) -> dict[str, str]:
         return {"HYPERSTACK_API_URL": self.url, "HYPERSTACK_API_KEY": self.key}
@@ -155,6 +169,10 @@ class SandboxRunner:
     def record(self) -> dict:
         path = self.workdir / "sandbox.json"
         return json.loads(path.read_text()) if path.exists() else {}
+
+    def emulator(self) -> EmulatorAdmin:
+        """The sandbox's own emulator (started by its first up, with the admin routes)."""
+        return EmulatorAdmin(self.record()["emulator_url"])
 
 
 def leftover_processes(workdir: Path) -> list[int]:
