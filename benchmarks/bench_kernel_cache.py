@@ -32,14 +32,16 @@ def _landed(state: Path, name: str) -> bool:
         doc = json.loads(state.read_text())
     except (OSError, ValueError):
         return False
-    return any(r.get("name") == name for r in doc.get("resources", []))
+    # The real CLI's checkpoint names each resource by URN (..::NAME); the sandbox engine's state.json by name.
+    resources = ((doc.get("checkpoint") or {}).get("latest") or {}).get("resources") or doc.get("resources") or []
+    return any(r.get("name") == name or str(r.get("urn", "")).endswith(f"::{name}") for r in resources)
 
 
 def timed_up(sandbox: Sandbox, topology: str) -> dict[str, float]:
     """Seconds from the start of `up` to the readiness wait passing, to the save finishing, and to the end."""
     marks: dict[str, float] = {}
     done = threading.Event()
-    state = sandbox.dir.state_path
+    state = sandbox.checkpoint_path
 
     def watch() -> None:
         while not done.is_set():

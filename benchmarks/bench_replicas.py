@@ -246,7 +246,7 @@ def start_load(outputs: dict[str, Any], args: argparse.Namespace,
 
 
 def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
-    outputs, _ = sandbox.dir.outputs()
+    outputs, _ = sandbox.outputs()
     lost = outputs["replica_node_names"][1][0]
     lost_ip = outputs["replica_head_private_ips"][1]
     engine_port = int(sandbox.dir.record()["engine_port"])
@@ -291,7 +291,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     replicas restarted (from the steps' own marks in the state)."""
     from components.timeline import bars_from_state
 
-    outputs, _ = sandbox.dir.outputs()
+    outputs, _ = sandbox.outputs()
     ca, tally, stop, threads = start_load(outputs, args)
     before = tally.requests
     started = time.monotonic()
@@ -302,7 +302,8 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     for t in threads:
         t.join(60)
     os.unlink(ca)
-    bars = bars_from_state(json.loads(sandbox.dir.state_path.read_text()))
+    with sandbox.state_document() as state:
+        bars = bars_from_state(json.loads(state.read_text()))
     order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
              if b.step in ("launch", "engine-ready")]
     return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,

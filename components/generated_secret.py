@@ -17,6 +17,8 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
+from components.unknowns import is_unknown
+
 
 class _GeneratedSecretProvider(dyn.ResourceProvider):
     """Stateless: holds nothing on self, so nothing sensitive is pickled into the provider blob."""
@@ -31,7 +33,7 @@ class _GeneratedSecretProvider(dyn.ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
         # State written before `version` existed holds none: that was version 1.
         replaces = [k for k, default in (("length", 32), ("version", 1))
-                    if int(olds.get(k) or default) != int(news.get(k) or default)]
+                    if is_unknown(news.get(k)) or int(olds.get(k) or default) != int(news.get(k) or default)]
         return dyn.DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=False)
 
 

@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from components.unknowns import is_unknown
+
 CA_DAYS = 3650
 SERVER_DAYS = 825  # the longest validity Apple's TLS policy accepts for a server certificate
 RENEW_DAYS = 60
@@ -175,7 +177,9 @@ class _ServerCertProvider(dyn.ResourceProvider):
             **props, "cert_pem": cert, "key_pem": key, "not_after": not_after(cert).isoformat()})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.DiffResult:
-        replaces = [k for k in ("ip_addresses", "dns_names") if list(olds.get(k) or []) != list(news.get(k) or [])]
+        # In a preview an address may not be known yet (a VM to be replaced): that may change the certificate.
+        replaces = [k for k in ("ip_addresses", "dns_names")
+                    if is_unknown(news.get(k)) or list(olds.get(k) or []) != list(news.get(k) or [])]
         if olds.get("ca_cert_pem") != news.get("ca_cert_pem"):
             replaces.append("ca_cert_pem")
         current = olds.get("cert_pem")

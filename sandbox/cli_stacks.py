@@ -159,15 +159,19 @@ class CliStacks:
         cli.set_config(stack, config, secret_config)
         return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout))
 
-    def recover(self, stack: Stack) -> None:
-        """What a user runs after an interrupted up: `pulumi cancel` where the backend still holds the stack's lock
-        (the file backend has none to cancel), then `pulumi refresh --clear-pending-creates`, which asks each
-        provider whether what the interrupted up began exists, and keeps what does."""
-        cli = self.cli()
+    def unlock(self, stack: Stack) -> None:
+        """`pulumi cancel`: a killed `pulumi` leaves the stack locked (the file backend keeps a lock file under
+        state/.pulumi/locks), and every later up or destroy refuses until it goes. Harmless when there is none."""
         try:
-            cli.run(["cancel", "--yes", "--stack", stack.name], cwd=stack.project_dir)
+            self.cli().run(["cancel", "--yes", "--stack", stack.name], cwd=stack.project_dir)
         except PulumiError as err:
-            self.out.write(f"pulumi cancel: {failures(err.output)[:1] or [err]}\n")
+            self.out.write(f"pulumi cancel: {(failures(err.output) or [str(err)])[0]}\n")
+
+    def recover(self, stack: Stack) -> None:
+        """What a user runs after an interrupted up: `pulumi cancel` (the stack's lock), then `pulumi refresh
+        --clear-pending-creates`, which asks each provider whether what the interrupted up began exists."""
+        cli = self.cli()
+        self.unlock(stack)
         cli.run(["refresh", "--yes", "--clear-pending-creates", "--stack", stack.name], cwd=stack.project_dir,
                 timeout=600)
 
@@ -177,7 +181,13 @@ class CliStacks:
         cli = self.cli()
         if not stack.config_file.exists():
             self._project(stack, None)
+        if self.pending_operations(stack) or self.locked(stack):
+            self.unlock(stack)
         return self._operation(lambda: cli.destroy(stack, echo=echo, timeout=timeout))
+
+    def locked(self, stack: Stack) -> bool:
+        locks = self.root / "state" / ".pulumi" / "locks"
+        return locks.exists() and any(p.is_file() for p in locks.rglob("*.json"))
 
     def forget(self, stack: Stack) -> None:
         """After a destroy that left 0 resources: the stack and its config go (a new up starts a new one)."""

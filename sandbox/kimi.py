@@ -67,8 +67,6 @@ ENGINE_VARIABLE = "KIMI_SANDBOX_ENGINE"
 # More arguments for the sandbox's own emulator, e.g. "--fault vm-error:kimi-sandbox-node0" (tests/sandbox/).
 EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
 # What a user does after an interrupted `pulumi up` (README "Recovering from an interrupted up").
-RECOVERY = ("pulumi cancel (if the stack is locked), pulumi refresh --clear-pending-creates, then pulumi up; "
-            "the sandbox's up does all three")
 
 
 class SandboxUsageError(Exception):
@@ -218,7 +216,7 @@ def _dummy_ssh_key() -> str:
     return "sandbox-dummy-ssh-key-" + secrets.token_hex(8)
 
 
-def _ssh_private_key() -> str:
+def new_ssh_private_key() -> str:
     """A fresh ed25519 key in OpenSSH's format: the operator's key, which every fake node's sshd accepts."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -227,7 +225,7 @@ def _ssh_private_key() -> str:
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
 
 
-def _ssh_public_key(private_key: str) -> str:
+def ssh_public_key_of(private_key: str) -> str:
     from cryptography.hazmat.primitives import serialization
 
     key = serialization.load_ssh_private_key(private_key.encode(), password=None)
@@ -335,6 +333,17 @@ class Sandbox:
     def outputs(self) -> tuple[dict[str, Any], frozenset[str]]:
         """(the cluster stack's outputs in plain text, the names of the secret ones)."""
         return self.cli.outputs(self.cli.cluster) if self.real else self.dir.outputs()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The file the engine keeps the cluster stack's state in, written after every resource operation: the real
+        CLI's checkpoint (its `latest.resources` name each by URN), or the sandbox engine's state.json."""
+        return self.cli.checkpoint_path(self.cli.cluster) if self.real else self.dir.state_path
+
+    def hub_ca(self) -> Path | None:
+        """The CA file that the fake hub's https certificate chains to (None: the hub serves plain http)."""
+        fabric = self.fabric() if self.real else None
+        return self._hub_tls(fabric)[2] if fabric is not None else None
 
     @contextlib.contextmanager
     def state_document(self) -> Iterator[Path]:
@@ -549,9 +558,9 @@ class Sandbox:
         if fabric is not None:
             # The operator is this machine, at its address on the bridge; the key is a real one, which every fake
             # node's sshd takes (the emulator puts the keypair's public key in its authorized_keys).
-            ssh_key = self.dir.secret("ssh_private_key_ed25519", _ssh_private_key)
+            ssh_key = self.dir.secret("ssh_private_key_ed25519", new_ssh_private_key)
             config[f"{NAMESPACE}:operatorCidr"] = f"{fabric.host_address}/32"
-            config[f"{NAMESPACE}:sshPublicKey"] = _ssh_public_key(ssh_key)
+            config[f"{NAMESPACE}:sshPublicKey"] = ssh_public_key_of(ssh_key)
         else:
             ssh_key = self.dir.secret("ssh_private_key", _dummy_ssh_key)
         secret_config = {
@@ -584,7 +593,7 @@ class Sandbox:
     def _cli_up(self, engine: EngineSettings, echo: bool) -> dict[str, Any]:
         """`pulumi up` of the cluster stack, after the recovery a user runs when an earlier up was interrupted."""
         stack = self.cli.cluster
-        if self.cli.pending_operations(stack):
+        if self.cli.pending_operations(stack) or self.cli.locked(stack):
             self.say("the last up was interrupted (the checkpoint lists operations it did not finish): "
                      "pulumi cancel, pulumi refresh --clear-pending-creates, then up")
             self.cli.recover(stack)

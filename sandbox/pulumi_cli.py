@@ -50,7 +50,7 @@ def toolchain_bin() -> Path:
     """The directory of `pulumi` and its Python language host: scripts/pulumi-toolchain's last line (it builds
     them once if this machine has none, about 8 minutes on 2 cores)."""
     # Its steps go straight to stderr: a first build runs for minutes and says what it is doing as it goes.
-    done = subprocess.run(["bash", str(TOOLCHAIN)], stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(["bash", str(TOOLCHAIN), "--quiet"], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0 or not done.stdout.strip():
         raise PulumiError(f"scripts/pulumi-toolchain failed ({done.returncode}): no Pulumi CLI to run", "",
                           done.returncode)

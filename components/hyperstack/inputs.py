@@ -8,9 +8,8 @@ from dataclasses import fields
 from typing import Any
 
 from pulumi.dynamic import CheckFailure, DiffResult, ResourceProvider
-from pulumi.output import Unknown
-from pulumi.runtime.rpc import UNKNOWN  # an input not known yet (preview), as it travels on the wire
 
+from ..unknowns import is_unknown
 from .errors import ProvisioningError
 
 NAME_MAX = 50  # CreateEnvironment / ImportKeypairPayload / CreateInstancesPayload: name max_length
@@ -18,13 +17,6 @@ NAME_MAX = 50  # CreateEnvironment / ImportKeypairPayload / CreateInstancesPaylo
 
 def as_int(value: Any) -> int:
     return int(float(value)) if isinstance(value, (int, float)) else int(str(value))
-
-
-def is_unknown(value: Any) -> bool:
-    """An input not known yet. The dynamic provider host deserializes the engine's unknowns with keep_unknowns, so
-    during a real preview they arrive as `pulumi.output.Unknown` objects (each a new one, equal to nothing); the wire
-    string is what they are in serialized form."""
-    return isinstance(value, Unknown) or (isinstance(value, str) and value == UNKNOWN)
 
 
 def known(value: Any) -> bool:

@@ -8,7 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .inputs import UNKNOWN, is_unknown, timing_inputs
+from pulumi.runtime.rpc import UNKNOWN
+
+from ..unknowns import is_unknown
+from .inputs import timing_inputs
 
 
 @dataclass(frozen=True)

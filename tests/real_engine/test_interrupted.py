@@ -3,8 +3,8 @@
 - Ctrl-C (SIGINT to the sandbox, which hands it to `pulumi`): the CLI stops starting new steps, finishes or cancels
   the ones under way and saves its checkpoint; the next up carries on, with no second VM.
 - `pulumi` killed outright (SIGKILL: a crash), its provider hosts living on, or with its whole session (a closed
-  laptop): the checkpoint keeps the creates it had begun as pending operations; the next up runs `pulumi cancel`
-  (the file backend has no lock to cancel), `pulumi refresh --clear-pending-creates`, then `pulumi up`, whose VM
+  laptop): the checkpoint keeps the creates it had begun as pending operations and the stack stays locked; the next up
+  runs `pulumi cancel`, `pulumi refresh --clear-pending-creates`, then `pulumi up`, whose VM
   provider adopts each VM a lost create made, by name. A provider host that outlived pulumi must not delete the VM
   it was waiting for (components/hyperstack/progress.py): that would cost a second VM.
 """
@@ -69,4 +69,25 @@ def test_an_interrupted_up_resumes_with_no_second_vm_and_destroys_clean(real_san
     assert "emulator: nothing left" in ok(destroy)
     assert leftover_processes(run.workdir) == []
     report(f"h100x4-sglang up interrupted by {how} once its VMs existed: resumed up {resumed.seconds:.1f} s, "
+           f"whole test {time.monotonic() - started:.1f} s")
+
+
+def test_destroy_after_a_killed_up_leaves_nothing(real_sandbox) -> None:
+    # The VM never leaves BUILD, so pulumi is surely killed before it recorded the VM: only the emulator knows it.
+    run = real_sandbox({"KIMI_SANDBOX_EMULATOR_ARGS": "--fault stuck-in-build:kimi-sandbox-node0"})
+    started = time.monotonic()
+    driver = run.start("up", "--topology", "b300x1-vllm", "--quiet")
+    wait_for("the VM in BUILD", lambda: [vm for vm in inventory(run)["virtual_machines"] if vm["status"] == "BUILD"]
+             if (run.workdir / "sandbox.json").exists() and "emulator_url" in run.record() else [], 120)
+    pid = _pulumi_pid(run)
+    os.killpg(pid, signal.SIGKILL)
+    driver.communicate(timeout=120)
+    assert driver.returncode != 0
+
+    destroy = run("destroy")
+    out = ok(destroy)
+    assert "an interrupted up created it but never recorded it" in out, out
+    assert "emulator: nothing left" in out, out
+    assert leftover_processes(run.workdir) == []
+    report(f"b300x1-vllm killed during VM creation, then destroyed: destroy {destroy.seconds:.1f} s, "
            f"whole test {time.monotonic() - started:.1f} s")

@@ -170,9 +170,30 @@ class SandboxRunner:
         path = self.workdir / "sandbox.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
+    def resources(self) -> list[dict[str, Any]]:
+        """The cluster stack's resources (the stack included), from the real CLI's checkpoint in the workdir."""
+        path = self.workdir / "state/.pulumi/stacks/kimi-cluster/sandbox.json"
+        if not path.exists():
+            return []
+        return list(json.loads(path.read_text())["checkpoint"]["latest"].get("resources") or [])
+
     def emulator(self) -> EmulatorAdmin:
         """The sandbox's own emulator (started by its first up, with the admin routes)."""
         return EmulatorAdmin(self.record()["emulator_url"])
+
+
+def hub_stats(workdir: Path) -> dict[str, Any]:
+    """The fake hub's counters (fakes/hub.py STATS_PATH), over its https with the sandbox's hub CA."""
+    import ssl
+
+    from fakes.hub import STATS_PATH
+
+    url = json.loads((workdir / "sandbox.json").read_text())["hub_url"]
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=str(next((workdir / "secrets" / "hub-tls").glob("*-ca.crt"))))
+    with urllib.request.urlopen(url + STATS_PATH, timeout=10, context=context) as answer:
+        return dict(json.loads(answer.read()))
 
 
 def leftover_processes(workdir: Path) -> list[int]:

@@ -44,10 +44,9 @@ def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monke
 
 
 def _hub_bytes(sandbox) -> int:
-    import urllib.request
+    from .conftest import hub_stats
 
-    with urllib.request.urlopen(f"{sandbox.dir.record()['hub_url']}/_fake/stats", timeout=10) as answer:
-        return int(json.load(answer)["body_bytes"])
+    return int(hub_stats(sandbox.dir.root)["body_bytes"])
 
 
 def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Path):
@@ -61,7 +60,7 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
         up = sandbox.up("b300x1-vllm", echo=False, config={"replicas": "2"}, timeline=False, kernel_cache=False)
         assert up == 0, log.getvalue()[-3000:]
         first = _hub_bytes(sandbox)
-        outputs, _ = sandbox.dir.outputs()
+        outputs, _ = sandbox.outputs()
         progress = json.loads((sandbox.dir.nodes / outputs["node_private_ips"][0] / "ephemeral/kimi/progress"
                                / "weights.json").read_text())
         assert first == progress["bytes_total"], (first, progress)  # 1.0x the checkpoint for the whole stack
@@ -69,7 +68,7 @@ def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Pat
         sandbox.reclaim(lost)
         assert sandbox.up(None, echo=False, config={"replicas": "2"}, timeline=False) == 0, log.getvalue()[-3000:]
         assert _hub_bytes(sandbox) == first, "the re-created replica pulled from the hub"
-        again, _ = sandbox.dir.outputs()
+        again, _ = sandbox.outputs()
         new_ip = again["replica_head_private_ips"][1]
         assert new_ip != outputs["replica_head_private_ips"][1]
         fetched = json.loads((sandbox.dir.nodes / new_ip / "ephemeral/kimi/progress/weights.json").read_text())
