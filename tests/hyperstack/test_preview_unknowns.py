@@ -31,7 +31,8 @@ CHECKED = {
 
 def test_is_unknown_knows_both_forms_and_nothing_else() -> None:
     assert is_unknown(Unknown()) and is_unknown("04da6b54-80e4-46f7-96ec-b56ff0331ba9")
-    assert not any(is_unknown(v) for v in (None, "", "CANADA-1", 0, [], {}))
+    plain: tuple[object, ...] = (None, "", "CANADA-1", 0, [], {})
+    assert not any(is_unknown(v) for v in plain)
 
 
 @pytest.mark.parametrize("kind", sorted(CHECKED))
