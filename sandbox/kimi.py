@@ -716,6 +716,10 @@ class Sandbox:
         try:
             with self.state_document() as state:
                 bars = write_timeline(json.loads(state.read_text()), str(out), f"sandbox {topology} bring-up")
+        except ImportError as exc:  # matplotlib is in requirements-timeline.txt, not requirements.txt
+            self.say(f"timeline: not drawn ({exc.name or 'matplotlib'} is not installed: "
+                     ".venv/bin/pip install -r requirements-timeline.txt, or up --no-timeline)")
+            return
         except (OSError, ValueError) as exc:
             self.say(f"timeline: not drawn ({type(exc).__name__}: {exc})")
             return
@@ -841,7 +845,10 @@ class Sandbox:
             raise SandboxUsageError(f"no VM {node!r} in the sandbox in {self.dir.root}; its VMs: "
                                     f"{', '.join(f'{n} ({a})' for n, a in addresses.items()) or 'none'}")
         started = time.monotonic()
-        answer = reclaim.ask_emulator(record["emulator_url"], name, mode)
+        try:
+            answer = reclaim.ask_emulator(record["emulator_url"], name, mode)
+        except (RuntimeError, OSError) as exc:  # a VM already gone, an emulator that is not running
+            raise SandboxUsageError(f"cannot reclaim {name}: {exc}") from None
         # Under the real CLI the emulator ends the VM's namespace itself; an ERROR VM keeps it, so end it here.
         killed = [] if self.real and mode == "delete" else reclaim.kill_node(self.dir.nodes / addresses[name])
         self.say(f"reclaimed {name} ({addresses[name]}, VM {answer.get('id')}): the emulator "

@@ -12,6 +12,17 @@ from components.settings import SettingsError
 from sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, SandboxUsageError
 
 
+def _rate(text: str) -> float:
+    """A throttle of at least 1 byte a second and at most 100 GB/s: not negative, NaN or infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes per second") from None
+    if not 1 <= value <= 1e11:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 1 to 1e11 bytes per second")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.sandbox", description=__doc__)
     parser.add_argument("command", choices=["up", "verify", "status", "reclaim", "destroy"])
@@ -25,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="up: a kimi-cluster setting over Pulumi.sandbox.yaml (repeatable; kept for this "
                              "workdir), e.g. --topology custom --config nodeCount=8 --config gpusPerNode=4 ...")
-    parser.add_argument("--hub-bytes-per-second", type=float, metavar="N",
+    parser.add_argument("--hub-bytes-per-second", type=_rate, metavar="N",
                         help="up: throttle the fake hub (to watch the download with status)")
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
     parser.add_argument("--no-timeline", action="store_true",
