@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks._args import number_problem
-from fakes import sandbox_services as services
-from sandbox.kimi import EXIT_OK, Sandbox
+from sandbox.kimi import EMULATOR_ARGS_VARIABLE, EXIT_OK, Sandbox
 
 CASES: dict[str, tuple[str, dict[str, str]]] = {
     "4 nodes (h100x4-sglang)": ("h100x4-sglang", {}),
@@ -32,18 +31,6 @@ CASES: dict[str, tuple[str, dict[str, str]]] = {
                                                 "gpuMemoryGb": "80", "engine": "sglang"}),
 }
 _VM_CREATED = re.compile(r"VirtualMachine \S+ created \(([\d.]+)s\)")
-_KEY = "bench-emulator-key"
-
-
-def _emulator(build_seconds: float, logs: Path) -> services.Service:
-    port = services.free_port()
-    return services.start(
-        "emulator", services.python_module(
-            "scripts.emulator", "--port", str(port), "--creating-seconds", "0.2", "--build-seconds",
-            str(build_seconds), "--floating-ip-seconds", "0.1", "--deleting-seconds", "0.2"),
-        host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=logs, env={"HYPERSTACK_API_KEY": _KEY})
-
-
 def _measure(workdir: Path, topology: str, config: dict[str, str]) -> dict[str, float]:
     out = io.StringIO()
     sandbox = Sandbox(workdir, out=out)
@@ -53,6 +40,7 @@ def _measure(workdir: Path, topology: str, config: dict[str, str]) -> dict[str, 
     log = out.getvalue()
     if code != EXIT_OK:
         sys.stdout.write(log[-4000:])
+        sandbox.destroy(echo=False)  # a failed measurement leaves nothing running
         raise SystemExit(f"sandbox up of {topology} failed (exit {code}); its log ends above")
     creates = [float(m) for m in _VM_CREATED.findall(log)]
     sandbox.out = io.StringIO()
@@ -95,14 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = []
     for build in args.build_seconds:
-        emulator = _emulator(build, root / "logs")
-        os.environ.update({"HYPERSTACK_API_URL": f"{emulator.url}/v1", "HYPERSTACK_API_KEY": _KEY})
-        try:
-            for i, (label, (topology, config)) in enumerate(CASES.items()):
-                print(f"measuring {label} with a {build:g} s VM boot ...", flush=True)
-                rows.append((build, label, _measure(root / f"b{build:g}-{i}", topology, config)))
-        finally:
-            services.stop(emulator)
+        # The sandbox's own emulator, with this boot time (its last --build-seconds wins): under the real CLI the
+        # sandbox never talks to another emulator.
+        os.environ[EMULATOR_ARGS_VARIABLE] = f"--build-seconds {build:g}"
+        for i, (label, (topology, config)) in enumerate(CASES.items()):
+            print(f"measuring {label} with a {build:g} s VM boot ...", flush=True)
+            rows.append((build, label, _measure(root / f"b{build:g}-{i}", topology, config)))
     shutil.rmtree(root, ignore_errors=True)
     print(f"\n{'VM boot':>8}  {'cluster':<28} {'up (s)':>7} {'VMs':>4} {'longest VM create (s)':>22}")
     for build, label, m in rows:

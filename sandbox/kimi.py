@@ -421,6 +421,11 @@ class Sandbox:
         # HYPERSTACK_API_URL or HYPERSTACK_API_KEY, which may be a real account's (and scrubs both from the CLI's
         # environment, sandbox/pulumi_cli.py).
         external = "" if self.real else (os.environ.get("HYPERSTACK_API_URL") or "").rstrip("/")
+        if external and not _loopback_url(external):
+            # The sandbox engine honours HYPERSTACK_API_URL for a test's own emulator only: a real account's URL
+            # would get the key exported beside it, and VMs that bill.
+            raise SandboxUsageError(f"HYPERSTACK_API_URL={external} is not an emulator on this machine's loopback; "
+                                    "the sandbox never deploys to a real API: unset it (and HYPERSTACK_API_KEY)")
         if self.real and os.environ.get("HYPERSTACK_API_URL"):
             self.say("note: HYPERSTACK_API_URL is set; the sandbox ignores it (and HYPERSTACK_API_KEY) and runs its "
                      "own emulator")
@@ -1056,6 +1061,19 @@ def _environment_set(name: str, value: str | None) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def _loopback_url(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _api(url: str, key: str) -> Any:
