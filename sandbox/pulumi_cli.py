@@ -57,6 +57,37 @@ def toolchain_bin() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def end_session(sid: int) -> list[int]:
+    """SIGKILL every process of session `sid` (Linux /proc), again until a pass finds none: a plugin's shim that was
+    starting its Python when the scan passed it has forked by the next. Returns their pids."""
+    killed: list[int] = []
+    for _ in range(50):
+        found = _kill_session_once(sid)
+        if not found:
+            break
+        killed += found
+        time.sleep(0.05)
+    return killed
+
+
+def _kill_session_once(sid: int) -> list[int]:
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp, session.
+        if len(fields) > 3 and fields[3] == str(sid) and fields[0] != "Z":  # a zombie has ended already
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
+
+
 @dataclass(frozen=True)
 class Stack:
     """One stack of one project: `project_dir` holds its Pulumi.yaml and config file, `program_dir` the program."""
@@ -148,10 +179,10 @@ class PulumiCli:
             proc.wait(120)
             raise
         finally:
-            # A pulumi that was killed leaves its plugins running (they are its children, in its session): a
-            # provider host would go on polling, and end an operation nobody waits for. They go with it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            # A pulumi that was killed leaves its plugins running: a provider host would go on polling and end an
+            # operation nobody waits for. They go with it. Pulumi starts each plugin in a process group of its own,
+            # but all stay in the session this process gave it.
+            end_session(proc.pid)
             reader.join(10)
             self._current = None
             self.pid_file.unlink(missing_ok=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,11 +52,7 @@ def real_sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
 
     yield make
     for runner in made:
-        kill_everything(runner.workdir, runner.record())
-        fabric = runner.workdir / "fabric.json"
-        if fabric.exists():  # a flow that failed half-way: its namespaces and bridge go too
-            subprocess.run([sys.executable, "-m", "fakes.node_fabric", "teardown", str(fabric)], capture_output=True,
-                           cwd=Path(__file__).resolve().parents[2], timeout=120)
+        kill_everything(runner.workdir, runner.record())  # with the namespaces and bridge of a failed flow
 
 
 def inventory(runner: SandboxRunner) -> dict:

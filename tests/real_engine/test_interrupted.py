@@ -18,6 +18,7 @@ import time
 import pytest
 
 from fakes import sandbox_services as services
+from sandbox.pulumi_cli import end_session
 from tests.sandbox.conftest import leftover_processes, ok, report, wait_for
 
 from .conftest import inventory, vm_posts
@@ -50,10 +51,12 @@ def test_an_interrupted_up_resumes_with_no_second_vm_and_destroys_clean(real_san
     elif how == "sigkill":
         os.kill(pid, signal.SIGKILL)
     else:
-        os.killpg(pid, signal.SIGKILL)  # pulumi and its plugins (it runs in a session of its own)
+        for victim in end_session(pid):  # pulumi and its plugins: the whole session the sandbox started it in
+            wait_for(f"pid {victim} to end", lambda v=victim: not services.is_alive(v), 10)
     output, _ = driver.communicate(timeout=300)
     assert driver.returncode != 0, output
     wait_for(f"pulumi (pid {pid}) to end", lambda: not services.is_alive(pid), 30)
+    assert end_session(pid) == [], "pulumi's plugins outlived the sandbox's up"
     if how == "sigint":
         assert "sandbox up: stopped after" in output, output
 
@@ -80,7 +83,7 @@ def test_destroy_after_a_killed_up_leaves_nothing(real_sandbox) -> None:
     wait_for("the VM in BUILD", lambda: [vm for vm in inventory(run)["virtual_machines"] if vm["status"] == "BUILD"]
              if (run.workdir / "sandbox.json").exists() and "emulator_url" in run.record() else [], 120)
     pid = _pulumi_pid(run)
-    os.killpg(pid, signal.SIGKILL)
+    end_session(pid)
     driver.communicate(timeout=120)
     assert driver.returncode != 0
 

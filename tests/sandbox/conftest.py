@@ -218,6 +218,10 @@ def kill_everything(workdir: Path, record: dict) -> None:
     for data in (record.get("services") or {}).values():
         services.stop(services.Service.from_json(data), timeout=5)
     services.terminate(leftover_processes(workdir), timeout=5)
+    if (workdir / "fabric.json").exists():  # a flow under the real CLI: its namespaces and bridge go too
+        from fakes.node_fabric import Fabric, FabricConfig
+
+        Fabric(FabricConfig.load(workdir / "fabric.json")).teardown()
 
 
 @pytest.fixture
