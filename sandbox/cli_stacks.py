@@ -89,21 +89,19 @@ class CliStacks:
         project = PulumiCli.project_name(Stack(stack.program_dir, stack.name, stack.program_dir))
         return self.root / "state" / ".pulumi" / "stacks" / project / f"{stack.name}.json"
 
+    def _latest(self, stack: Stack) -> dict[str, Any]:
+        """The checkpoint's latest deployment (empty before the first up)."""
+        path = self.checkpoint_path(stack)
+        if not path.exists():
+            return {}
+        return (json.loads(path.read_text()).get("checkpoint") or {}).get("latest") or {}
+
     def resources(self, stack: Stack) -> list[dict[str, Any]]:
         """The stack's resources (the stack itself excluded), as its checkpoint holds them."""
-        path = self.checkpoint_path(stack)
-        if not path.exists():
-            return []
-        doc = json.loads(path.read_text())
-        latest = (doc.get("checkpoint") or {}).get("latest") or {}
-        return [r for r in latest.get("resources") or [] if r.get("type") != STACK_TYPE]
+        return [r for r in self._latest(stack).get("resources") or [] if r.get("type") != STACK_TYPE]
 
     def pending_operations(self, stack: Stack) -> list[dict[str, Any]]:
-        path = self.checkpoint_path(stack)
-        if not path.exists():
-            return []
-        latest = (json.loads(path.read_text()).get("checkpoint") or {}).get("latest") or {}
-        return list(latest.get("pending_operations") or [])
+        return list(self._latest(stack).get("pending_operations") or [])
 
     def outputs(self, stack: Stack) -> tuple[dict[str, Any], frozenset[str]]:
         """(the stack's outputs in plain text, the names of those that are secrets)."""
