@@ -565,7 +565,9 @@ class Sandbox:
             # node's sshd takes (the emulator puts the keypair's public key in its authorized_keys).
             ssh_key = self.dir.secret("ssh_private_key_ed25519", new_ssh_private_key)
             config[f"{NAMESPACE}:operatorCidr"] = f"{fabric.host_address}/32"
-            config[f"{NAMESPACE}:sshPublicKey"] = ssh_public_key_of(ssh_key)
+            # `up --config sshPublicKey=...` keeps the keypair's key while sshPrivateKey rotates (the VMs were
+            # created with it; the new key is added to their authorized_keys by hand, as on a real cluster).
+            config.setdefault(f"{NAMESPACE}:sshPublicKey", ssh_public_key_of(ssh_key))
         else:
             ssh_key = self.dir.secret("ssh_private_key", _dummy_ssh_key)
         secret_config = {

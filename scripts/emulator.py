@@ -10,7 +10,7 @@ import ipaddress
 import os
 import sys
 
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Fault, Lifecycle, StuckInBuild, VmError
+from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Fault, Lifecycle, RateLimit, StuckInBuild, VmError
 from fakes.node_fabric import Fabric, FabricConfig, missing
 
 FIRST_IP = "127.0.0.2"
@@ -19,8 +19,16 @@ FAULTS = {"vm-error": VmError, "stuck-in-build": StuckInBuild}
 
 
 def parse_fault(spec: str) -> Fault:
-    """`vm-error` (the next VM created) or `vm-error:NAME` (the VM of that name); likewise `stuck-in-build`."""
+    """`vm-error` (the next VM created) or `vm-error:NAME` (the VM of that name); likewise `stuck-in-build`;
+    `rate-limit:COUNT[:METHOD:PATH]`, the next COUNT requests (matching METHOD and the PATH glob after /v1) answer 429."""
     kind, _, name = spec.partition(":")
+    if kind == "rate-limit":
+        count, _, where = name.partition(":")
+        method, _, path = where.partition(":")
+        if not count.isdigit() or int(count) < 1 or (where and not (method and path)):
+            raise argparse.ArgumentTypeError(f"--fault {spec!r}: rate-limit:COUNT[:METHOD:PATH], COUNT a whole "
+                                             "number of requests, e.g. rate-limit:6:POST:/core/virtual-machines")
+        return RateLimit(int(count), method.upper() or None, path or None)
     if kind not in FAULTS:
         raise argparse.ArgumentTypeError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)} (optionally :VM_NAME)")
     return FAULTS[kind](name=name or None)
@@ -55,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
     parser.add_argument("--vm-names-unique", action="store_true", help="answer 409 to a duplicate VM name")
     parser.add_argument("--fault", action="append", default=[], type=parse_fault, metavar="KIND[:VM_NAME]",
-                        help="TEST ONLY: arm a fault at start (repeatable): " + ", ".join(FAULTS))
+                        help="TEST ONLY: arm a fault at start (repeatable): " + ", ".join(FAULTS) +
+                             "; rate-limit:COUNT[:METHOD:PATH]")
     parser.add_argument("--capacity", action="append", default=[], metavar="REGION:FLAVOR=VMS",
                         help="VMs of FLAVOR that REGION holds in all (repeatable; default 16 per GPU flavor)")
     parser.add_argument("--node-fabric", metavar="CONFIG",

@@ -24,9 +24,6 @@ from tests import leaks, wall_times
 # module again in each worker. __pycache__/ is ignored by git.
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-# The sandbox's flows run under its own engine until each is moved to the real Pulumi CLI (sandbox/kimi.py
-# ENGINES); the real-CLI flows (tests/real_engine/) choose it themselves. A caller's own choice stands.
-os.environ.setdefault("KIMI_SANDBOX_ENGINE", "home")
 
 # Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
 # 2-core machine); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.

@@ -1,12 +1,13 @@
-"""Fixtures for the sandbox tests: `python -m scripts.sandbox` as a user runs it, an emulator in its own process
-(with the test-only admin paths and faults), and a teardown that ends every process a test started.
+"""Fixtures for the sandbox tests: `python -m scripts.sandbox` as a user runs it, under the real Pulumi CLI with each
+VM a network namespace with sshd (fakes/node_fabric.py); the sandbox's own emulator through its test-only admin
+routes; and a teardown that ends every process, namespace and bridge a test started.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,12 +20,16 @@ from typing import Any
 import pytest
 
 from fakes import sandbox_services as services
-from sandbox.kimi import COMPILE_SECONDS_KNOB, EMULATOR_LIFECYCLE, FAKE_COMPILE_SECONDS
+from fakes.node_fabric import Fabric, FabricConfig, missing
+from sandbox.kimi import COMPILE_SECONDS_KNOB, EMULATOR_ARGS_VARIABLE, FAKE_COMPILE_SECONDS
+from sandbox.pulumi_cli import TOOLCHAIN, end_session
 from tests.wall_times import report
 
 __all__ = ["report"]  # the flows import report from here; tests/conftest.py prints what it collected
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The real CLI's checkpoint of the cluster stack (its file backend, in the workdir).
+CHECKPOINT = "state/.pulumi/stacks/kimi-cluster/sandbox.json"
 COMMAND_TIMEOUT_S = 240
 # The fake engine compiles nothing in the flows (the sandbox's 30 s would only wait): the kernel-cache flows, which
 # are about that compile, turn it on with COMPILING.
@@ -42,7 +47,7 @@ def _not_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @dataclass
 class EmulatorAdmin:
-    """An emulator in another process, through its test-only admin routes (`--admin`)."""
+    """The sandbox's own emulator, through its test-only admin routes (it runs with `--admin`)."""
 
     url: str
 
@@ -76,51 +81,24 @@ class EmulatorAdmin:
             answer.read()
 
 
-@dataclass
-class ExternalEmulator(EmulatorAdmin):
-    """`python -m scripts.emulator --admin` in its own process, as HYPERSTACK_API_URL points the sandbox at it."""
-
-    key: str = ""
-    proc: subprocess.Popen | None = None
-
-    def env(self) -> dict[str, str]:
-        return {"HYPERSTACK_API_URL": self.url, "HYPERSTACK_API_KEY": self.key}
+def _toolchain_ready() -> str | None:
+    """Why the toolchain cannot be used without a build, or None (a warm `scripts/pulumi-toolchain` takes < 1 s)."""
+    done = subprocess.run(["bash", str(TOOLCHAIN), "--check"], capture_output=True, text=True, timeout=60)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no toolchain"])[-1]
 
 
-@pytest.fixture
-def start_emulator(tmp_path: Path) -> Iterator:
-    """start_emulator(*faults) -> ExternalEmulator; stopped (by pid) at teardown.
-
-    Its VM phases are the sandbox's own (tenths of a second), from sandbox/kimi.py.
-    """
-    started: list[subprocess.Popen] = []
-
-    def start(*faults: str, extra: tuple[str, ...] = ()) -> ExternalEmulator:
-        port = services.free_port()
-        key = "test-emulator-key-" + os.urandom(6).hex()
-        argv = [sys.executable, "-m", "scripts.emulator", "--port", str(port), "--admin", *EMULATOR_LIFECYCLE, *extra]
-        for fault in faults:
-            argv += ["--fault", fault]
-        log = open(tmp_path / f"emulator-{port}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, "HYPERSTACK_API_KEY": key},
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        started.append(proc)
-        deadline = time.monotonic() + 30
-        while not services.port_open("127.0.0.1", port):
-            assert proc.poll() is None, (tmp_path / f"emulator-{port}.log").read_text()
-            assert time.monotonic() < deadline, "the emulator did not listen within 30 s"
-            time.sleep(0.05)
-        return ExternalEmulator(f"http://127.0.0.1:{port}/v1", key, proc)
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+@pytest.fixture(scope="session")
+def real_engine_ready() -> None:
+    """Root for the fake nodes' namespaces and the toolchain built: outside CI a machine without them skips the
+    flows with the reason; in CI (CI=true, as .ci/run runs) they fail, since .ci/run installs everything."""
+    problems = missing()
+    if not problems and (why := _toolchain_ready()):
+        problems.append(why)
+    if problems:
+        message = "the sandbox flows need " + "; ".join(problems) + " (bash scripts/pulumi-toolchain builds it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 @dataclass
@@ -132,7 +110,7 @@ class Result:
 
 @dataclass
 class SandboxRunner:
-    """Runs `python -m scripts.sandbox ...` on one workdir, with or without an external emulator."""
+    """Runs `python -m scripts.sandbox ...` on one workdir, under the real Pulumi CLI."""
 
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
@@ -172,14 +150,41 @@ class SandboxRunner:
 
     def resources(self) -> list[dict[str, Any]]:
         """The cluster stack's resources (the stack included), from the real CLI's checkpoint in the workdir."""
-        path = self.workdir / "state/.pulumi/stacks/kimi-cluster/sandbox.json"
+        path = self.workdir / CHECKPOINT
         if not path.exists():
             return []
         return list(json.loads(path.read_text())["checkpoint"]["latest"].get("resources") or [])
 
+    def resource(self, name: str) -> dict[str, Any]:
+        """The resource of that name (its URN's last part), as the checkpoint holds it."""
+        found = [r for r in self.resources() if r["urn"].rsplit("::", 1)[-1] == name]
+        assert len(found) == 1, f"{len(found)} resources named {name} in the checkpoint"
+        return found[0]
+
+    def step_output(self, name: str) -> str:
+        """What a remote command printed (its stdout, then its stderr), as the checkpoint holds it."""
+        outputs = self.resource(name).get("outputs") or {}
+        return f"{outputs.get('stdout', '')}{outputs.get('stderr', '')}"
+
+    def outputs(self) -> dict[str, Any]:
+        """The cluster stack's outputs, secrets in plain text (`pulumi stack output --show-secrets`)."""
+        from sandbox.kimi import Sandbox
+
+        return Sandbox(self.workdir, out=io.StringIO()).outputs()[0]
+
     def emulator(self) -> EmulatorAdmin:
         """The sandbox's own emulator (started by its first up, with the admin routes)."""
         return EmulatorAdmin(self.record()["emulator_url"])
+
+    def fabric(self) -> Fabric:
+        """The fake nodes' network: each VM a namespace, reached by `ip netns exec`."""
+        return Fabric(FabricConfig.load(self.workdir / "fabric.json"))
+
+    def in_node(self, address: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """A command in the namespace of the VM at that address (its own loopback, its own firewall)."""
+        namespace = self.fabric().config.namespace(address)
+        return subprocess.run(["ip", "netns", "exec", namespace, *argv], capture_output=True, text=True,
+                              timeout=timeout)
 
 
 def hub_stats(workdir: Path) -> dict[str, Any]:
@@ -189,11 +194,14 @@ def hub_stats(workdir: Path) -> dict[str, Any]:
     from fakes.hub import STATS_PATH
 
     url = json.loads((workdir / "sandbox.json").read_text())["hub_url"]
-    context = None
-    if url.startswith("https://"):
-        context = ssl.create_default_context(cafile=str(next((workdir / "secrets" / "hub-tls").glob("*-ca.crt"))))
+    context = ssl.create_default_context(cafile=str(next((workdir / "secrets" / "hub-tls").glob("*-ca.crt"))))
     with urllib.request.urlopen(url + STATS_PATH, timeout=10, context=context) as answer:
         return dict(json.loads(answer.read()))
+
+
+def engine_log(workdir: Path) -> str:
+    """What the fake engines printed, every node's."""
+    return "".join(p.read_text() for p in workdir.glob("nodes/*/var/lib/fake-node/docker/containers/kimi-engine.log"))
 
 
 def leftover_processes(workdir: Path) -> list[int]:
@@ -208,30 +216,28 @@ def leftover_processes(workdir: Path) -> list[int]:
 
 
 def kill_everything(workdir: Path, record: dict) -> None:
-    """Teardown: the engine (its whole group), the recorded services, whatever the fake nodes left running."""
-    for pid_file in (workdir / "engine.pid", workdir / "verification" / "engine.pid"):
-        if pid_file.exists():
-            try:
-                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+    """Teardown: pulumi's session (its plugins too), the recorded services, the fake nodes' namespaces and bridge."""
+    pid_file = workdir / "pulumi.pid"
+    if pid_file.exists() and pid_file.read_text().strip().isdigit():
+        end_session(int(pid_file.read_text().strip()))
     for data in (record.get("services") or {}).values():
         services.stop(services.Service.from_json(data), timeout=5)
     services.terminate(leftover_processes(workdir), timeout=5)
-    if (workdir / "fabric.json").exists():  # a flow under the real CLI: its namespaces and bridge go too
-        from fakes.node_fabric import Fabric, FabricConfig
-
+    if (workdir / "fabric.json").exists():
         Fabric(FabricConfig.load(workdir / "fabric.json")).teardown()
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator:
-    """sandbox(env=None, timeline=False, kernel_cache=False) -> SandboxRunner on a fresh workdir; everything it
-    started is ended at teardown."""
+def sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
+    """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="") -> SandboxRunner on a fresh workdir;
+    everything it started is ended at teardown. `emulator_args`: more arguments for the sandbox's own emulator
+    (scripts.emulator's --fault, --capacity), from its start."""
     made: list[SandboxRunner] = []
 
-    def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False) -> SandboxRunner:
-        runner = SandboxRunner(tmp_path / f"work{len(made)}", dict(env or {}), timeline, kernel_cache)
+    def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False,
+             emulator_args: str = "") -> SandboxRunner:
+        env = {**(env or {}), **({EMULATOR_ARGS_VARIABLE: emulator_args} if emulator_args else {})}
+        runner = SandboxRunner(tmp_path / f"work{len(made)}", env, timeline, kernel_cache)
         made.append(runner)
         return runner
 

@@ -12,22 +12,9 @@ import socket
 
 import pytest
 
-from .conftest import COMPILING, leftover_processes, ok, report
+from .conftest import COMPILING, engine_log, leftover_processes, ok, report
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
-
-
-def step_output(workdir, name: str) -> str:
-    doc = json.loads((workdir / "state.json").read_text())
-    for r in doc["resources"]:
-        if r["name"] == name:
-            out = r.get("outputs") or {}
-            return f"{out.get('stdout', '')}{out.get('stderr', '')}"
-    raise AssertionError(f"no resource {name} in the state")
-
-
-def engine_log(workdir) -> str:
-    return "".join(p.read_text() for p in workdir.glob("nodes/*/var/lib/fake-node/docker/containers/kimi-engine.log"))
 
 
 def bucket_bytes(workdir) -> bytes:
@@ -44,9 +31,9 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
     run = sandbox(env=COMPILING, kernel_cache=True)
     first = run("up", "--topology", "b300x1-vllm")
     ok(first)
-    assert "starting cold: no archive for key" in step_output(run.workdir, "kimi-node0-cache-restore")
+    assert "starting cold: no archive for key" in run.step_output("kimi-node0-cache-restore")
     assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
-    assert re.search(r"saved 6 kernel files .* as key [0-9a-f]{32}", step_output(run.workdir, "kimi-kernel-cache-save"))
+    assert re.search(r"saved 6 kernel files .* as key [0-9a-f]{32}", run.step_output("kimi-kernel-cache-save"))
     hf_token = (run.workdir / "secrets/hf_token").read_text().strip()
     # The key lives only in the head proxy's key file (the engine holds none).
     api_key = next(run.workdir.glob("nodes/*/etc/kimi-cluster/proxy/api-key")).read_text().strip()
@@ -59,11 +46,11 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
 
     second = run("up", "--topology", "b300x1-vllm")
     ok(second)
-    restore = step_output(run.workdir, "kimi-node0-cache-restore")
+    restore = run.step_output("kimi-node0-cache-restore")
     assert re.search(r"restored 6 kernel files .* for key [0-9a-f]{32}", restore), restore
     log = engine_log(run.workdir)
     assert "all 6 kernels found in the cache; no compile" in log and "compiling" not in log
-    assert "nothing uploaded" in step_output(run.workdir, "kimi-kernel-cache-save")
+    assert "nothing uploaded" in run.step_output("kimi-kernel-cache-save")
     ok(run("destroy"))
 
     archive = next((run.workdir / "kernel-store").rglob("cache.tar.gz"))
@@ -72,10 +59,10 @@ def test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold(
     archive.write_bytes(bytes(raw))
     third = run("up", "--topology", "b300x1-vllm")
     out = ok(third)
-    assert re.search(r"^  endpoint_url +https://127\.0\.0\.\d+:\d+$", out, re.M), out
-    assert "starting cold: the archive is corrupt" in step_output(run.workdir, "kimi-node0-cache-restore")
+    assert re.search(r"^  endpoint_url +https://10\.213\.\d+\.\d+:\d+$", out, re.M), out
+    assert "starting cold: the archive is corrupt" in run.step_output("kimi-node0-cache-restore")
     assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
-    assert "saved 6 kernel files" in step_output(run.workdir, "kimi-kernel-cache-save")  # a good one again
+    assert "saved 6 kernel files" in run.step_output("kimi-kernel-cache-save")  # a good one again
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm kernel cache: up cold {first.seconds:.1f} s, up restored {second.seconds:.1f} s, "
@@ -91,12 +78,12 @@ def test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up(sandbo
                         "restoreTimeoutMinutes": 1, "saveTimeoutMinutes": 1})
     up = run("up", "--topology", "b300x1-vllm", "--config", f"kernelCache={store}")
     out = ok(up)
-    assert re.search(r"^  endpoint_url +https://127\.0\.0\.\d+:\d+$", out, re.M), out
-    restore = step_output(run.workdir, "kimi-node0-cache-restore")
+    assert re.search(r"^  endpoint_url +https://10\.213\.\d+\.\d+:\d+$", out, re.M), out
+    restore = run.step_output("kimi-node0-cache-restore")
     assert f"starting cold: the store at s3://kimi-sandbox-kernels/kimi-cluster/kernel-cache/ at " \
            f"http://127.0.0.1:{closed} is unreachable" in restore, restore
     assert "compiling 6 of 6 kernels" in engine_log(run.workdir)
-    assert "WARNING: not saved: the store at" in step_output(run.workdir, "kimi-kernel-cache-save")
+    assert "WARNING: not saved: the store at" in run.step_output("kimi-kernel-cache-save")
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm with an unreachable kernel-cache store: up {up.seconds:.1f} s (cold, endpoint up)")
@@ -109,11 +96,11 @@ def test_tokenspeeds_kernel_folders_travel_across_destroy_and_up(sandbox) -> Non
     ok(first)
     # Triton x3, inductor, DeepGEMM, and TokenSpeed's autotune and MSA FMHA folders (components/launch.py).
     assert "compiling 7 of 7 kernels" in engine_log(run.workdir)
-    assert re.search(r"saved 7 kernel files .* as key [0-9a-f]{32}", step_output(run.workdir, "kimi-kernel-cache-save"))
+    assert re.search(r"saved 7 kernel files .* as key [0-9a-f]{32}", run.step_output("kimi-kernel-cache-save"))
     ok(run("destroy"))
     second = run("up", "--topology", "b300x1-tokenspeed", *image)
     ok(second)
-    assert re.search(r"restored 7 kernel files", step_output(run.workdir, "kimi-node0-cache-restore"))
+    assert re.search(r"restored 7 kernel files", run.step_output("kimi-node0-cache-restore"))
     assert "all 7 kernels found in the cache; no compile" in engine_log(run.workdir)
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import ssl
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-
-from sandbox.state import plain_outputs, read_outputs
 
 from .conftest import ok
 
@@ -22,15 +21,10 @@ CHAT = {"model": "moonshotai/Kimi-K3.1-Pro", "messages": [{"role": "user", "cont
         "max_tokens": 64}
 
 
-def _outputs(workdir: Path) -> dict:
-    return plain_outputs(read_outputs(workdir / "state.json"))[0]
-
-
-def _state(workdir: Path) -> dict[str, str]:
+def _state(run) -> dict[str, str]:
     """Every custom resource (components only group them), by URN: its id, what it was given and what it holds."""
-    doc = json.loads((workdir / "state.json").read_text())
     return {r["urn"]: json.dumps([r.get("id"), r.get("inputs"), r.get("outputs")], sort_keys=True)
-            for r in doc["resources"] if r.get("custom")}
+            for r in run.resources() if r.get("custom")}
 
 
 def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
@@ -50,6 +44,20 @@ def _status(url: str, key: str | None, ca: str | None = None, body: dict | None 
         return exc.code
 
 
+def _status_on_the_node(run, address: str, url: str) -> int:
+    """The HTTP status of a POST to `url` made on the node itself (inside its namespace: its own loopback)."""
+    probe = ("import json, sys, urllib.error, urllib.request\n"
+             f"request = urllib.request.Request({url!r}, data=json.dumps({CHAT!r}).encode(),\n"
+             "                                 headers={'Content-Type': 'application/json'})\n"
+             "try:\n"
+             "    print(urllib.request.urlopen(request, timeout=10).status)\n"
+             "except urllib.error.HTTPError as exc:\n"
+             "    print(exc.code)\n")
+    done = run.in_node(address, sys.executable, "-c", probe)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
 def _pid(node: Path, container: str) -> int:
     return int((node / f"var/lib/fake-node/engines/{container}.pid").read_text())
 
@@ -57,7 +65,7 @@ def _pid(node: Path, container: str) -> int:
 def test_vllm_head_behind_the_proxy_key_rotation_and_cidrs(sandbox, tmp_path) -> None:
     run = sandbox()
     ok(run("up", "--topology", "b300x1-vllm", "--quiet"))
-    out = _outputs(run.workdir)
+    out = run.outputs()
     key, url = out["api_key"], out["endpoint_url"]
     assert url.startswith("https://")
     ca = tmp_path / "ca.pem"
@@ -78,29 +86,32 @@ def test_vllm_head_behind_the_proxy_key_rotation_and_cidrs(sandbox, tmp_path) ->
     assert holders == ["etc/kimi-cluster/api-auth.header", "etc/kimi-cluster/proxy/api-key"], holders
     assert all((node / h).stat().st_mode & 0o077 == 0 for h in holders)
 
-    # vLLM's /invocations serves inference without the key on the engine's own loopback port; the proxy closes it.
+    # vLLM's /invocations serves inference without the key on the engine's own loopback port (reached here from
+    # the node itself: nothing outside it reaches that port); the proxy closes it.
     direct = f"http://127.0.0.1:{run.record()['engine_port']}"
-    assert _status(direct + "/invocations", None) == 200
+    assert _status_on_the_node(run, out["head_public_ip"], direct + "/invocations") == 200
     assert _status(url + "/invocations", None, str(ca)) == 401
     assert _status(url + "/invocations", "wrong", str(ca)) == 401
     assert _status(url + "/invocations", key, str(ca)) == 200
 
     # Rotation: a new key, the old one refused; engine and proxy are the same processes; only the key, the proxy
     # step and the readiness wait changed.
-    before = _state(run.workdir)
+    before = _state(run)
     ok(run("up", "--config", "apiKeyVersion=2", "--quiet"))
-    rotated = _outputs(run.workdir)
+    rotated = run.outputs()
     new_key = rotated["api_key"]
     assert new_key != key and rotated["api_key_version"] == 2
     assert _status(url + "/v1/chat/completions", key, str(ca)) == 401
     assert _status(url + "/v1/chat/completions", new_key, str(ca)) == 200
     assert (_pid(node, "kimi-engine"), _pid(node, "kimi-proxy")) == (engine, proxy)
-    assert _changed(before, _state(run.workdir)) == {"kimi-api-key", "kimi-node0-proxy", "kimi-ready-wait"}
+    assert _changed(before, _state(run)) == {"kimi-api-key", "kimi-node0-proxy", "kimi-ready-wait"}
 
-    # A new CIDR list: one more rule, nothing else.
-    before = _state(run.workdir)
-    ok(run("up", "--config", 'apiAllowedCidrs=["127.0.0.1/32", "127.0.0.0/8"]', "--quiet"))
-    assert _changed(before, _state(run.workdir)) == {"kimi-node0-api-127-0-0-0-8"}
+    # A new CIDR list (the operator and the whole subnet of the fake nodes): one more rule, nothing else.
+    before = _state(run)
+    operator, subnet = f"{run.fabric().config.host_address}/32", run.fabric().config.subnet
+    ok(run("up", "--config", f"apiAllowedCidrs={json.dumps([operator, subnet])}", "--quiet"))
+    rule = "kimi-node0-api-" + subnet.replace(".", "-").replace("/", "-")
+    assert _changed(before, _state(run)) == {rule}
     assert (_pid(node, "kimi-engine"), _pid(node, "kimi-proxy")) == (engine, proxy)
-    assert _outputs(run.workdir)["api_allowed_cidrs"] == ["127.0.0.1/32", "127.0.0.0/8"]
+    assert run.outputs()["api_allowed_cidrs"] == [operator, subnet]
     ok(run("destroy", "--quiet"))

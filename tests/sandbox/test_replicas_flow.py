@@ -15,7 +15,7 @@ import pytest
 # benchmarks.bench_replicas is imported inside the tests: it imports the openai SDK (about 0.8 CPU-s), which every
 # xdist worker would otherwise pay while it collects.
 
-pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(600), pytest.mark.usefixtures("real_engine_ready")]
 
 
 def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

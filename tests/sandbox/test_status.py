@@ -1,13 +1,14 @@
 """`status` against the sandbox, as a user runs it: in the middle of an `up` (the download in progress, with a
 percentage), after it (serving), and with a node whose download stalled or whose engine is crash-looping.
 
-The nodes are read through the sandbox's own setting for how node commands run, the same probe that would run over
-SSH on a real VM. The progress file is the weights step's contract (components/weights.py PROGRESS_FILE); this
+The nodes are read over OpenSSH with the stack's pinned host keys, as on a real cluster, from the stack's export
+(`pulumi stack export --show-secrets`). The progress file is the weights step's contract (components/weights.py PROGRESS_FILE); this
 test writes one where the node's weights program keeps it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from components.weights import PROGRESS_FILE
+from sandbox.kimi import Sandbox
 
 from .conftest import ok, report, wait_for
 
@@ -67,12 +69,10 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
             os.killpg(driver.pid, signal.SIGKILL)
 
     secrets = [(run.workdir / "secrets" / name).read_text().strip() for name in ("hf_token", "hyperstack_api_key")]
-    outputs = json.loads((run.workdir / "state.json").read_text())
     # up --no-kernel-cache (the runner's default): no bucket, no cache step.
     assert "kernel-store" not in run.record()["services"]
-    assert not [r["name"] for r in outputs["resources"] if "cache" in r["name"]]
-    api_key = next(r for r in outputs["resources"] if r["type"] == "pulumi:pulumi:Stack")["outputs"]["api_key"]
-    secrets.append(api_key["value"] if isinstance(api_key, dict) else api_key)
+    assert not [r["urn"] for r in run.resources() if "cache" in r["urn"].rsplit("::", 1)[-1]]
+    secrets.append(run.outputs()["api_key"])
 
     _progress(node, 1_000_000, 1_000_000, time.time())
     serving = _status(run)
@@ -95,16 +95,19 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert "restarting (7 restarts)" in looping
     assert "advice: kimi-sandbox-node0: the engine is restarting in a loop (7 restarts)" in looping
 
-    # The same, through scripts.status itself: the state file and the sandbox's node-command setting as options.
+    # The same, through scripts.status itself, as a user runs it on a real stack's export: the state file and the
+    # stack config (its emulator's URL) as options, the nodes over SSH.
     key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
     repo = Path(__file__).resolve().parents[2]
-    stack_file = run.workdir / "Pulumi.sandbox.yaml"  # the stack config as the sandbox ran it: its emulator's URL
+    stack_file = run.workdir / "Pulumi.sandbox.yaml"
     stack_file.write_text((repo / "Pulumi.sandbox.yaml").read_text().replace(
         "hyperstack:apiUrl: http://127.0.0.1:8700/v1", f"hyperstack:apiUrl: {run.record()['emulator_url']}"))
-    direct = subprocess.run(
-        [sys.executable, "-m", "scripts.status", "--stack", "sandbox", "--json", "--config", str(stack_file),
-         "--state", str(run.workdir / "state.json"), "--node-exec", str(run.workdir / "node-exec.json")],
-        cwd=repo, capture_output=True, text=True, timeout=120, env={**run.environment(), "HYPERSTACK_API_KEY": key})
+    with Sandbox(run.workdir, out=io.StringIO()).state_document() as export:
+        direct = subprocess.run(
+            [sys.executable, "-m", "scripts.status", "--stack", "sandbox", "--json", "--config", str(stack_file),
+             "--state", str(export)],
+            cwd=repo, capture_output=True, text=True, timeout=120,
+            env={**run.environment(), "HYPERSTACK_API_KEY": key})
     assert direct.returncode == 0, direct.stderr
     direct_report = json.loads(direct.stdout)
     assert direct_report["nodes"][0]["vm"]["status"] == "ACTIVE"
