@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from benchmarks._args import workdir_problem
-from sandbox.kimi import FAKE_COMPILE_SECONDS, TOPOLOGIES, Sandbox
+from sandbox.kimi import TOPOLOGIES, Sandbox
+from sandbox.nodes import FAKE_COMPILE_SECONDS
 
 READY_RESOURCE = "kimi-ready-wait"
 SAVE_RESOURCE = "kimi-kernel-cache-save"

@@ -5,6 +5,8 @@
 
 The same requests go to the engine directly (plain HTTP on the head's loopback, as only the head can reach it) and
 through the proxy (TLS verified against the stack's CA, with the key), interleaved so both see the same machine load.
+Both are sent from the head itself: the client runs inside the head VM's network namespace (fakes/node_fabric.py),
+where the engine's port is reachable.
 It prints the p50 and p90 latency of a small chat completion each way and their difference, and the streamed tokens
 per second each way and their ratio. Each client keeps its connection open, as the official SDKs do.
 """
@@ -12,8 +14,10 @@ per second each way and their ratio. Each client keeps its connection open, as t
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,8 +26,10 @@ from typing import Any
 
 import requests
 
-from sandbox.kimi import DEFAULT_WORKDIR
-from sandbox.state import plain_outputs, read_outputs
+from fakes.node_fabric import FabricConfig
+from sandbox.kimi import DEFAULT_WORKDIR, Sandbox
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 CHAT = {"messages": [{"role": "user", "content": "Who are you? One sentence."}], "max_tokens": 64,
         "reasoning_effort": "low"}
@@ -65,17 +71,35 @@ class Side:
         return tokens or chunks, time.perf_counter() - started
 
 
-def _sides(workdir: Path) -> tuple[Side, Side, str]:
-    outputs, _ = plain_outputs(read_outputs(workdir / "state.json"))
+def _plan(workdir: Path) -> dict[str, Any]:
+    """Where the two sides are and what they need (the key and the CA), and the head's namespace, from the stack."""
+    outputs, _ = Sandbox(workdir, out=io.StringIO()).outputs()
     record = json.loads((workdir / "sandbox.json").read_text())
     if not outputs.get("endpoint_url") or not record.get("engine_port"):
-        raise SystemExit(f"no deployed sandbox in {workdir}: run python -m scripts.sandbox up first")
+        raise ValueError("no endpoint in the stack's outputs")
+    namespace = FabricConfig.load(workdir / "fabric.json").namespace(outputs["head_public_ip"])
+    return {"namespace": namespace, "direct": f"http://127.0.0.1:{record['engine_port']}",
+            "proxy": outputs["endpoint_url"], "api_key": outputs["api_key"], "ca": outputs["ca_certificate"],
+            "model": outputs["served_model_name"]}
+
+
+def _sides(plan: dict[str, Any]) -> tuple[Side, Side, str]:
     ca = tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False)
-    ca.write(outputs["ca_certificate"])
+    ca.write(plan["ca"])
     ca.close()
-    direct = Side("direct", f"http://127.0.0.1:{record['engine_port']}", {}, True)
-    proxied = Side("proxy", outputs["endpoint_url"], {"Authorization": f"Bearer {outputs['api_key']}"}, ca.name)
-    return direct, proxied, outputs["served_model_name"]
+    direct = Side("direct", plan["direct"], {}, True)
+    proxied = Side("proxy", plan["proxy"], {"Authorization": f"Bearer {plan['api_key']}"}, ca.name)
+    return direct, proxied, plan["model"]
+
+
+def _on_the_head(plan: dict[str, Any], requests_n: int, streams_n: int) -> dict[str, Any]:
+    """This benchmark's `--from-node` in the head's namespace; the plan, with the key, goes by stdin, not argv."""
+    argv = ["ip", "netns", "exec", plan["namespace"], sys.executable, "-m", "benchmarks.bench_proxy", "--from-node",
+            "--requests", str(requests_n), "--streams", str(streams_n)]
+    done = subprocess.run(argv, input=json.dumps(plan), capture_output=True, text=True, cwd=REPO_ROOT, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the measurement on the head failed: {done.stderr.strip()[-500:]}")
+    return dict(json.loads(done.stdout))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -115,24 +139,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="chat completions each way (default 200)")
     parser.add_argument("--streams", type=int, default=20, help="streamed completions each way (default 20)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--from-node", action="store_true", help=argparse.SUPPRESS)  # the part run on the head
     args = parser.parse_args(argv)
     # Each figure is a median, a percentile or a rate over these counts: none of them exists for zero.
     for flag, value in (("--requests", args.requests), ("--streams", args.streams)):
         if not 1 <= value <= MAX_COUNT:
             print(f"error: {flag} {value} is not between 1 and {MAX_COUNT:,}", file=sys.stderr)
             return 2
+    if args.from_node:
+        print(json.dumps(run(*_sides(json.loads(sys.stdin.read())), args.requests, args.streams)))
+        return 0
     try:
-        direct, proxied, model = _sides(Path(args.workdir).resolve())
-    except (OSError, ValueError, AttributeError, KeyError) as exc:  # a missing or foreign workdir
-        print(f"error: no usable sandbox state in {args.workdir} ({type(exc).__name__}: {str(exc)[:200]}): run "
+        plan = _plan(Path(args.workdir).resolve())
+    except (OSError, ValueError, AttributeError, KeyError, RuntimeError) as exc:  # a missing or foreign workdir
+        print(f"error: no usable sandbox in {args.workdir} ({type(exc).__name__}: {str(exc)[:200]}): run "
               "python -m scripts.sandbox up first", file=sys.stderr)
         return 2
-    result = run(direct, proxied, model, args.requests, args.streams)
+    result = _on_the_head(plan, args.requests, args.streams)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{args.requests} chat completions and {args.streams} streams each way, interleaved, "
-          f"direct {direct.base} vs proxy {proxied.base}")
+          f"from the head, direct {plan['direct']} vs proxy {plan['proxy']}")
     print(f"  latency p50: direct {result['p50_ms']['direct']:.2f} ms, proxy {result['p50_ms']['proxy']:.2f} ms, "
           f"overhead {result['p50_overhead_ms']:+.2f} ms")
     print(f"  latency p90: direct {result['p90_ms']['direct']:.2f} ms, proxy {result['p90_ms']['proxy']:.2f} ms")

@@ -1,21 +1,24 @@
 """Lose a replica under load: N concurrent chats through the front, one replica's head reclaimed in the middle.
 
     python -m benchmarks.bench_replicas [--topology b300x1-vllm] [--chats 16] [--token-seconds 0.02]
-                                        [--before 6] [--after 12] [--workdir .sandbox-bench-replicas] [--json]
+                                        [--before 6] [--after 12] [--lose delete|unreachable] [--json]
+                                        [--workdir .sandbox-bench-replicas]
 
 Brings up a 2-replica sandbox (FAKE_ENGINE_TOKEN_SECONDS paces every answer, so requests are in flight), runs
 `--chats` workers through the official `openai` client against the front (TLS with the stack's CA, the stack's key,
 the client's own retries off: what the front delivers is what is counted). Half the workers make tool-call round
 trips (a non-streamed request that calls a tool, the tool's result sent back, the final answer), half stream. After
-`--before` seconds the head of replica 1 is reclaimed (`sandbox reclaim`: the emulator deletes the VM, its processes
-die); the load goes on for `--after` seconds. Then it prints:
+`--before` seconds the head of replica 1 is lost (`sandbox reclaim`: the emulator deletes the VM and its node is gone,
+or with `--lose unreachable` every packet to and from it is dropped); the load goes on for `--after` seconds. Then it
+prints:
 
 - failed non-streamed requests (each with the client's error);
 - streams started, completed and cut (a cut stream ends with an error; one still open when the load stops hangs);
 - tool-call round trips completed of those started;
 - seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
-  replica's address and engine port the moment its processes are dead and records every request line that reaches
-  it; the front's active health probes (GET /health) are counted apart.
+  replica's address and engine port the moment its VM is gone and records every request line that reaches it; the
+  front's active health probes (GET /health) are counted apart. A silent replica has no observer: the front's own
+  log of failed tries says when it stopped trying.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import argparse
 import io
 import json
 import os
-import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,6 +41,7 @@ import openai
 
 from benchmarks._args import number_problem, workdir_problem
 from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
+from fakes.node_fabric import Fabric, FabricConfig
 from sandbox.kimi import TOPOLOGIES, Sandbox
 
 TOOL_TASK = "What is the weather in Tokyo? Use the tool."
@@ -68,49 +72,55 @@ class Tally:
             getattr(self, which).append(text)
 
 
-class Observer:
-    """Listens where the lost replica's engine was, records each request line with its time, and hangs up."""
+# The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
+# its arrival time (CLOCK_MONOTONIC, the same clock in every process of this machine) and its request line.
+_LISTENER = """
+import socket, sys, time
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind((sys.argv[1], int(sys.argv[2])))
+sock.listen(64)
+print("listening", flush=True)
+while True:
+    conn, _ = sock.accept()
+    with conn:
+        conn.settimeout(1)
+        try:
+            line = conn.recv(4096).split(b"\\r\\n", 1)[0].decode(errors="replace")
+        except OSError:
+            line = "(nothing read)"
+        print(time.monotonic(), line, flush=True)
+"""
 
-    def __init__(self, host: str, port: int) -> None:
+
+class Observer:
+    """Takes the lost replica's address (a bare namespace on the fake nodes' bridge, once its VM's is gone) and its
+    engine port, records each request line that reaches it with its time, and hangs up."""
+
+    def __init__(self, fabric: Fabric, host: str, port: int) -> None:
         self.seen: list[tuple[float, str]] = []
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        deadline = time.monotonic() + 10
-        while True:  # the killed engine's socket may take a moment to go
-            try:
-                self.sock.bind((host, port))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.fabric = fabric
+        self.namespace = fabric.attach(host)
+        self.proc = subprocess.Popen(["ip", "netns", "exec", self.namespace, sys.executable, "-c", _LISTENER, host,
+                                      str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "listening":
+            raise RuntimeError(f"the observer could not listen on {host}:{port}")
         self.bound_at = time.monotonic()
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(1)
-                try:
-                    line = conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
-                except OSError:
-                    line = "(nothing read)"
-                self.seen.append((time.monotonic(), line))
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            at, _, request = line.rstrip("\n").partition(" ")
+            self.seen.append((float(at), request))
 
     def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
+        self.proc.kill()
+        self.proc.wait(10)
         self.thread.join(2)
+        self.fabric.end_namespace(self.namespace)
 
 
 def _client(base_url: str, key: str, ca_file: str) -> openai.OpenAI:
@@ -194,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-seconds", type=float, default=0.02, help="the fake engines' decode time per token")
     ap.add_argument("--before", type=float, default=6.0, help="seconds of load before the reclaim")
     ap.add_argument("--after", type=float, default=12.0, help="seconds of load after it")
+    ap.add_argument("--lose", choices=["delete", "unreachable"], default="delete",
+                    help="how replica 1's head goes: its VM deleted (the address answers nothing: a reset at once) "
+                         "or unreachable (still ACTIVE, every packet dropped, as a lost cloud host usually is)")
     ap.add_argument("--workdir", default=".sandbox-bench-replicas")
     ap.add_argument("--keep", action="store_true", help="leave the sandbox up afterwards")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -253,25 +266,29 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     ca, tally, stop, threads = start_load(outputs, args)
     before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
     reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
-    sandbox.reclaim(lost)
-    observer = Observer(lost_ip, engine_port)
-    print(f"bench: {log.getvalue().strip().splitlines()[-1]}; observer on {lost_ip}:{engine_port} after "
-          f"{observer.bound_at - reclaimed_at:.2f} s", flush=True)
+    sandbox.reclaim(lost, args.lose)
+    # A deleted VM's address is free: the observer takes it. A silent one keeps it, and drops what reaches it.
+    observer = Observer(Fabric(FabricConfig.load(sandbox.dir.root / "fabric.json")), lost_ip, engine_port) \
+        if args.lose == "delete" else None
+    where = f"observer on {lost_ip}:{engine_port} after {observer.bound_at - reclaimed_at:.2f} s" if observer \
+        else "no observer: its packets are dropped"
+    print(f"bench: {log.getvalue().strip().splitlines()[-1]}; {where}", flush=True)
     time.sleep(args.after)
     stop.set()
     deadline = time.monotonic() + 60
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     hung = sum(1 for t in threads if t.is_alive())
-    observer.close()
+    seen = observer.seen if observer else []
+    if observer:
+        observer.close()
     os.unlink(ca)
-    proxied = [(t - reclaimed_at, line) for t, line in observer.seen if not line.startswith(("GET /health",
-                                                                                             "HEAD /health"))]
-    probes = [t - reclaimed_at for t, line in observer.seen if line.startswith(("GET /health", "HEAD /health"))]
+    proxied = [(t - reclaimed_at, line) for t, line in seen if not line.startswith(("GET /health", "HEAD /health"))]
+    probes = [t - reclaimed_at for t, line in seen if line.startswith(("GET /health", "HEAD /health"))]
     tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
     return {
         "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
-        "lost_replica_head": lost, "chats": args.chats, "token_seconds": args.token_seconds,
+        "lost_replica_head": lost, "lost_as": args.lose, "chats": args.chats, "token_seconds": args.token_seconds,
         "requests": tally.requests, "requests_before_reclaim": before["requests"],
         "streams_in_flight_at_reclaim": before["in_flight_streams"],
         "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
@@ -354,7 +371,7 @@ def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
 
 def format_figures(f: dict[str, Any]) -> str:
     lines = [
-        f"lost replica head: {f['lost_replica_head']} (reclaimed after {f['requests_before_reclaim']} requests, "
+        f"lost replica head: {f['lost_replica_head']} ({f['lost_as']}, after {f['requests_before_reclaim']} requests, "
         f"{f['streams_in_flight_at_reclaim']} streams in flight)",
         f"{'non-streamed requests through the front':<52} {f['requests']}",
         f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",

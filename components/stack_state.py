@@ -27,9 +27,18 @@ class StackStateError(Exception):
 
 
 def unwrap(value: Any) -> Any:
-    """Secret wrappers removed: the plain value (None where only ciphertext is there)."""
+    """Secret wrappers removed: the plain value (None where only ciphertext is there).
+
+    `pulumi stack export --show-secrets` writes a secret as {SIG_KEY: SECRET_SIG, "plaintext": "<the value as
+    JSON>"}, and the JSON may hold secrets of its own (a connection's privateKey); the engine's wire form, which the
+    SDK uses, holds the value itself under "value"."""
     if isinstance(value, dict):
         if value.get(SIG_KEY) == SECRET_SIG:
+            if isinstance(value.get("plaintext"), str):
+                try:
+                    return unwrap(json.loads(value["plaintext"]))
+                except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+                    return None
             return unwrap(value.get("value")) if "value" in value else None
         return {k: unwrap(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -726,6 +726,7 @@ class Emulator:
                 self._shutdown(vm)
             elif mode == "error":
                 vm.fate, vm.error_reason = "error", "hypervisor fault: the host of this virtual machine failed"
+                self._shutdown(vm)  # the failed host ran it: its node is gone too, while the VM stays listed
             else:
                 return 400, {"status": False, "message": f"mode must be delete or error, not {mode!r}"}
             return 200, {"status": True, "id": vm.id, "name": vm.name, "mode": mode}

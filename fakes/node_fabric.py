@@ -278,6 +278,14 @@ class Fabric:
         ruleset = nft_ruleset(rules)
         _run("ip", "netns", "exec", namespace, "nft", "-f", "-", stdin=ruleset)
 
+    def isolate(self, address: str) -> None:
+        """The VM stops answering, as a lost cloud host usually does: every packet in and out of its namespace is
+        dropped (a chain ahead of its firewall's), while its processes and the API's view of it stay."""
+        ruleset = ("table inet kimi_lost {\n"
+                   "  chain input { type filter hook input priority -10; policy drop; }\n"
+                   "  chain output { type filter hook output priority -10; policy drop; }\n}\n")
+        _run("ip", "netns", "exec", self.config.namespace(address), "nft", "-f", "-", stdin=ruleset)
+
     def shutdown(self, address: str) -> list[str]:
         """The VM is gone: everything that ran on it ends, its network goes; its directory stays (the caller's)."""
         return self.end_namespace(self.config.namespace(address))

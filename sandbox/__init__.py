@@ -1,21 +1,9 @@
-"""A local engine for Pulumi programs, which the name `sandbox` hides: it runs a Pulumi Python program's `up` and
-`destroy` on one machine, without the Pulumi CLI or a backend, keeping its state in a `state.json` of its own.
-`scripts/sandbox.py` uses it to deploy this project against the fakes.
+"""The local sandbox: the whole kimi-cluster flow on one machine, with no account and no GPU, under the real Pulumi
+CLI. `python -m scripts.sandbox up | verify | status | reclaim | destroy` is its door.
 
-Public API: run_up, run_destroy, UpResult, DestroyResult, DeploymentFailed, SandboxError (see sandbox.engine).
+- kimi.py: the Sandbox (services, the stacks' config, up, verify, status, reclaim, destroy);
+- cli_stacks.py and pulumi_cli.py: the two stacks under the real CLI (file backend, passphrase, project folders);
+- nodes.py: what the fake nodes look like and the network they sit on (fakes/node_fabric.py);
+- workdir.py: the working directory and the secrets the sandbox makes;
+- reclaim.py: the cloud taking a VM away; printing.py: outputs and the verification's report.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-__all__ = ["DeploymentFailed", "DestroyResult", "SandboxError", "UpResult", "run_destroy", "run_up"]
-
-
-def __getattr__(name: str) -> Any:
-    # Imported lazily so `python -m sandbox.engine` does not find sandbox.engine already imported by the package.
-    if name in __all__:
-        from . import engine
-
-        return getattr(engine, name)
-    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")

@@ -43,14 +43,53 @@ def _counts(output: str) -> dict[str, int]:
     return counts
 
 
+# A Diagnostics block's resource header ("  command:remote:Command (kimi-node0-ready):") and pulumi-command's
+# quoting of the whole command it ran (Go's %q) after its exit status, which for a step is some 20 KB of base64.
+_DIAGNOSTIC_HEADER = re.compile(r"^  (\S+) \((.+)\):$")
+_RAN_COMMAND = re.compile(r': running "(?:[^"\\]|\\.)*":?')
+
+
+def _message(lines: list[str]) -> str:
+    """One error's text in a line: a Python traceback (the dynamic provider host sends the whole of it) by its last
+    line without the exception's module path, a failed command without the command it ran."""
+    text = [line.strip() for line in lines if line.strip()]
+    if text and text[0].startswith("Traceback (most recent call last):"):
+        last = text[-1]
+        name, sep, rest = last.partition(": ")
+        text = [rest if sep and re.fullmatch(r"[\w.]+", name) else last]
+    return _RAN_COMMAND.sub("", "; ".join(text))
+
+
 def failures(output: str) -> list[str]:
-    """The CLI's error lines, each resource's once, in the order it printed them."""
+    """The errors of the CLI's Diagnostics, one line each, naming the resource, in the order it printed them (the
+    stack's own "update failed" only when no resource said more)."""
     found: list[str] = []
-    for raw in output.splitlines():
-        line = _ANSI.sub("", raw).strip()
-        if line.startswith("error:") and line not in found and "update failed" not in line:
-            found.append(line.removeprefix("error:").strip())
-    return found
+    stack_errors: list[str] = []
+    lines = [_ANSI.sub("", raw) for raw in output.splitlines()]
+    start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("Diagnostics:")), None)
+    if start is None:
+        return [line.strip().removeprefix("error:").strip() for line in lines if line.strip().startswith("error:")]
+    resource, error = "", None
+    blocks: list[tuple[str, list[str]]] = []
+    for line in lines[start + 1:]:
+        if line and not line.startswith(" "):
+            break  # the section ends at the next unindented line (Outputs:, Resources:)
+        if header := _DIAGNOSTIC_HEADER.match(line):
+            resource, error = f"{header[1]} '{header[2]}'", None
+        elif line.startswith("    error: "):
+            error = [line.removeprefix("    error: ")]
+            blocks.append((resource, error))
+        elif line.startswith("    ") and error is not None and not line.startswith("    warning: "):
+            error.append(line)
+        else:
+            error = None
+    for where, text in blocks:
+        message = _message(text)
+        if where.startswith("pulumi:pulumi:Stack"):
+            stack_errors.append(message)
+        elif (entry := f"{where}: {message}") not in found:
+            found.append(entry)
+    return found or [m for m in stack_errors if m] or ["the update failed (no error in its Diagnostics)"]
 
 
 class CliStacks:

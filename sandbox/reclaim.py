@@ -1,24 +1,22 @@
 """`python -m scripts.sandbox reclaim NODE`: the cloud takes a VM away, as a hardware fault or a maintenance reclaim
 would.
 
-The emulator deletes the VM (or leaves it in ERROR) without anyone asking its API, and every process of that fake
-node dies at once (SIGKILL: a reclaimed host gives no one time to shut down). Nothing else is told: the state still
-holds the VM, as a real stack's does until `pulumi refresh`.
+The emulator deletes the VM (or leaves it in ERROR) without anyone asking its API, and ends that fake node's
+namespace with everything that ran in it. Nothing else is told: the stack still holds the VM, as a real stack's does
+until `pulumi refresh`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import ADMIN_PREFIX
+
+# How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), or still ACTIVE and silent.
+MODES = ("delete", "error", "unreachable")
 
 
 def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
@@ -43,17 +41,3 @@ def ask_emulator(api_url: str, name: str, mode: str) -> dict[str, Any]:
         detail = err.read().decode(errors="replace")[:300]
         raise RuntimeError(f"the emulator refused the reclaim of {name} (HTTP {err.code}: {detail}); an emulator "
                            "started by hand needs --admin") from None
-
-
-def kill_node(node_dir: Path) -> list[int]:
-    """SIGKILL every process of one fake node (its engine, proxy, download unit, anything they started)."""
-    pids = services.processes_under(node_dir)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it ended by itself meanwhile
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and services.processes_under(node_dir):
-        time.sleep(0.05)
-    return pids

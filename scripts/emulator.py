@@ -20,7 +20,8 @@ FAULTS = {"vm-error": VmError, "stuck-in-build": StuckInBuild}
 
 def parse_fault(spec: str) -> Fault:
     """`vm-error` (the next VM created) or `vm-error:NAME` (the VM of that name); likewise `stuck-in-build`;
-    `rate-limit:COUNT[:METHOD:PATH]`, the next COUNT requests (matching METHOD and the PATH glob after /v1) answer 429."""
+    `rate-limit:COUNT[:METHOD:PATH]`: the next COUNT requests (matching METHOD and the PATH glob after /v1) get 429.
+    """
     kind, _, name = spec.partition(":")
     if kind == "rate-limit":
         count, _, where = name.partition(":")

@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.sandbox", description=__doc__)
     parser.add_argument("command", choices=["up", "verify", "status", "reclaim", "destroy"])
     parser.add_argument("node", nargs="?", help="reclaim: the VM (name or address) the cloud takes away")
-    parser.add_argument("--mode", choices=["delete", "error"], default="delete",
-                        help="reclaim: the VM is deleted (default) or left in ERROR; its processes die either way")
+    parser.add_argument("--mode", choices=["delete", "error", "unreachable"], default="delete",
+                        help="reclaim: the VM is deleted (default) or left in ERROR, its processes gone either way; "
+                             "or unreachable: still ACTIVE, every packet to and from it dropped")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.kimi import MARKER, Workdir
+from sandbox.workdir import MARKER, Workdir
 from scripts import emulator as emulator_cli
 from scripts import plan as plan_cli
 from scripts import sandbox as sandbox_cli
@@ -70,7 +70,7 @@ def test_sandbox_never_adopts_a_directory_it_did_not_create(tmp_path, capsys):
     for command in ("up", "verify", "destroy"):
         assert sandbox_cli.main([command, "--workdir", str(mine)]) == 2
         text = one_error_line(capsys)
-        assert "did not create" in text and "another engine's" in text
+        assert "did not create" in text
     assert (mine / "secrets" / "id_ed25519").read_text() == "the user's own key" and (mine / "nodes").is_dir()
     assert not (mine / MARKER).exists()
 
@@ -94,12 +94,12 @@ def test_the_sandboxs_up_options_are_refused_on_another_command(tmp_path, capsys
     assert not (tmp_path / "w").exists()
 
 
-def test_sandbox_reports_a_broken_state_file_in_one_line(tmp_path, capsys):
+def test_sandbox_reports_a_broken_record_in_one_line(tmp_path, capsys):
     work = Workdir(tmp_path / "w")
     work.claim(create=True)
-    Path(work.state_path).write_text("{ cut sho")
+    Path(work.record_path).write_text("{ cut sho")
     assert sandbox_cli.main(["destroy", "--workdir", str(work.root)]) == 2
-    assert "is not valid JSON" in one_error_line(capsys)
+    assert "is not the sandbox's JSON record" in one_error_line(capsys)
 
 
 def test_a_two_line_key_file_is_refused_without_printing_it(tmp_path, capsys):

@@ -75,18 +75,10 @@ def test_status_refuses_a_state_of_the_wrong_shape(tmp_path, capsys, config, tex
     (["--watch", "nan"], "--watch nan"),
     (["--watch", "inf"], "--watch inf"),
     (["--watch", "0"], "--watch 0"),
-    (["--node-exec", "{dir}"], "--node-exec"),
-    (["--node-exec", "{missing}"], "No such file"),
-    (["--node-exec", "{notjson}"], "is not JSON"),
-    (["--node-exec", "{alist}"], "is not an object with nodes_dir"),
-    (["--node-exec", "{noroot}"], "is not an object with nodes_dir"),
 ])
 def test_status_refuses_bad_options(tmp_path, capsys, config, extra, needle):
-    files = {"dir": str(tmp_path), "missing": str(tmp_path / "nope.json"),
-             "notjson": _file(tmp_path, "n.json", "not json"), "alist": _file(tmp_path, "l.json", "[]"),
-             "noroot": _file(tmp_path, "r.json", '{"env": {}}')}
     state = _file(tmp_path, "ok.json", '{"resources": []}')
-    argv = ["--stack", "p", "--config", config, "--state", state] + [a.format(**files) for a in extra]
+    argv = ["--stack", "p", "--config", config, "--state", state, *extra]
     assert needle in one_error(capsys, status.main(argv))
 
 
@@ -152,7 +144,7 @@ def test_bench_weights_refuses_what_measures_nothing(tmp_path, capsys, argv, nee
 
 @pytest.mark.parametrize("argv,needle", [
     (["--requests", "0"], "--requests 0"), (["--streams", "-1"], "--streams -1"),
-    (["--workdir", "{missing}"], "no usable sandbox state"), (["--workdir", "{file}"], "no usable sandbox state"),
+    (["--workdir", "{missing}"], "no usable sandbox in"), (["--workdir", "{file}"], "no usable sandbox in"),
 ])
 def test_proxy_bench_refuses_counts_of_nothing_and_a_missing_sandbox(tmp_path, capsys, argv, needle):
     files = {"missing": str(tmp_path / "none"), "file": _file(tmp_path, "f", "mine")}

@@ -12,7 +12,7 @@ import pytest
 
 from components.node import render_step
 from fakes.node import BIN, make_fake_node
-from sandbox.kimi import ENGINE_HOOK, stack_settings
+from sandbox.nodes import ENGINE_HOOK, stack_settings
 from tests.node.conftest import REVISION
 
 

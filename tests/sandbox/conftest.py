@@ -21,7 +21,8 @@ import pytest
 
 from fakes import sandbox_services as services
 from fakes.node_fabric import Fabric, FabricConfig, missing
-from sandbox.kimi import COMPILE_SECONDS_KNOB, EMULATOR_ARGS_VARIABLE, FAKE_COMPILE_SECONDS
+from sandbox.kimi import EMULATOR_ARGS_VARIABLE
+from sandbox.nodes import COMPILE_SECONDS_KNOB, FAKE_COMPILE_SECONDS
 from sandbox.pulumi_cli import TOOLCHAIN, end_session
 from tests.wall_times import report
 
@@ -165,6 +166,14 @@ class SandboxRunner:
         """What a remote command printed (its stdout, then its stderr), as the checkpoint holds it."""
         outputs = self.resource(name).get("outputs") or {}
         return f"{outputs.get('stdout', '')}{outputs.get('stderr', '')}"
+
+    def exported_resources(self) -> list[dict[str, Any]]:
+        """The cluster stack's resources with their secrets in plain text (`pulumi stack export --show-secrets`):
+        the checkpoint's ciphertexts change on every write, plain values only when they do."""
+        from sandbox.kimi import Sandbox
+
+        with Sandbox(self.workdir, out=io.StringIO()).state_document() as path:
+            return list(json.loads(path.read_text())["deployment"].get("resources") or [])
 
     def outputs(self) -> dict[str, Any]:
         """The cluster stack's outputs, secrets in plain text (`pulumi stack output --show-secrets`)."""

@@ -22,7 +22,8 @@ from components.settings.loader import load_settings
 from fakes import sandbox_services as services
 from fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
 from fakes.node import BIN, make_fake_node
-from sandbox.kimi import ENGINE_HOOK, format_outputs, format_report, node_env, stack_settings
+from sandbox.nodes import ENGINE_HOOK, node_env, stack_settings
+from sandbox.printing import format_outputs, format_report
 from scripts.emulator import parse_fault
 
 from .conftest import wait_for
@@ -148,10 +149,10 @@ def test_fake_node_takes_its_root_disks_and_address_from_the_sandbox(tmp_path) -
     node_dir = tmp_path / "nodes" / "127.0.0.4"
     node_dir.mkdir(parents=True)
     env = {"PATH": f"{BIN}:{Path(sys.executable).parent}:/usr/bin:/bin", "SANDBOX_NODE_DIR": str(node_dir),
-           "SANDBOX_NODE_HOST": "127.0.0.4", **node_env(stack_settings("b300x1-vllm"))}
+           "SANDBOX_NODE_HOST": "127.0.0.4", **node_env(stack_settings("b300x1-vllm"), "10.213.9.1")}
     out = subprocess.run(["ip", "-o", "-4", "addr", "show"], env=env, cwd=node_dir, capture_output=True, text=True,
                          timeout=10, check=True).stdout
-    assert "ens6    inet 127.0.0.4/8" in out
+    assert "ens6    inet 127.0.0.4/24" in out
     assert (node_dir / "ephemeral").is_dir()  # the stub "booted" the node: its disk exists
     assert (node_dir / "var/lib/fake-node/calls.jsonl").exists()
     gpus = subprocess.run(["nvidia-smi"], env=env, capture_output=True, text=True, timeout=10, check=True).stdout

@@ -19,6 +19,7 @@ import pytest
 
 from fakes import sandbox_services as services
 from sandbox.pulumi_cli import end_session
+
 from .conftest import leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(600)]
@@ -78,7 +79,8 @@ def test_destroy_after_a_killed_up_leaves_nothing(sandbox) -> None:
     run = sandbox(emulator_args="--fault stuck-in-build:kimi-sandbox-node0")
     started = time.monotonic()
     driver = run.start("up", "--topology", "b300x1-vllm", "--quiet")
-    wait_for("the VM in BUILD", lambda: [vm for vm in run.emulator().inventory()["virtual_machines"] if vm["status"] == "BUILD"]
+    wait_for("the VM in BUILD", lambda: [vm for vm in run.emulator().inventory()["virtual_machines"]
+                                         if vm["status"] == "BUILD"]
              if (run.workdir / "sandbox.json").exists() and "emulator_url" in run.record() else [], 120)
     pid = _pulumi_pid(run)
     end_session(pid)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from components.steps import STEPS
-from sandbox.kimi import new_ssh_private_key, ssh_public_key_of
+from sandbox.workdir import new_ssh_private_key, ssh_public_key_of
 
 from .conftest import hub_stats, leftover_processes, ok, report
 

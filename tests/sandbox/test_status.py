@@ -2,8 +2,8 @@
 percentage), after it (serving), and with a node whose download stalled or whose engine is crash-looping.
 
 The nodes are read over OpenSSH with the stack's pinned host keys, as on a real cluster, from the stack's export
-(`pulumi stack export --show-secrets`). The progress file is the weights step's contract (components/weights.py PROGRESS_FILE); this
-test writes one where the node's weights program keeps it.
+(`pulumi stack export --show-secrets`). The progress file is the weights step's contract (components/weights.py
+PROGRESS_FILE); this test writes one where the node's weights program keeps it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ PRIVATE = "-----BEGIN OPENSSH PRIVATE KEY-----\ncanary-private-key-3f1\n-----END
 
 
 def _secret(value):
-    return {SIG_KEY: SECRET_SIG, "value": value}
+    """A secret as `pulumi stack export --show-secrets` writes it (v3.259.0): its value as JSON text, in which a
+    secret of its own (a connection's privateKey) is written the same way."""
+    return {SIG_KEY: SECRET_SIG, "plaintext": json.dumps(value)}
 
 
 def _export() -> dict:
@@ -51,6 +53,17 @@ def test_a_pulumi_export_gives_the_nodes_in_rank_order_with_their_pinned_connect
     assert state.nodes[1].connection is None  # no node command reaches it yet
     assert state.outputs["api_key"] == "endpoint-key" and state.outputs["region"] == "NORWAY-1"
     assert PRIVATE not in repr(conn)
+
+
+def test_the_sdks_wire_form_of_a_secret_and_an_unreadable_plaintext_are_read_too():
+    doc = _export()
+    ready = doc["deployment"]["resources"][-1]
+    conn = json.loads(ready["inputs"]["connection"]["plaintext"])
+    ready["inputs"]["connection"] = {SIG_KEY: SECRET_SIG, "value": {**conn, "privateKey": PRIVATE}}
+    doc["deployment"]["resources"][0]["outputs"]["api_key"] = {SIG_KEY: SECRET_SIG, "plaintext": "{not json"}
+    state = parse_state(doc, "dev")
+    assert state.nodes[0].connection is not None and state.nodes[0].connection.private_key == PRIVATE
+    assert state.outputs["api_key"] is None
 
 
 def _fake_ssh(tmp_path: Path) -> str:
