@@ -26,25 +26,25 @@ sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
-# 2-core machine); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
+# 2-core machine, the real Pulumi CLI, 2026-12-02); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
 FLOW_SECONDS = {
-    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 142,
-    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 121,
-    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 109,
-    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 96,
-    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 93,
-    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 72,
-    "test_a_reclaimed_replica_costs_no_non_streamed_request": 67,
-    "test_killed_up_resumes_without_a_second_vm": 63,
-    "test_placed_in_the_second_region_and_kept_there_across_ups": 63,
-    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 59,
-    "test_status_mid_up_after_up_and_when_stuck": 56,
-    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 51,
-    "test_h100_flow_against_an_external_emulator": 46,
-    "test_b300_flow_with_its_own_services_and_reruns": 45,
-    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 26,
-    "test_destroy_after_a_killed_up_leaves_nothing": 19,
-    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 18,
+    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 236,
+    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 171,
+    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 159,
+    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 158,
+    "test_h100_flow_firewall_checkpoint_and_a_dead_engine": 154,
+    "test_an_interrupted_up_resumes_with_no_second_vm_and_destroys_clean": 129,
+    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 112,
+    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 109,
+    "test_a_reclaimed_replica_costs_no_non_streamed_request": 94,
+    "test_placed_in_the_second_region_through_a_429_storm_and_kept_there": 92,
+    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 91,
+    "test_b300_flow_with_its_own_services_and_reruns": 83,
+    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 78,
+    "test_status_mid_up_after_up_and_when_stuck": 69,
+    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 42,
+    "test_destroy_after_a_killed_up_leaves_nothing": 33,
+    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 32,
 }
 DEFAULT_FLOW_SECONDS = 60
 # The workerinput key that carries the controller's --dist to the workers.

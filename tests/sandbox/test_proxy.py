@@ -22,9 +22,11 @@ CHAT = {"model": "moonshotai/Kimi-K3.1-Pro", "messages": [{"role": "user", "cont
 
 
 def _state(run) -> dict[str, str]:
-    """Every custom resource (components only group them), by URN: its id, what it was given and what it holds."""
+    """Every custom resource (components only group them), by URN: its id, what it was given and what it holds.
+    The default providers are left out: their inputs are the whole stack config, so a changed key changes them (and
+    replaces nothing)."""
     return {r["urn"]: json.dumps([r.get("id"), r.get("inputs"), r.get("outputs")], sort_keys=True)
-            for r in run.exported_resources() if r.get("custom")}
+            for r in run.exported_resources() if r.get("custom") and not r["type"].startswith("pulumi:providers:")}
 
 
 def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
