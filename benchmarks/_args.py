@@ -3,7 +3,7 @@ so a bad number or workdir is refused first, in one `error:` line naming the arg
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from pathlib import Path
 
@@ -18,19 +18,21 @@ def number_problem(flag: str, value: float, low: float, high: float, *, low_open
 
 
 def workdir_problem(workdir: Path) -> str | None:
-    """Why the sandbox cannot be brought up in `workdir`, or None: a file, a state.json that is not the sandbox
-    engine's JSON object, or one that still holds a deployed sandbox."""
+    """Why the sandbox cannot be brought up in `workdir`, or None: a file, a directory the sandbox did not create,
+    a record it cannot read, or a sandbox that is still deployed there."""
+    from sandbox.kimi import Sandbox
+    from sandbox.workdir import SandboxUsageError, Workdir
+
     if workdir.exists() and not workdir.is_dir():
         return f"--workdir {workdir} is a file; give a directory (it is created if missing)"
-    state = workdir / "state.json"
-    if not state.exists():
-        return None
     try:
-        doc = json.loads(state.read_text(encoding="utf-8"))
+        Workdir(workdir.resolve()).claim(create=False)
+        Workdir(workdir.resolve()).record()
+        deployed = bool(Sandbox(workdir, out=io.StringIO()).resources())
+    except SandboxUsageError as err:
+        return f"--workdir {workdir}: {err}"
     except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested past Python's stack
-        return f"--workdir {workdir}: its state.json cannot be read ({type(err).__name__}); remove it or pick another"
-    if not isinstance(doc, dict):
-        return f"--workdir {workdir}: its state.json is not a sandbox state (an object); remove it or pick another"
-    if doc.get("resources"):
+        return f"--workdir {workdir}: its stack's checkpoint cannot be read ({type(err).__name__}); pick another"
+    if deployed:
         return f"--workdir {workdir} holds a deployed sandbox; destroy it or pick another --workdir"
     return None

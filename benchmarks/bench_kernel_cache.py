@@ -33,9 +33,9 @@ def _landed(state: Path, name: str) -> bool:
         doc = json.loads(state.read_text())
     except (OSError, ValueError):
         return False
-    # The real CLI's checkpoint names each resource by URN (..::NAME); the sandbox engine's state.json by name.
-    resources = ((doc.get("checkpoint") or {}).get("latest") or {}).get("resources") or doc.get("resources") or []
-    return any(r.get("name") == name or str(r.get("urn", "")).endswith(f"::{name}") for r in resources)
+    # The real CLI's checkpoint names each resource by URN (..::NAME).
+    resources = ((doc.get("checkpoint") or {}).get("latest") or {}).get("resources") or []
+    return any(str(r.get("urn", "")).endswith(f"::{name}") for r in resources)
 
 
 def timed_up(sandbox: Sandbox, topology: str) -> dict[str, float]:

@@ -9,8 +9,7 @@ Ctrl-C, and SIGTERM or SIGHUP (a terminal closed under `status --watch`) through
 OpenSSH reads an identity only from a path (`-i`, which it opens more than once, checking its mode each time), so
 a file it is; `ssh-add -` into a private agent would keep it off the disk but leave an agent process to clean up.
 
-Any object with the same `run` method can stand in (the sandbox's NodeExecution runs node commands in a local
-directory per host, the way its engine runs the steps).
+Any object with the same `run` method can stand in (the tests' recording runners do).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A deployed stack as `status` needs it: its nodes (VM id, name, rank, addresses, SSH connection) and its outputs.
 
-Reads a Pulumi checkpoint: `pulumi stack export --show-secrets` (a real backend) or the sandbox engine's state
-file, which has the same resources with their inputs and outputs. Secret values arrive as Pulumi's signature-keyed
-maps (`{"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "value": ...}`, the property protocol
-in pulumi/sdk/go/common/resource/properties.go) or, with --show-secrets, as plain values; both are read here and the
-values only ever go to the SSH connection and the endpoint's Authorization header.
+Reads `pulumi stack export --show-secrets` (or a file holding it). Secret values arrive as Pulumi's signature-keyed
+maps (`{"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", ...}`, the property protocol in
+pulumi/sdk/go/common/resource/properties.go): the export's `plaintext` (the value as JSON text) or the SDK's wire
+form's `value`; both are read here and the values only ever go to the SSH connection and the endpoint's
+Authorization header.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _mapping(value: Any, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise StackStateError(f"{what} is a {type(value).__name__}, not an object: is this a `pulumi stack export` "
-                              "or the sandbox's state.json?")
+                              "(with --show-secrets)?")
     return value
 
 
@@ -99,8 +99,8 @@ def _resources(doc: Any) -> list[dict[str, Any]]:
         doc = _mapping(doc["deployment"], "the state's deployment")
     resources = doc.get("resources") or []
     if not isinstance(resources, list) or not all(isinstance(r, dict) for r in resources):
-        raise StackStateError("the state's resources are not a list of objects: is this a `pulumi stack export` or "
-                              "the sandbox's state.json?")
+        raise StackStateError("the state's resources are not a list of objects: is this a `pulumi stack export` "
+                              "(with --show-secrets)?")
     return [r for r in resources if not r.get("delete")]
 
 

@@ -1,9 +1,10 @@
 """The bring-up as bars: one row per node, one bar per step, from the steps' own start and end marks.
 
 Every node step prints `KIMI-STEP rank=<r> step=<name> start|end <UTC ISO time>` (templates/_prelude.sh.j2), so
-the stdout that pulumi-command keeps in the state of each command is enough to draw it: the export of a real stack
-and the sandbox engine's state file both carry it. `bars_from_state` reads the bars, `table` prints them and `draw`
-writes PNG or SVG (by the file's extension) with matplotlib, an optional dependency imported only there.
+the stdout that pulumi-command keeps in the state of each command is enough to draw it: a stack's export carries
+it (a document with the resources at its top level is read too). `bars_from_state` reads the bars, `table` prints
+them and `draw` writes PNG or SVG (by the file's extension) with matplotlib, an optional dependency imported only
+there.
 `python -m scripts.timeline` and `sandbox up` draw with it.
 """
 
@@ -111,8 +112,8 @@ def _plain(value: Any) -> str:
 
 
 def resources_of(doc: Any) -> list[dict[str, Any]]:
-    """`pulumi stack export` nests them under deployment; the sandbox engine's state file has them at the top."""
-    shape = "expected `pulumi stack export` JSON or the sandbox's state.json (an object with resources)"
+    """`pulumi stack export` nests them under deployment; a bare document has them at its top level."""
+    shape = "expected `pulumi stack export` JSON (an object with a deployment that holds resources)"
     if not isinstance(doc, dict):
         raise TimelineError(f"the document is a {type(doc).__name__}; {shape}")
     if "deployment" in doc:

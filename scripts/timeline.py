@@ -1,12 +1,10 @@
 """The bring-up drawn as a timeline: one row per node, one bar per step, from the steps' own start and end marks.
 
-    pulumi stack export | python -m scripts.timeline - [--out timeline.png]
-    python -m scripts.timeline .sandbox/state.json --out .sandbox/timeline.svg
+    pulumi stack export | python -m scripts.timeline - [--out timeline.png | --out timeline.svg]
 
 Every node step prints `KIMI-STEP rank=<r> step=<name> start|end <UTC ISO time>` (templates/_prelude.sh.j2), so
-the stdout that pulumi-command keeps in the state of each command is enough to draw it: the export of a real stack
-and the sandbox engine's state file both carry it. Writes PNG or SVG (by the file's extension) with matplotlib and
-prints the same bars as a table.
+the stdout that pulumi-command keeps in the state of each command is enough to draw it: the stack's export carries
+it. Writes PNG or SVG (by the file's extension) with matplotlib and prints the same bars as a table.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from components.timeline import TimelineError, out_problem, table, write_timelin
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.timeline", description=__doc__.splitlines()[0])
-    ap.add_argument("state", help="`pulumi stack export` JSON or the sandbox's state.json; - reads stdin")
+    ap.add_argument("state", help="`pulumi stack export` JSON; - reads stdin")
     ap.add_argument("--out", default="timeline.png", help="PNG or SVG to write (default timeline.png)")
     ap.add_argument("--title", default="kimi-cluster bring-up")
     args = ap.parse_args(argv)

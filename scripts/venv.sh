@@ -5,7 +5,7 @@
 # Why the system's interpreter first: Debian, Ubuntu and Fedora build it with profile-guided and link-time
 # optimisation, while version managers (pyenv, asdf) build without both unless asked to (pyenv:
 # PYTHON_CONFIGURE_OPTS="--enable-optimizations --with-lto"). Nearly all of this project's work is short-lived Python
-# processes (the program, Pulumi's provider hosts, the sandbox's engine and fake nodes), so the build shows: the
+# processes (the program, Pulumi's language and provider hosts, the fake nodes), so the build shows: the
 # README's "Run every test" gives the suite's CPU time with each.
 set -euo pipefail
 dir="${1:-.venv}"

@@ -70,13 +70,6 @@ def test_no_bare_python_and_no_unlisted_tool():
             assert "curl -4" in c, "an IPv6 answer with /32 after it would be a wrong CIDR"
 
 
-def test_the_sandbox_with_the_cli_uses_a_throwaway_key():
-    block = next(b for b in blocks(section("The sandbox: see it work with no account")) if "pulumi up" in b)
-    assert "~/.ssh/" not in block and "ssh-keygen" in block
-    prose = " ".join(section("The sandbox: see it work with no account").split())
-    assert "retries the refused dials for about 10 minutes" in prose
-
-
 def test_every_block_is_valid_bash():
     for block in blocks():
         # `[--flag ...]` placeholders are documentation of options, not commands; everything else must parse.

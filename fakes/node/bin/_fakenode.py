@@ -2,7 +2,7 @@
 
 State lives under $FAKE_NODE_ROOT/var/lib/fake-node; every call is appended to calls.jsonl there. Faults come from
 FAKE_* environment variables (see fakes/node/__init__.py), never from anything the product scripts could know about.
-Under the sandbox engine the node's directory ($SANDBOX_NODE_DIR) is the root, FAKE_NODE_DISKS are created on the first
+In the sandbox the node's directory ($SANDBOX_NODE_DIR) is the root, FAKE_NODE_DISKS are created on the first
 call (the VM image's disks) and FAKE_IP_ADDRS may name $SANDBOX_NODE_HOST, so one environment serves every node.
 The stubs run as `python3 -S` (their shebang): they need only the standard library, and skipping site-packages saves
 a few milliseconds of each of some 1,400 calls a suite.
@@ -26,7 +26,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
-# A test names the root; under the sandbox engine each node's directory is its root (one value cannot serve many
+# A test names the root; in the sandbox each node's directory is its root (one value cannot serve many
 # nodes, so the engine's per-node variable is the fallback).
 ROOT = Path(os.environ.get("FAKE_NODE_ROOT") or os.environ.get("SANDBOX_NODE_DIR") or "/nonexistent-fake-node")
 STATE = ROOT / "var/lib/fake-node"
