@@ -144,6 +144,20 @@ def _check_the_firewall(run, head: str) -> None:
         assert not _connects(stranger, head, peer_port)
         # The engine listens on the head's loopback only: its proxy reaches it, nothing from outside does.
         assert not _connects(None, head, engine_port) and not _connects(stranger, head, engine_port)
+        # A VM gone silent (`reclaim --mode unreachable`): what reached it a moment ago reaches it no more.
+        address = str(fabric.config.network.network_address + 200)
+        served = subprocess.Popen(["ip", "netns", "exec", stranger, sys.executable, "-m", "http.server", "8080",
+                                   "--bind", address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while not _connects(None, address, 8080):
+                assert time.monotonic() < deadline, "the stranger's server does not listen"
+                time.sleep(0.2)
+            fabric.isolate(address)
+            assert not _connects(None, address, 8080) and not _connects(fabric.config.namespace(head), address, 8080)
+        finally:
+            served.kill()
+            served.wait(10)
     finally:
         listener.kill()
         listener.wait(10)
