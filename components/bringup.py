@@ -33,7 +33,7 @@ IMAGE_SOURCE = ("a ~16 GB engine image (Hyperstack's Kimi deployment guide); doc
                 "layer on one thread, about 3-5 min")
 VM_S = (180.0, 600.0)
 VM_SOURCE = ("assumed: ACTIVE with a floating IP, then sshd and cloud-init; the ready step allows about 10 min of "
-             "refused SSH dials (components/node.py DIAL_ERROR_LIMIT); measure yours with scripts.timeline")
+             "refused SSH dials (components/remote_step.py DIAL_ERROR_LIMIT); measure yours with scripts.timeline")
 CHECK_RECORDED_S = (1.0, 10.0)
 CHECK_SOURCE = ("stat every file and compare the hashes recorded while it streamed with the hub's manifest "
                 "(scripts/check_download.py); no second read of the checkpoint")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pulumi
 
+from components.hyperstack.resources import SecurityRule
 from components.settings import Settings
 
 
@@ -76,6 +77,17 @@ def node_rules(settings: Settings, rank: int, peer_private_ips: list[Any]) -> li
     return operator_rules(settings, rank) + peer_rules(rank, peer_private_ips)
 
 
+def security_rules(parent: pulumi.Resource, prefix: str, vm_id: pulumi.Input[str],
+                   specs: list[RuleSpec]) -> list[SecurityRule]:
+    """One resource per rule, named <prefix>-<key>: a new operatorCidr or apiAllowedCidrs replaces these rules and
+    never the VM."""
+    return [SecurityRule(f"{prefix}-{spec.key}", vm_id=vm_id, direction="ingress", protocol=spec.protocol,
+                         ethertype=spec.ethertype, remote_ip_prefix=spec.remote_ip_prefix,
+                         port_range_min=spec.port_range_min, port_range_max=spec.port_range_max,
+                         opts=pulumi.ResourceOptions(parent=parent))
+            for spec in specs]
+
+
 # ---- replicas behind a front (replicas >= 2) -----------------------------------------------------------------------
 
 
@@ -111,3 +123,13 @@ def fan_out_rules(settings: Settings, replica: int, other_ips: list[Any]) -> lis
                               f"weight files from replica {other} node {i % settings.nodes}", "tcp", prefix, "IPv4",
                               settings.peer_port, settings.peer_port))
     return rules
+
+
+def gpu_node_rules(settings: Settings, replica: int, rank: int, peer_private_ips: list[Any],
+                   front_private_ip: Any, other_ips: list[Any]) -> list[RuleSpec]:
+    """A GPU node's rules: behind a front (replicas >= 2) its replica's and the fan-out's, else the head serves the
+    API itself (node_rules). `peer_private_ips` are its replica's nodes, `other_ips` every other replica's."""
+    if not settings.has_front:
+        return node_rules(settings, rank, peer_private_ips)
+    return (replica_node_rules(settings, rank, peer_private_ips, front_private_ip)
+            + fan_out_rules(settings, replica, other_ips))

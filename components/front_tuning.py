@@ -1,8 +1,9 @@
 """How fast the front (replicas >= 2) gives up on a replica and takes it back: its Caddy health-check figures.
 
 Its own module because two places need the same figures: the front's Caddyfile (components/front.py) and each
-replica's engine-ready step (components/node.py), which holds a rolling restart until the front can have taken the
-restarted replica back. components/front.py imports components/node.py, so the figures cannot live in either.
+replica's engine-ready step (components/step_scripts.py), which holds a rolling restart until the front can have
+taken the restarted replica back. components/front.py imports components/step_scripts.py, so the figures cannot
+live in either.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
-from components.node import running_steps
 from components.pricing import Quote, break_even, catalog_quote, quote
 from components.settings import SECRET_KEYS, Settings
 from components.settings.loader import placeholders
+from components.step_scripts import running_steps
 
 
 def _head_ip_placeholder(rank: int) -> str:
@@ -106,7 +106,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "break_even": _break_even(settings, price_quote),
         "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
-        # Each node step's deadline, enforced on the node (components.node.remote_command_text).
+        # Each node step's deadline, enforced on the node (components.remote_step.remote_command_text).
         "step_deadline_minutes": {step: round(settings.timing.deadline_s(step, settings) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
@@ -131,7 +131,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
 
 def _replicas(settings: Settings) -> dict[str, Any]:
     """replicas >= 2: every replica's nodes and rules, the front (flavor, price, rules, Caddyfile)."""
-    from components import front
+    from components import front_config
     from components.firewall import replica_node_rules
 
     heads = [f"<replica{r}-head-private-ip>" for r in range(settings.replicas)]
@@ -147,9 +147,9 @@ def _replicas(settings: Settings) -> dict[str, Any]:
         "groups": groups,
         "front": {"name": settings.front_name, "flavor": settings.front_flavor, "os_image": settings.front_vm_image,
                   "usd_per_hour": settings.front_usd_per_hour,
-                  "firewall": [rule.describe() for rule in front.front_rules(settings)],
-                  "upstreams": front.upstreams(settings, heads),
-                  "config": front.caddyfile(settings, heads)},
+                  "firewall": [rule.describe() for rule in front_config.front_rules(settings)],
+                  "upstreams": front_config.upstreams(settings, heads),
+                  "config": front_config.caddyfile(settings, heads)},
         "rolling": "replica k+1 launches only after replica k's engine serves again (engine-ready)",
         # A lost replica comes back through the same chain as a first bring-up of one replica (the phases above);
         # its weights come from the hub again: the fan-out shares files only within a replica.
@@ -356,7 +356,7 @@ def format_plan(plan: dict[str, Any]) -> str:
 
 def render_scripts(settings: Settings, out_dir: str) -> list[str]:
     """Write each node's scripts with placeholder addresses; secrets arrive on stdin, so none are in them."""
-    from components.node import render_node_scripts
+    from components.step_scripts import render_node_scripts
 
     written = []
     for rank in range(settings.nodes):

@@ -14,8 +14,8 @@ from typing import Protocol
 # What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
 PIP_BUDGET_S = 600
 # What custom_timeouts add to a step's node-side deadline: pulumi-command applies them to the dial only (a running
-# command is never stopped by them), so they must outlast the ~10 minutes of refused dials components/node.py allows
-# (DIAL_ERROR_LIMIT).
+# command is never stopped by them), so they must outlast the ~10 minutes of refused dials that
+# components/remote_step.py allows (DIAL_ERROR_LIMIT).
 DIAL_ALLOWANCE_S = 15 * 60
 
 

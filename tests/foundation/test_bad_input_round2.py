@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from components import node, steps, timing, tls, tls_check
+from components import step_scripts, steps, timing, tls, tls_check
 from components.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, ERROR_MAX_LINES, SettingsError
 from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 
@@ -276,10 +276,10 @@ def test_a_plain_tls_private_key_is_warned_about():
 
 def test_the_readiness_wait_checks_tls_for_the_api_hostname():
     s = load(apiHostname=HOST)
-    text = node.render_step(s, "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
+    text = step_scripts.render_step(s, "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
     lines = text.splitlines()
     assert f"BASE=https://{HOST}:8000" in lines and f"CONNECT_TO={HOST}:8000:127.0.0.1:8000" in lines
-    plain = node.render_step(load(), "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
+    plain = step_scripts.render_step(load(), "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
     assert "BASE=https://198.51.100.10:8000" in plain.splitlines()
 
 

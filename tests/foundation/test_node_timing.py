@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from components.node import render_step
 from components.settings import SettingsError
 from components.settings.loader import load_settings, read_stack_file
 from components.settings.node_timing import FIELDS
+from components.step_scripts import render_step
 from components.timing import Timing
 from tests.node.conftest import BASE
 

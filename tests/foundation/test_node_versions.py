@@ -1,4 +1,4 @@
-"""The packages the nodes pip-install run the versions this project pins: node.py's constants match requirements.
+"""The packages the nodes pip-install run the versions this project pins: step_scripts.py's constants match
 
 The weights step installs huggingface_hub==HF_HUB_VERSION, the kernel-cache steps boto3==BOTO3_VERSION
 (templates/weights.sh.j2, templates/_kernel_cache.sh.j2); the project's own pins are in requirements.txt or a
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from components import node
+from components import step_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
-# Node-side package (as pip names it) -> node.py's constant that the templates install.
+# Node-side package (as pip names it) -> step_scripts.py's constant that the templates install.
 NODE_PINS = {"huggingface-hub": "HF_HUB_VERSION", "boto3": "BOTO3_VERSION"}
 
 
@@ -47,7 +47,7 @@ def mismatches(project: dict[str, str], versions: dict[str, str]) -> list[str]:
 
 
 def node_versions() -> dict[str, str]:
-    return {name: getattr(node, constant) for name, constant in NODE_PINS.items()}
+    return {name: getattr(step_scripts, constant) for name, constant in NODE_PINS.items()}
 
 
 def test_the_nodes_install_the_versions_the_project_pins():
@@ -64,7 +64,7 @@ def test_the_templates_install_the_constants_they_are_given():
 
 @pytest.mark.parametrize("name", sorted(NODE_PINS))
 def test_a_node_constant_changed_alone_fails(monkeypatch, name):
-    monkeypatch.setattr(node, NODE_PINS[name], "0.0.1")
+    monkeypatch.setattr(step_scripts, NODE_PINS[name], "0.0.1")
     assert [m for m in mismatches(pins(requirement_files()), node_versions()) if m.startswith(name + ":")]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from components import kernel_cache_key
-from components.node import render_node_scripts
 from components.settings import SettingsError
+from components.step_scripts import render_node_scripts
 from components.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from components import kernel_cache_key
-from components.node import render_step
+from components.step_scripts import render_step
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 

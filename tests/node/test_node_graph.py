@@ -6,7 +6,10 @@ import base64
 
 import pulumi
 
-from components.node import DIAL_ERROR_LIMIT, GpuNode, Readiness, host_key_cloud_config, host_key_user_data
+from components.blueprint import blueprint
+from components.node import host_key_cloud_config, host_key_user_data
+from components.node_chain import EndpointKeys, GpuNode, NodeSecrets, Readiness
+from components.remote_step import DIAL_ERROR_LIMIT
 from components.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
@@ -21,8 +24,7 @@ CA = "-----BEGIN CERTIFICATE-----ca-----END CERTIFICATE-----\n"
 
 
 def head_tls() -> dict:
-    return {"api_key": secret(CANARY_API), "tls_cert_chain": CHAIN, "tls_ca": CA,
-            "tls_private_key": secret(CANARY_TLS)}
+    return {"endpoint": EndpointKeys(secret(CANARY_API), CHAIN, CA, secret(CANARY_TLS))}
 
 
 def secret(value: str) -> pulumi.Output[str]:
@@ -37,17 +39,19 @@ def build_cluster(topology: str = "h100x4-sglang"):
         nodes: list[GpuNode] = []
         for rank in range(settings.nodes):
             nodes.append(GpuNode(
-                f"kimi-node{rank}", settings=settings, rank=rank,
+                f"kimi-node{rank}", args=blueprint(settings, "kimi").replicas[0].chains[rank],
                 public_ip=f"198.51.100.{10 + rank}", private_ip=f"10.0.0.{10 + rank}", head_private_ip=head_ip,
-                ssh_private_key=secret(CANARY_SSH), hf_token=secret(CANARY_HF),
+                secrets=NodeSecrets(secret(CANARY_SSH), secret(CANARY_HF)),
                 peer_private_ips=[f"10.0.0.{10 + r}" for r in range(settings.nodes)], peer_token=secret(CANARY_PEER),
                 host_key=FAKE_HOST_PUBLIC_KEY, vm_id=1000 + rank,
                 launch_after=[nodes[0].launched] if rank else [],
                 **(head_tls() if rank == 0 else {}),
             ))
-        ready = Readiness("kimi-ready", settings=settings, public_ip="198.51.100.10",
-                          ssh_private_key=secret(CANARY_SSH), api_key=secret(CANARY_API),
-                          tls_cert_chain=CHAIN, tls_ca=CA, host_key=FAKE_HOST_PUBLIC_KEY,
+        wait = blueprint(settings, "kimi").replicas[0].endpoint_wait
+        assert wait is not None
+        ready = Readiness("kimi-ready", args=wait, public_ip="198.51.100.10",
+                          ssh_private_key=secret(CANARY_SSH), endpoint=head_tls()["endpoint"],
+                          host_key=FAKE_HOST_PUBLIC_KEY,
                           opts=pulumi.ResourceOptions(depends_on=[*(n.launched for n in nodes), nodes[0].proxy]))
         return ready.stdout
 
@@ -164,8 +168,9 @@ def test_component_depends_on_reaches_the_first_command():
 
     def program():
         gate = pulumi.CustomResource("test:index:Gate", "firewall-ssh", {})
-        node = GpuNode("n0", settings=settings, rank=0, public_ip="198.51.100.1", private_ip="10.0.0.1",
-                       head_private_ip="10.0.0.1", ssh_private_key=secret(CANARY_SSH), **head_tls(),
+        node = GpuNode("n0", args=blueprint(settings, "n").replicas[0].chains[0], public_ip="198.51.100.1",
+                       private_ip="10.0.0.1", head_private_ip="10.0.0.1", secrets=NodeSecrets(secret(CANARY_SSH)),
+                       **head_tls(),
                        opts=pulumi.ResourceOptions(depends_on=[gate]))
         return node.launched.stdout
 

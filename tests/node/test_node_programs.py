@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from components import cluster_status, node
-from components.node import render_node_scripts
+from components import cluster_status, step_scripts
 from components.stack_state import Connection, NodeRecord
+from components.step_scripts import render_node_scripts
 from tests.node.conftest import make_settings
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "node_programs"
@@ -20,9 +20,9 @@ CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"
 
 
 def test_the_node_side_programs_are_read_from_node_programs():
-    assert node.FETCH_SOURCE == PROGRAMS / "fetch_weights.py"
-    assert node.CHECK_SOURCE == PROGRAMS / "check_download.py"
-    assert node.KERNEL_CACHE_SOURCE == PROGRAMS / "kernel_cache.py"
+    assert step_scripts.FETCH_SOURCE == PROGRAMS / "fetch_weights.py"
+    assert step_scripts.CHECK_SOURCE == PROGRAMS / "check_download.py"
+    assert step_scripts.KERNEL_CACHE_SOURCE == PROGRAMS / "kernel_cache.py"
     assert cluster_status.PROBE == PROGRAMS / "node_status.py"
 
 

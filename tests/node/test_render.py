@@ -11,8 +11,9 @@ import pytest
 from jinja2 import UndefinedError
 
 from components import launch
-from components.node import remote_command_text, render_node_scripts
+from components.remote_step import remote_command_text
 from components.render import ShellExpr, render, shell_quote, shell_words
+from components.step_scripts import render_node_scripts
 from components.steps import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 

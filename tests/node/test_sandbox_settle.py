@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from components.node import render_step
+from components.step_scripts import render_step
 from fakes.node import BIN, make_fake_node
 from sandbox.nodes import ENGINE_HOOK, stack_settings
 from tests.node.conftest import REVISION

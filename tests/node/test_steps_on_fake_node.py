@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from components.node import remote_command_text, render_node_scripts, render_step
+from components.remote_step import remote_command_text
+from components.step_scripts import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
 API_KEY = "endpoint-canary-key-b61d"

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 
 from components import launch
 from components.client_configs import build_client_configs
-from components.node import render_node_scripts
 from components.render import _ENV as TEMPLATE_ENV
 from components.settings import SettingsError
 from components.settings.loader import load_settings
+from components.step_scripts import render_node_scripts
 
 SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([os.path.dirname(sys.executable),
                                                               os.environ.get("PATH", "")]))

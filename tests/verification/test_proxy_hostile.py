@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from components import front, proxy
+from components import proxy
+from components.front_config import caddyfile as front_caddyfile
 from components.settings.loader import load_settings
 from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeSettings
@@ -70,7 +71,7 @@ def front_config(folder: Path, api_port: int, engine_port: int) -> str:
     """The front's Caddyfile (replicas >= 2) over one replica, the recorder; its admin socket in the test's folder."""
     settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
                               "apiPort": api_port, "enginePort": engine_port}, "dev")
-    return front.caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+    return front_caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
 
 
 def tokenspeed_config(folder: Path, api_port: int, engine_port: int) -> str:
