@@ -1,7 +1,8 @@
 """The front's configuration (replicas >= 2), pure: its Caddyfile, its upstreams and its rules.
 
 The front's Caddy holds the endpoint and load-balances over every replica's engine (components/front.py makes the
-resources); nothing here makes one, so the offline plan renders the same text the front runs.
+resources, components/step_scripts.py renders its two scripts); nothing here makes a resource, so the offline plan
+shows the same text the front runs.
 """
 
 from __future__ import annotations

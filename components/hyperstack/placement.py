@@ -32,7 +32,7 @@ from . import progress
 from .errors import ProvisioningError
 from .inputs import known
 from .market import format_stock_table, region_stock
-from .providers import _Provider, client
+from .providers import HyperstackProvider, client
 
 _INPUTS = ("regions", "flavor_name", "count", "environment_name", "front_flavor_name")
 
@@ -74,7 +74,7 @@ def choose_region(regions: list[str], flavor_name: str, count: int,
         "Add a region to kimi-cluster:regions, choose another topology or flavor, or try again later")
 
 
-class PlacementProvider(_Provider):
+class PlacementProvider(HyperstackProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         failures = []
         regions, flavor, count = news.get("regions"), news.get("flavor_name"), news.get("count")

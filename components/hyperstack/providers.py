@@ -70,7 +70,7 @@ def client() -> HyperstackClient:
     return HyperstackClient.from_settings(ApiSettings.resolve(stack_config()), log=progress.info)
 
 
-class _Provider(ResourceProvider):
+class HyperstackProvider(ResourceProvider):
     def configure(self, req: ConfigureRequest) -> None:
         for key in _CONFIG_KEYS:
             value = req.config.get(key)
@@ -80,7 +80,7 @@ class _Provider(ResourceProvider):
 
 # --- Environment --------------------------------------------------------------------------------------------------
 
-class EnvironmentProvider(_Provider):
+class EnvironmentProvider(HyperstackProvider):
     """An environment: a named, region-bound container for keypairs and VMs."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
@@ -173,7 +173,7 @@ def _key_body(public_key: str) -> str:
     return " ".join(public_key.split()[:2])
 
 
-class KeypairProvider(_Provider):
+class KeypairProvider(HyperstackProvider):
     """Imports an OpenSSH public key into an environment. The public key is not a secret and lives in state."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
@@ -249,7 +249,7 @@ class KeypairProvider(_Provider):
 
 # --- VirtualMachine -----------------------------------------------------------------------------------------------
 
-class VirtualMachineProvider(_Provider):
+class VirtualMachineProvider(HyperstackProvider):
     """One VM, created with a deterministic name and labels, adopted rather than duplicated, never left orphaned."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
@@ -445,7 +445,7 @@ class VirtualMachineProvider(_Provider):
 
 # --- SecurityRule -------------------------------------------------------------------------------------------------
 
-class SecurityRuleProvider(_Provider):
+class SecurityRuleProvider(HyperstackProvider):
     """One firewall rule on one VM. Every change replaces the rule; the VM is never touched."""
 
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:

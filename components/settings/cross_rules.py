@@ -13,26 +13,26 @@ from components import catalog, tls_check
 from components.settings.errors import shown
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
-    _FLAVOR_GPUS,
-    _HF_ENDPOINT,
-    _NAME,
-    _V4_MAPPED,
+    FLAVOR_GPUS_RE,
+    HF_ENDPOINT_RE,
     IPV4_MIN_PREFIX,
     IPV6_MIN_PREFIX,
     NAME_MAX,
+    NAME_RE,
     RESERVED_PORTS,
     UNPRIVILEGED_PORT_MIN,
-    _is_loopback,
-    _non_public,
+    V4_MAPPED,
+    loopback_host,
+    non_public,
 )
 
 
 def operator_scope_problem(operator_cidr: str, allow_private: bool) -> str | None:
     net = ipaddress.ip_network(operator_cidr)
-    if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_V4_MAPPED):
+    if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(V4_MAPPED):
         return (f"{NAMESPACE}:operatorCidr {operator_cidr} is an IPv4-mapped IPv6 range, which no rule "
                 "matches; give the IPv4 address itself, e.g. \"$(curl -4 -s https://ifconfig.me)/32\"")
-    kind = _non_public(net)
+    kind = non_public(net)
     if kind is None or allow_private:
         return None
     return (f"{NAMESPACE}:operatorCidr {operator_cidr} is {kind}: the VMs see your public address, so this "
@@ -49,14 +49,14 @@ def api_cidr_problems(api_allowed_cidrs: Sequence[str] | None, allow_private: bo
     problems = []
     nets = [ipaddress.ip_network(c) for c in api_allowed_cidrs]
     for net in nets:
-        if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(_V4_MAPPED):
+        if isinstance(net, ipaddress.IPv6Network) and net.subnet_of(V4_MAPPED):
             problems.append(f"{key} entry {net} is an IPv4-mapped IPv6 range, which no rule matches: it locks "
                             "every client out; give the IPv4 range itself")
         elif net.prefixlen < (IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX):
             widest = IPV4_MIN_PREFIX if net.version == 4 else IPV6_MIN_PREFIX
             problems.append(f"{key} entry {net} is wider than /{widest}, as operatorCidr may not be: it opens the "
                             f"API to {net.num_addresses:,} addresses of other networks")
-        elif (kind := _non_public(net)) and not allow_private:
+        elif (kind := non_public(net)) and not allow_private:
             problems.append(f"{key} entry {net} is {kind}: clients reach the head from public addresses, so it "
                             f"lets no one in (set {NAMESPACE}:allowPrivateOperatorCidr true for a VPN)")
     for version, widest in ((4, IPV4_MIN_PREFIX), (6, IPV6_MIN_PREFIX)):
@@ -147,7 +147,7 @@ def flavor_problem(flavor: str | None, gpus_per_node: int | None, gpu_memory_gb:
     """A custom topology's flavor against its GPU keys: the count and model in its name must agree with them."""
     if flavor is None:
         return None
-    match = _FLAVOR_GPUS.search(flavor)
+    match = FLAVOR_GPUS_RE.search(flavor)
     if not match:
         return None
     gpu, count = match["gpu"], int(match["count"])
@@ -163,11 +163,11 @@ def flavor_problem(flavor: str | None, gpus_per_node: int | None, gpu_memory_gb:
 
 
 def hf_endpoint_problem(hf_endpoint: str, hf_token_set: bool) -> str | None:
-    match = _HF_ENDPOINT.fullmatch(hf_endpoint)
+    match = HF_ENDPOINT_RE.fullmatch(hf_endpoint)
     if match is None or match["scheme"] != "http" or not hf_token_set:
         return None
     host = match["host"].strip("[]")
-    if host == "localhost" or _is_loopback(host):
+    if host == "localhost" or loopback_host(host):
         return None  # the node's own loopback: the token never leaves the machine
     return (f"{NAMESPACE}:hfEndpoint {hf_endpoint} would receive hfToken in clear text over http://; use an "
             f"https:// mirror, or unset {NAMESPACE}:hfToken for a mirror that needs none")
@@ -175,7 +175,7 @@ def hf_endpoint_problem(hf_endpoint: str, hf_token_set: bool) -> str | None:
 
 def name_problems(env: str, environment_name: str | None, stack: str, longest_node_name: str) -> list[str]:
     """The environment's name and the longest name derived from it (the last node's, or the keypair's)."""
-    if not _NAME.fullmatch(env):
+    if not NAME_RE.fullmatch(env):
         return [f"the default environment name {shown(env)} (kimi-<stack>) is not a Hyperstack name; set "
                 f"{NAMESPACE}:environmentName to 1-50 letters, digits, '-' or '_'"]
     longest = max((longest_node_name, f"{env}-key"), key=len)
@@ -190,7 +190,7 @@ def name_problems(env: str, environment_name: str | None, stack: str, longest_no
 def replica_problems(replicas: int, env: str, longest_vm_name: str) -> list[str]:
     """replicas >= 2: every derived VM name fits (the front's flavor and image have rules of their own: rules.py)."""
     problems = []
-    if _NAME.fullmatch(env) and len(longest_vm_name) > NAME_MAX:
+    if NAME_RE.fullmatch(env) and len(longest_vm_name) > NAME_MAX:
         room = NAME_MAX - (len(longest_vm_name) - len(env))
         problems.append(f"{NAMESPACE}:replicas {replicas} makes the VM name {longest_vm_name!r} "
                         f"{len(longest_vm_name)} characters; Hyperstack allows {NAME_MAX}: set "

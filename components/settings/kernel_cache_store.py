@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from components.settings import rules
 from components.settings.errors import shown
-from components.settings.rules import _PREFIX, _S3_REGION, DURATION_MAX_MINUTES, duration_problem
+from components.settings.rules import DURATION_MAX_MINUTES, PREFIX_RE, S3_REGION_RE, duration_problem
 
 
 class KernelCacheSettings(BaseModel):
@@ -52,7 +52,7 @@ class KernelCacheSettings(BaseModel):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        if not _PREFIX.match(v) or ".." in v.split("/"):
+        if not PREFIX_RE.match(v) or ".." in v.split("/"):
             raise ValueError(f"{shown(v)} is not a plain key prefix (letters, digits, '.', '_', '-', '/')")
         v = v.strip("/")
         return v + "/" if v else ""
@@ -60,7 +60,7 @@ class KernelCacheSettings(BaseModel):
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
-        if not _S3_REGION.match(v):
+        if not S3_REGION_RE.match(v):
             raise ValueError(f"{shown(v)} is not a region name such as eu-central-1 or auto")
         return v
 

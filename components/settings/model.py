@@ -21,22 +21,22 @@ from components.settings.errors import SettingsError, shown
 from components.settings.kernel_cache_store import KernelCacheSettings
 from components.settings.keys import NAMESPACE
 from components.settings.rules import (
-    _FLAVOR,
-    _IMAGE,
-    _NAME,
-    _PATH_CHARS,
-    _PRINTABLE,
-    _REGION,
-    _SERVED_NAME,
-    _SSH_USER,
     DIST_INIT_PORT,
+    FLAVOR_RE,
+    IMAGE_RE,
     IPV4_WARN_PREFIX,
+    NAME_RE,
+    PATH_CHARS_RE,
+    PRINTABLE_RE,
+    REGION_RE,
     RESERVED_PORTS,
+    SERVED_NAME_RE,
     SSH_PORT,
+    SSH_USER_RE,
     WIDE_PREFIX,
     duration_problem,
 )
-from components.settings.ssh_key import _SSH_PUBLIC_KEY
+from components.settings.ssh_key import SSH_PUBLIC_KEY_RE
 from components.timing import Timing
 
 T = TypeVar("T")
@@ -170,21 +170,21 @@ class Settings(BaseModel):
     @field_validator("ssh_public_key")
     @classmethod
     def _public_key(cls, v: str | None) -> str | None:
-        if v is not None and not _SSH_PUBLIC_KEY.fullmatch(v.strip()):
+        if v is not None and not SSH_PUBLIC_KEY_RE.fullmatch(v.strip()):
             raise ValueError("not an OpenSSH public key (expected e.g. 'ssh-ed25519 AAAA... comment')")
         return v.strip() if v else v
 
     @field_validator("environment_name", "keypair_name")
     @classmethod
     def _names(cls, v: str | None) -> str | None:
-        if v is not None and not _NAME.fullmatch(v):
+        if v is not None and not NAME_RE.fullmatch(v):
             raise ValueError("use 1-50 letters, digits, '-' or '_' (Hyperstack's limit is 50 characters)")
         return v
 
     @field_validator("flavor")
     @classmethod
     def _flavor(cls, v: str | None) -> str | None:
-        if v is not None and not _FLAVOR.fullmatch(v):
+        if v is not None and not FLAVOR_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a flavor name such as n3-H100x8-NVLink")
         return v
 
@@ -201,7 +201,7 @@ class Settings(BaseModel):
     @field_validator("served_model_name")
     @classmethod
     def _served_name(cls, v: str | None) -> str | None:
-        if v is not None and not _SERVED_NAME.fullmatch(v):
+        if v is not None and not SERVED_NAME_RE.fullmatch(v):
             raise ValueError(f"{shown(v)}: use 1-128 letters, digits and . _ : / @ + - (it lands in clients' shell, "
                              "TOML and JSON)")
         return v
@@ -209,7 +209,7 @@ class Settings(BaseModel):
     @field_validator("image", "proxy_image")
     @classmethod
     def _image(cls, v: str | None) -> str | None:
-        if v is not None and (len(v) > 512 or not _IMAGE.fullmatch(v)):
+        if v is not None and (len(v) > 512 or not IMAGE_RE.fullmatch(v)):
             raise ValueError(f"{shown(v)} is not a container image reference such as "
                              "registry.example.com/org/name:tag@sha256:<64 hex>")
         return v
@@ -217,7 +217,7 @@ class Settings(BaseModel):
     @field_validator("ssh_user")
     @classmethod
     def _ssh_user(cls, v: str) -> str:
-        if not _SSH_USER.fullmatch(v):
+        if not SSH_USER_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a login name: lower-case letters, digits, '_' and '-', "
                              "at most 32, e.g. ubuntu")
         return v
@@ -248,7 +248,7 @@ class Settings(BaseModel):
     @field_validator("region")
     @classmethod
     def _region(cls, v: str) -> str:
-        if not _REGION.fullmatch(v):
+        if not REGION_RE.fullmatch(v):
             raise ValueError(f"{shown(v)} is not a Hyperstack region name such as CANADA-1")
         return v
 
@@ -280,7 +280,7 @@ class Settings(BaseModel):
     @classmethod
     def _engine_args(cls, v: list[str]) -> list[str]:
         for arg in v:
-            if not arg or len(arg) > 1000 or not _PRINTABLE.fullmatch(arg):
+            if not arg or len(arg) > 1000 or not PRINTABLE_RE.fullmatch(arg):
                 raise ValueError(f"{shown(arg)}: each argument must be 1-1000 printable characters")
         return v
 
@@ -288,7 +288,7 @@ class Settings(BaseModel):
     @classmethod
     def _node_root(cls, v: str) -> str:
         # A relative root (a test root, the sandbox's ".") is resolved from the SSH login directory on the node.
-        if not _PATH_CHARS.fullmatch(v) or posixpath.normpath(v) != v:
+        if not PATH_CHARS_RE.fullmatch(v) or posixpath.normpath(v) != v:
             raise ValueError(f"{shown(v)} must be / (a real VM) or a normalized path of letters, digits and . _ - /")
         return v
 

@@ -30,32 +30,32 @@ IPV4_MIN_PREFIX = 8
 IPV4_WARN_PREFIX = 16
 # Hyperstack's limit on environment, keypair and VM names (CreateEnvironment / CreateInstancesPayload).
 NAME_MAX = 50
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,49}")
-_REGION = re.compile(r"[A-Z0-9][A-Z0-9-]{0,39}")
-_FLAVOR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,49}")
+REGION_RE = re.compile(r"[A-Z0-9][A-Z0-9-]{0,39}")
+FLAVOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # A GPU model and a per-VM count in a flavor name, as Hyperstack names them: n3-H100x8-NVLink, n3-B300-SXM6x8.
-_FLAVOR_GPUS = re.compile(r"(?:^|-)(?P<gpu>[A-Z]\d{3})[A-Za-z0-9-]*?x(?P<count>\d+)(?:-|$)")
+FLAVOR_GPUS_RE = re.compile(r"(?:^|-)(?P<gpu>[A-Z]\d{3})[A-Za-z0-9-]*?x(?P<count>\d+)(?:-|$)")
 # Printable text: no control characters (a newline would start a new shell line in a log or a script).
-_PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]+")
-_SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
+PRINTABLE_RE = re.compile(r"[^\x00-\x1f\x7f]+")
+SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 # A login name as Debian's adduser accepts it (NAME_REGEX), at most 32 characters.
-_SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+SSH_USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # A container image reference: [registry[:port]/]path[:tag][@algorithm:hex] (distribution/reference's grammar), the
 # digest of its algorithm's exact length (opencontainers/go-digest: sha256 is 64 lower-case hex): a shorter one is no
 # digest, and would hide the "no digest" warning.
 _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::\d+)?/)"
-_IMAGE = re.compile(rf"{_IMAGE_DOMAIN}?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+IMAGE_RE = re.compile(rf"{_IMAGE_DOMAIN}?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
                     r"(?:@(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128}))?")
 # A DNS name of two or more labels (RFC 1123), lower case: it lands in URLs, client configs and the readiness wait.
 _HOSTNAME = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 # Paths the node scripts write into: plain characters only, so a path is one shell word whatever the quoting.
-_PATH_CHARS = re.compile(r"[A-Za-z0-9._/-]+")
+PATH_CHARS_RE = re.compile(r"[A-Za-z0-9._/-]+")
 # storagePath may not be, or lie under, these: the scripts create, chown and fill it (Docker's data-root goes there).
 _SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                  "/sys", "/usr")
 _SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/snap", "/srv", "/tmp", "/var")
-_HF_ENDPOINT = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+HF_ENDPOINT_RE = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                           r"(?::(?P<port>\d{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
 # The longest list a list key takes (extraEngineArgs, apiAllowedCidrs, regions): far beyond any real use, and short
 # enough that each item's error stays cheap to build.
@@ -116,7 +116,7 @@ def url_problem(v: str, secret_key: str) -> str | None:
         # Anything in the URL is rendered into the node scripts and stored in the state in plain text.
         return ("holds credentials (user:password@); they would be written into every node script and the state: "
                 f"give them as a secret instead: pulumi config set --secret {NAMESPACE}:{secret_key} ...")
-    match = _HF_ENDPOINT.fullmatch(v)
+    match = HF_ENDPOINT_RE.fullmatch(v)
     if not match or int(match["port"] or 1) not in range(1, 65536):
         return (f"{shown(v)} is not a URL such as https://huggingface.co (scheme, host, optional port and path; no "
                 "query, no spaces)")
@@ -161,11 +161,11 @@ def credentials_problem(text: str) -> str | None:
     return None
 
 
-_PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
-_S3_REGION = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9._/-]*$")
+S3_REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 
 
-_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 # Ranges no public address is in, with the reason shown; documentation ranges are left to placeholders().
 _NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
     ("127.0.0.0/8", "a loopback range"), ("::1/128", "the loopback address"),
@@ -177,7 +177,7 @@ _NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
 )]
 
 
-def _non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | None:
+def non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | None:
     for other, why in _NON_PUBLIC:
         if other.version == net.version and net.overlaps(other):
             return why
@@ -192,7 +192,7 @@ def _is_ip(text: str) -> bool:
     return True
 
 
-def _is_loopback(host: str) -> bool:
+def loopback_host(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -220,7 +220,7 @@ def endpoint_url(v: str | None) -> str | None:
     problem = url_problem(v, "kernelCacheCredentials")
     if problem:
         raise ValueError(problem)
-    match = _HF_ENDPOINT.fullmatch(v)
+    match = HF_ENDPOINT_RE.fullmatch(v)
     if match and match["scheme"] == "http" and not _on_private_path(match["host"]):
         # The archive holds compiled kernels the engine runs, and the manifest that vouches for it: over plain
         # http, anyone on the path can swap both.
@@ -275,7 +275,7 @@ def front_flavor(v: str) -> str:
     if v in catalog.CPU_FLAVORS:
         return v
     known = ", ".join(catalog.CPU_FLAVORS)
-    if _FLAVOR_GPUS.search(v):
+    if FLAVOR_GPUS_RE.search(v):
         raise ValueError(f"{shown(v)} is a GPU flavor: the front only runs Caddy in front of the replicas, so it "
                          f"bills GPUs for nothing; use a CPU flavor of the catalog: {known}")
     raise ValueError(f"{shown(v)} is not a CPU flavor of the catalog (components/catalog.py, which also prices it); "
@@ -346,7 +346,7 @@ def hf_endpoint(v: str) -> str:
     problem = url_problem(v, "hfToken")
     if problem:
         raise ValueError(problem)
-    match = _HF_ENDPOINT.fullmatch(v)
+    match = HF_ENDPOINT_RE.fullmatch(v)
     return v.rstrip("/") if match and match["path"] else v
 
 
@@ -373,7 +373,7 @@ def region_list(v: Any) -> Any:
             raise ValueError("name at least one region")
         if len(v) > MAX_LIST_ITEMS:
             raise ValueError(f"{len(v):,} regions; at most {MAX_LIST_ITEMS}")
-        if not all(isinstance(r, str) and _REGION.fullmatch(r) for r in v):
+        if not all(isinstance(r, str) and REGION_RE.fullmatch(r) for r in v):
             raise ValueError("each region is a Hyperstack region name such as CANADA-1")
         if len(set(v)) != len(v):
             raise ValueError("a region is listed twice")
@@ -422,7 +422,7 @@ def json_object(v: Any) -> Any:
 
 
 def storage_path(v: str) -> str:
-    if not _PATH_CHARS.fullmatch(v) or not v.startswith("/") or posixpath.normpath(v) != v \
+    if not PATH_CHARS_RE.fullmatch(v) or not v.startswith("/") or posixpath.normpath(v) != v \
             or ".." in v.split("/"):
         raise ValueError(f"{shown(v)} must be a normalized absolute path of letters, digits and . _ - /, "
                          "e.g. /ephemeral")

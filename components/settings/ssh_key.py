@@ -12,7 +12,7 @@ import re
 
 from components.settings.keys import NAMESPACE
 
-_SSH_PUBLIC_KEY = re.compile(
+SSH_PUBLIC_KEY_RE = re.compile(
     r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com) [A-Za-z0-9+/=]+"
     r"( [^\x00-\x1f\x7f]*)?")
 
@@ -48,7 +48,7 @@ def private_key_problem(text: str) -> str | None:
     passphrase-protected key would fail every node step after the VMs are billing.
     """
     stripped = text.strip()
-    if _SSH_PUBLIC_KEY.fullmatch(stripped.splitlines()[0] if stripped else ""):
+    if SSH_PUBLIC_KEY_RE.fullmatch(stripped.splitlines()[0] if stripped else ""):
         return "holds a public key (the .pub file); give the private half: --secret < ~/.ssh/kimi-deploy"
     if "\n" not in stripped and "PRIVATE KEY" not in stripped and stripped.startswith(("~", "/", "./", "$")):
         return ("looks like a file name, not the key itself: set the file's content with "

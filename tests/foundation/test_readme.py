@@ -10,7 +10,12 @@ import re
 import subprocess
 from pathlib import Path
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The pages beside it: their commands are held to the same rules as the README's.
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 BARE_PYTHON = re.compile(r"(?<![\w/.-])python3? -m (?!venv\b)")
 
@@ -48,8 +53,9 @@ def test_real_use_is_one_fenced_sequence_in_a_pasteable_order():
     assert first(lines, r"ssh-keygen -t ed25519 -N ''") < first(lines, r"sshPrivateKey <")
 
 
-def test_every_block_creates_its_stack_before_configuring_it():
-    for block in blocks():
+@pytest.mark.parametrize("name", ["README.md", *DOCS])
+def test_every_block_creates_its_stack_before_configuring_it(name: str):
+    for block in blocks(README if name == "README.md" else DOCS[name]):
         lines = commands(block)
         config = first(lines, r"^pulumi config set")
         if config < 0:
@@ -60,8 +66,10 @@ def test_every_block_creates_its_stack_before_configuring_it():
             assert 0 <= first(lines, r"^export PULUMI_CONFIG_PASSPHRASE") < first(lines, r"^pulumi stack init"), block
 
 
-def test_no_bare_python_and_no_unlisted_tool():
-    code = [body for _, body in FENCE.findall(README)] + re.findall(r"`([^`\n]+)`", README)
+@pytest.mark.parametrize("name", ["README.md", *DOCS])
+def test_no_bare_python_and_no_unlisted_tool(name: str):
+    text = README if name == "README.md" else DOCS[name]
+    code = [body for _, body in FENCE.findall(text)] + re.findall(r"`([^`\n]+)`", text)
     bare = [c for c in code if BARE_PYTHON.search(c)]
     assert not bare, f"use the venv's Python (.venv/bin/python): {bare}"
     assert not any(re.search(r"\bjq\b", c) for c in code), "jq is used but not a listed prerequisite"
@@ -70,8 +78,9 @@ def test_no_bare_python_and_no_unlisted_tool():
             assert "curl -4" in c, "an IPv6 answer with /32 after it would be a wrong CIDR"
 
 
-def test_every_block_is_valid_bash():
-    for block in blocks():
+@pytest.mark.parametrize("name", ["README.md", *DOCS])
+def test_every_block_is_valid_bash(name: str):
+    for block in blocks(README if name == "README.md" else DOCS[name]):
         # `[--flag ...]` placeholders are documentation of options, not commands; everything else must parse.
         text = re.sub(r"\[--[^\]]*\]", "", block)
         result = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
@@ -79,4 +88,32 @@ def test_every_block_is_valid_bash():
 
 
 def test_stack_reference_names_both_backends():
-    assert "organization/kimi-cluster/dev" in README and "<your-org>/kimi-cluster/dev" in README
+    operations = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert "organization/kimi-cluster/dev" in operations and "<your-org>/kimi-cluster/dev" in operations
+
+
+def test_the_readme_is_a_front_door():
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"the README has {len(lines)} lines; move the detail into docs/"
+    for title in ("Two commands for a newcomer", "Real use", "Stack outputs (a contract: added to, never renamed)",
+                  "The documentation", "Layout"):
+        assert f"\n## {title}\n" in README, title
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", README))
+    assert linked >= {"ARCHITECTURE.md", "configuration.md", "security.md", "operations.md", "CHANGELOG.md"}
+    assert linked <= set(DOCS), linked - set(DOCS)
+
+
+def test_every_link_between_the_pages_lands_on_a_heading():
+    def anchors(text: str) -> set[str]:
+        heads = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+    pages = {"README.md": README, **{f"docs/{n}": t for n, t in DOCS.items()}}
+    broken = []
+    for name, text in pages.items():
+        base = Path(name).parent
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md)?#([\w-]+)\)", text):
+            page = name if not target else str((base / target).as_posix()).replace("docs/../", "")
+            if page not in pages or anchor not in anchors(pages[page]):
+                broken.append(f"{name}: {target}#{anchor}")
+    assert not broken, broken

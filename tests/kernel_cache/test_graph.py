@@ -131,11 +131,12 @@ def test_kernel_cache_scripts_pass_shellcheck_and_carry_no_secret(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_the_readmes_stack_file_example_is_what_the_plan_reads(tmp_path, capsys):
+def test_the_documented_stack_file_example_is_what_the_plan_reads(tmp_path, capsys):
     from scripts import plan
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = readme.split("## Kernel cache across destroy and up", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    operations = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = operations.split("## Kernel cache across destroy and up", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     stack = tmp_path / "Pulumi.kc.yaml"
     stack.write_text(example + "  kimi-cluster:operatorCidr: 198.18.0.7/32\n"
                      "  kimi-cluster:sshPublicKey: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample operator@laptop\n"

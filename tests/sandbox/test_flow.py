@@ -4,7 +4,7 @@ StackReference, destroy, and nothing left: not in the emulator, the stacks, the 
 Each VM is a network namespace with Debian's sshd (fakes/node_fabric.py): pulumi-command reaches it with the
 connection the program builds, pinned to the host key the program put in the VM's user_data. The h100x4-sglang flow
 also checks the firewall the program built (nftables in each namespace, default drop) and the real CLI's checkpoint;
-b300x1-vllm runs exactly the README's commands.
+b300x1-vllm runs exactly the README's commands (the sandbox line of "Two commands for a newcomer").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An interrupted `pulumi up`, and the recovery a user runs (README "Recovering from an interrupted up"):
+"""An interrupted `pulumi up`, and the recovery a user runs (docs/operations.md, "Recovering from an interrupted up"):
 
 - Ctrl-C (SIGINT to the sandbox, which hands it to `pulumi`): the CLI stops starting new steps, finishes or cancels
   the ones under way and saves its checkpoint; the next up carries on, with no second VM.
