@@ -135,6 +135,7 @@ def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
     for _ in range(4):
         tally.add(requests=1)
         try:
+            # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
             reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
                                                    max_tokens=256)
         except openai.OpenAIError as exc:
@@ -146,8 +147,9 @@ def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
             return
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            name = getattr(getattr(call, "function", None), "name", "")
-            args = json.loads(call.function.arguments) if name in TOOL_IMPLS else {}  # type: ignore[union-attr]
+            function = getattr(call, "function", None)  # a custom tool call has none
+            name = getattr(function, "name", "")
+            args = json.loads(function.arguments) if function is not None and name in TOOL_IMPLS else {}
             result = TOOL_IMPLS[name](**args) if name in TOOL_IMPLS else {"error": "unknown tool"}
             messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
     tally.note("failed", "tool round trip: still calling tools after 4 turns")

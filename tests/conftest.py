@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Generator
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
 from tests import leaks, wall_times
+
+# The fake-node fixtures (`node`, `node_factory`), for every folder that starts fake nodes.
+pytest_plugins = ["tests.fakenode_fixtures"]
 
 # Byte code is cached for this run and the processes it starts (workers, the sandbox's CLI, engine and provider hosts,
 # the fake nodes' Python stubs), even on a machine that sets PYTHONDONTWRITEBYTECODE (this one and its CI do): else
@@ -51,7 +55,24 @@ DEFAULT_FLOW_SECONDS = 60
 DIST_KEY = "kimi_dist"
 
 
-def _seconds(item: pytest.Item) -> float:
+class Marked(Protocol):
+    """What the ordering reads of a test item (a pytest.Item, or a test's stand-in)."""
+
+    name: str
+
+    def get_closest_marker(self, name: str) -> Any: ...
+
+
+class WorkerConfig(Protocol):
+    """What slice_count reads of a pytest.Config (a worker's also has `workerinput`)."""
+
+    def getoption(self, name: str) -> Any: ...
+
+
+ItemT = TypeVar("ItemT", bound=Marked)
+
+
+def _seconds(item: Marked) -> float:
     return FLOW_SECONDS.get(item.name.split("[", 1)[0], DEFAULT_FLOW_SECONDS)
 
 
@@ -64,13 +85,13 @@ def _slices(count: int, workers: int) -> list[int]:
     return sizes
 
 
-def order(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+def order(items: list[ItemT], workers: int) -> list[ItemT]:
     flows = sorted((i for i in items if i.get_closest_marker("flow")), key=_seconds, reverse=True)
     quick = [i for i in items if not i.get_closest_marker("flow")]
     if workers <= 1:
         return flows + quick
     sizes = _slices(len(items), workers)
-    dealt: list[list[pytest.Item]] = [[] for _ in sizes]
+    dealt: list[list[ItemT]] = [[] for _ in sizes]
     load = [0.0] * workers
     for flow in flows:
         open_slices = [s for s in range(workers) if len(dealt[s]) < sizes[s]]
@@ -78,7 +99,7 @@ def order(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
         dealt[target].append(flow)
         load[target] += _seconds(flow)
     rest = iter(quick)
-    ordered: list[pytest.Item] = []
+    ordered: list[ItemT] = []
     for s, size in enumerate(sizes):
         ordered += dealt[s]
         ordered += [next(rest) for _ in range(size - len(dealt[s]))]
@@ -93,7 +114,7 @@ def pytest_configure_node(node) -> None:
     node.workerinput[DIST_KEY] = node.config.getoption("dist")
 
 
-def slice_count(config: pytest.Config) -> int:
+def slice_count(config: WorkerConfig) -> int:
     """How many worksteal slices to order for: the worker count in a worker of a `--dist worksteal` run, else 1."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput and workerinput.get(DIST_KEY) == "worksteal":

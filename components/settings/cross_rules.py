@@ -59,10 +59,13 @@ def api_cidr_problems(api_allowed_cidrs: Sequence[str] | None, allow_private: bo
         elif (kind := non_public(net)) and not allow_private:
             problems.append(f"{key} entry {net} is {kind}: clients reach the head from public addresses, so it "
                             f"lets no one in (set {NAMESPACE}:allowPrivateOperatorCidr true for a VPN)")
+    # typeshed types collapse_addresses per address family: each family is collapsed apart.
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    collapsed = {4: sum(n.num_addresses for n in ipaddress.collapse_addresses(v4)),
+                 6: sum(n.num_addresses for n in ipaddress.collapse_addresses(v6))}
     for version, widest in ((4, IPV4_MIN_PREFIX), (6, IPV6_MIN_PREFIX)):
-        ours = [n for n in nets if n.version == version]
-        # typeshed types collapse_addresses per address family; the version filter above keeps the list within one.
-        opened = sum(n.num_addresses for n in ipaddress.collapse_addresses(ours))  # type: ignore[type-var, misc]
+        opened = collapsed[version]
         # Twice the widest single entry: room for one such network and a few addresses besides.
         limit = 2 * 2 ** ((32 if version == 4 else 128) - widest)
         if opened > limit:

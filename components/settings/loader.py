@@ -99,12 +99,21 @@ def strip_namespace(config: Mapping[str, Any]) -> dict[str, Any]:
 _DOC_NETS = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")]
 
 
+def _within(net: ipaddress.IPv4Network | ipaddress.IPv6Network,
+            doc: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """Whether `net` lies in `doc`; typeshed types subnet_of per address family, so each family is tested apart."""
+    if isinstance(net, ipaddress.IPv4Network) and isinstance(doc, ipaddress.IPv4Network):
+        return net.subnet_of(doc)
+    if isinstance(net, ipaddress.IPv6Network) and isinstance(doc, ipaddress.IPv6Network):
+        return net.subnet_of(doc)
+    return False
+
+
 def placeholders(settings: Settings) -> list[str]:
     """Values still at the shipped placeholders; `pulumi up` refuses them, the offline plan only warns."""
     out = []
     net = ipaddress.ip_network(settings.operator_cidr)
-    # typeshed types subnet_of per address family; the version test before it keeps the call within one.
-    if any(net.version == d.version and net.subnet_of(d) for d in _DOC_NETS):  # type: ignore[arg-type]
+    if any(_within(net, d) for d in _DOC_NETS):
         out.append(f"{NAMESPACE}:operatorCidr {settings.operator_cidr} is a documentation range (the shipped "
                    f"placeholder): set your own public address, e.g. pulumi config set {NAMESPACE}:operatorCidr "
                    f"\"$(curl -4 -s https://ifconfig.me)/32\"")

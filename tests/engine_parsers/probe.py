@@ -100,7 +100,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     try:
         values = {"vllm": vllm, "tokenspeed": tokenspeed}[request["engine"]](list(request["argv"]))
     # Any refusal is the answer asked for: argparse exits, the validators raise their own types.
-    except (SystemExit, Exception) as exc:  # noqa: BLE001
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - every refusal, of whatever type, is the answer
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "values": values}
 

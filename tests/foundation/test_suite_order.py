@@ -27,7 +27,7 @@ def test_each_slice_starts_with_its_flows_longest_first() -> None:
     flows = [FakeItem(name, True) for name in FLOW_SECONDS]
     quick = [FakeItem(f"test_quick_{i}", False) for i in range(40)]
     items = quick[:20] + flows + quick[20:]
-    ordered = order(items, 4)  # type: ignore[arg-type]  # FakeItem has the two members order() reads
+    ordered = order(items, 4)
     assert sorted(i.name for i in ordered) == sorted(i.name for i in items)  # nothing lost or doubled
     start = 0
     loads = []
@@ -41,7 +41,7 @@ def test_each_slice_starts_with_its_flows_longest_first() -> None:
         loads.append(sum(flow_seconds))
     assert max(loads) - min(loads) <= max(FLOW_SECONDS.values())
     # One process: every flow first, longest first.
-    single = order(items, 1)  # type: ignore[arg-type]  # as above
+    single = order(items, 1)
     assert [i.name for i in single[:len(flows)]] == sorted(FLOW_SECONDS, key=FLOW_SECONDS.__getitem__, reverse=True)
 
 
@@ -60,8 +60,8 @@ def test_a_worker_orders_for_the_controllers_worksteal_though_its_own_dist_optio
     node = SimpleNamespace(config=FakeConfig("worksteal"), workerinput={"workerid": "gw0", "workercount": 6})
     pytest_configure_node(node)
     worker = FakeConfig("no", node.workerinput)
-    assert slice_count(worker) == 6  # type: ignore[arg-type]  # FakeConfig has what slice_count reads
+    assert slice_count(worker) == 6
     other = SimpleNamespace(config=FakeConfig("load"), workerinput={"workerid": "gw0", "workercount": 6})
     pytest_configure_node(other)
-    assert slice_count(FakeConfig("no", other.workerinput)) == 1  # type: ignore[arg-type]  # as above
-    assert slice_count(FakeConfig("worksteal")) == 1  # type: ignore[arg-type]  # no xdist: one process
+    assert slice_count(FakeConfig("no", other.workerinput)) == 1
+    assert slice_count(FakeConfig("worksteal")) == 1

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from fakes.s3_store import S3Store
-from tests.node.conftest import node_factory  # noqa: F401 - a fixture: imported so pytest finds it for these tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "kimi-test-kernels"

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from components.settings import Settings
 from components.settings.loader import load_settings
 from components.timing import Timing
 from fakes.hub import FakeHub, Faults
-from fakes.node import FakeNode, make_fake_node
 
 REPO = "moonshotai/Kimi-K3.1-Pro"
 REVISION = "6d0a0202956796543364d666ab19c6ad1a494ee1"
@@ -24,27 +21,6 @@ FAST = Timing(poll_seconds=1, fast_poll_seconds=0.2, cloud_init_timeout_s=5, gpu
 
 def make_settings(topology: str = "h100x4-sglang", **extra) -> Settings:
     return load_settings({**BASE, "topology": topology, **extra}, "dev")
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    n = make_fake_node(tmp_path)
-    yield n
-    n.cleanup()
-
-
-@pytest.fixture
-def node_factory(tmp_path: Path):
-    made: list[FakeNode] = []
-
-    def make(**faults) -> FakeNode:
-        n = make_fake_node(tmp_path / f"n{len(made)}", **faults)
-        made.append(n)
-        return n
-
-    yield make
-    for n in made:
-        n.cleanup()
 
 
 @pytest.fixture

@@ -538,3 +538,33 @@ def test_a_relative_node_root_is_taken_from_the_ssh_login_directory(node):
                                   deadline_s=60)
     ok(node.shell(command))
     assert node.docker_state()["root"] == str(node.root / "ephemeral/docker")
+
+
+# ---- the readiness wait against a proxy that fails open -------------------------------------------------------
+
+
+class _EmptyBearerOpens(_Engine):
+    """A proxy that fails open: an `Authorization: Bearer` with nothing after it passes, as with an empty key file."""
+
+    def do_GET(self):
+        if self.path == "/v1/models" and self.headers.get("Authorization", "").strip() == "Bearer":
+            self.headers.replace_header("Authorization", f"Bearer {self.key}")
+        _Engine.do_GET(self)
+
+
+@needs_curl
+def test_readiness_fails_when_an_empty_bearer_is_let_through(node, proxy_server):
+    _running_container(node)
+    server, ca = proxy_server(do_GET=_EmptyBearerOpens.do_GET)
+    _trust(node, ca)
+    failed(node.run(_readiness(node, server.server_address[1]), stdin=API_KEY),
+           "answers /v1/models with an empty bearer over HTTP/2 with HTTP 200, not 401")
+
+
+@needs_curl
+def test_readiness_passes_a_proxy_that_refuses_the_empty_bearer(node, proxy_server):
+    _running_container(node)
+    server, ca = proxy_server()
+    _trust(node, ca)
+    out = ok(node.run(_readiness(node, server.server_address[1]), stdin=API_KEY))
+    assert "and to an empty bearer" in out
