@@ -122,7 +122,14 @@ def slice_count(config: WorkerConfig) -> int:
     return 1
 
 
+NOT_UNIT = ("flow", "integration", "runtime_venv")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `unit` is what is left: every test that starts no bring-up, fake node, server or outside tool.
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in NOT_UNIT):
+            item.add_marker(pytest.mark.unit)
     # Each xdist worker collects and orders; the order depends only on the items and the worker count, so every
     # worker builds the same list (xdist requires it). Without xdist: the flows first, longest first.
     items[:] = order(items, slice_count(config))
