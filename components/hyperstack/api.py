@@ -10,11 +10,13 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
+
+from .records import EnvironmentRecord, FlavorRecord, ImageRecord, KeypairRecord, SecurityRuleRecord, VmRecord
 
 DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"
 API_URL_CONFIG = "hyperstack:apiUrl"
@@ -85,72 +87,6 @@ class HyperstackError(Exception):
         return self.error_reason in ("timeout", "connection_error") or (
             self.status is not None and self.status >= 500
         )
-
-
-# Shapes of the records the helpers return (the API's JSON, keys as documented; all optional).
-class EnvironmentRecord(TypedDict, total=False):
-    id: int
-    name: str
-    region: str
-    created_at: str
-    features: dict[str, Any]
-
-
-class KeypairRecord(TypedDict, total=False):
-    id: int
-    name: str
-    public_key: str
-    fingerprint: str
-    environment: dict[str, Any]
-
-
-class SecurityRuleRecord(TypedDict, total=False):
-    id: int
-    direction: str
-    ethertype: str
-    protocol: str
-    remote_ip_prefix: str
-    port_range_min: int | None
-    port_range_max: int | None
-    status: str
-
-
-class VmRecord(TypedDict, total=False):
-    id: int
-    name: str
-    status: str
-    vm_state: str
-    power_state: str
-    fixed_ip: str | None
-    floating_ip: str | None
-    floating_ip_status: str | None
-    labels: list[str]
-    environment: dict[str, Any]
-    flavor: dict[str, Any]
-    image: dict[str, Any]
-    keypair: dict[str, Any]
-    security_rules: list[SecurityRuleRecord]
-
-
-class FlavorRecord(TypedDict, total=False):
-    id: int
-    name: str
-    region_name: str
-    cpu: int
-    ram: float
-    disk: int
-    ephemeral: int
-    gpu: str
-    gpu_count: int
-    stock_available: bool
-
-
-class ImageRecord(TypedDict, total=False):
-    id: int
-    name: str
-    region_name: str
-    type: str
-    version: str
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .api import FlavorRecord, HyperstackClient
+from .api import HyperstackClient
+from .records import FlavorRecord
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,11 @@ of an existing stack unpickles it from there. Never rename or move this module (
 its `*Provider` classes. The pickle of a provider names its class and nothing else (serialize one with
 `pulumi.dynamic.dynamic.serialize_provider` and list the globals in it with `pickletools.genops`), so the helpers the
 classes call live in sibling modules, one concept each: `errors`, `inputs`, `polling`, `specs`, `vm_lifecycle`,
-`rules`; unpickling imports this module, which imports them.
+`vm_create`, `rules`; unpickling imports this module, which imports them.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,22 +34,19 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from . import progress
+from . import progress, vm_create
 from .api import (
     API_KEY_CONFIG,
     API_URL_CONFIG,
     RETRY_BASE_CONFIG,
     ApiSettings,
-    EnvironmentRecord,
     HyperstackClient,
     HyperstackError,
-    KeypairRecord,
-    SecurityRuleRecord,
-    VmRecord,
 )
 from .errors import ProvisioningError, transient
 from .inputs import as_int, diff_inputs, known, name_failures, require_valid, timing_inputs
 from .polling import Look, poll, unanswered
+from .records import EnvironmentRecord, KeypairRecord, SecurityRuleRecord
 from .rules import RULE_INPUTS, opt_int, rule_failures, rule_inputs, rule_key, rule_value
 from .specs import ENV_INPUTS, VM_REPLACE, VM_UPDATE, EnvironmentSpec, VmSpec, user_data_digest, vm_outs
 from .vm_lifecycle import GONE, delete_vm_and_wait, wait_active
@@ -298,114 +294,16 @@ class VirtualMachineProvider(HyperstackProvider):
         require_valid(self, props)
         spec = VmSpec.from_props(props)
         with client() as api:
-            self._preflight(api, spec)
-            vm = self._adopt(api, spec)
+            vm_create.preflight(api, spec)
+            vm = vm_create.adopt(api, spec)
             if vm is None:
-                vm = self._post(api, spec)
+                vm = vm_create.post(api, spec)
             try:
                 vm = wait_active(api, spec, vm)
             except Exception as exc:
                 # Raising from create records nothing in state: a VM left behind here would bill untracked.
-                raise ProvisioningError(f"{exc}; {self._cleanup(api, spec, vm)}") from exc
+                raise ProvisioningError(f"{exc}; {vm_create.cleanup(api, spec, vm)}") from exc
         return CreateResult(str(vm["id"]), vm_outs(spec, vm, user_data_digest(props)))
-
-    # Everything before the POST is read-only, so a bad flavor, image or region costs nothing.
-    @staticmethod
-    def _preflight(api: HyperstackClient, spec: VmSpec) -> None:
-        flavors = api.list_flavors(spec.region)
-        if not flavors:
-            regions = sorted(r.get("name", "") for r in api.list_regions())
-            if spec.region not in regions:
-                raise ProvisioningError(f"unknown region {spec.region!r}; Hyperstack offers: {', '.join(regions)}")
-            raise ProvisioningError(f"region {spec.region} offers no flavors right now")
-        in_stock = sorted(f["name"] for f in flavors if f.get("stock_available"))
-        flavor = next((f for f in flavors if f.get("name") == spec.flavor_name), None)
-        if flavor is None:
-            raise ProvisioningError(
-                f"flavor {spec.flavor_name!r} is not offered in {spec.region}; offered: "
-                f"{', '.join(sorted(f['name'] for f in flavors))} (in stock: {', '.join(in_stock) or 'none'})")
-        if not flavor.get("stock_available"):
-            raise ProvisioningError(
-                f"flavor {spec.flavor_name!r} is out of stock in {spec.region}; in stock now: "
-                f"{', '.join(in_stock) or 'none'}")
-        images = sorted({i.get("name", "") for i in api.list_images(spec.region)})
-        if spec.image_name not in images:
-            raise ProvisioningError(
-                f"image {spec.image_name!r} is not available in {spec.region}; available: {', '.join(images)}")
-        envs = [e for e in api.list_environments(search=spec.environment_name)
-                if e.get("name") == spec.environment_name]
-        if not envs:
-            raise ProvisioningError(f"environment {spec.environment_name!r} does not exist")
-        if envs[0].get("region") != spec.region:
-            raise ProvisioningError(f"environment {spec.environment_name!r} is in {envs[0].get('region')}, "
-                                    f"but the VM asks for region {spec.region}")
-
-    @staticmethod
-    def _find(api: HyperstackClient, spec: VmSpec) -> list[VmRecord]:
-        return [vm for vm in api.list_vms(search=spec.name, environment=spec.environment_name)
-                if vm.get("name") == spec.name
-                and (vm.get("environment") or {}).get("name") == spec.environment_name
-                and vm.get("status") not in GONE]
-
-    def _adopt(self, api: HyperstackClient, spec: VmSpec) -> VmRecord | None:
-        """A VM with our name and labels is one an earlier run created and never recorded: take it over."""
-        found = self._find(api, spec)
-        if not found:
-            return None
-        if len(found) > 1:
-            raise ProvisioningError(
-                f"{len(found)} VMs named {spec.name!r} exist in {spec.environment_name!r} (ids "
-                f"{', '.join(str(v['id']) for v in found)}); delete the extra ones, then run again")
-        vm = found[0]
-        missing = set(spec.labels) - set(vm.get("labels") or [])
-        if missing:
-            raise ProvisioningError(
-                f"a VM named {spec.name!r} (id {vm['id']}) already exists in {spec.environment_name!r} without our "
-                f"labels {sorted(missing)}; refusing to adopt or duplicate it: rename or delete it")
-        flavor = (vm.get("flavor") or {}).get("name")
-        image = (vm.get("image") or {}).get("name")
-        if flavor != spec.flavor_name or image != spec.image_name:
-            raise ProvisioningError(
-                f"VM {spec.name!r} (id {vm['id']}) from an earlier interrupted run has flavor {flavor} and image "
-                f"{image}, but {spec.flavor_name} and {spec.image_name} are wanted; delete it, then run again")
-        if vm.get("status") == "ERROR":
-            progress.warn(f"VM {spec.name!r} (id {vm['id']}) left by an earlier run is in ERROR: deleting it")
-            delete_vm_and_wait(api, vm["id"], f"VM {spec.name!r} (id {vm['id']})",
-                               spec.delete_timeout_seconds, spec.poll_interval_seconds)
-            return None
-        progress.warn(f"adopting VM {spec.name!r} (id {vm['id']}), created by an earlier run that did not finish")
-        return vm
-
-    def _post(self, api: HyperstackClient, spec: VmSpec) -> VmRecord:
-        try:
-            return api.create_vm(name=spec.name, environment_name=spec.environment_name,
-                                 flavor_name=spec.flavor_name, image_name=spec.image_name, key_name=spec.key_name,
-                                 labels=spec.labels, user_data=spec.user_data,
-                                 assign_floating_ip=spec.assign_floating_ip)
-        except HyperstackError as err:
-            if not err.outcome_unknown:
-                raise  # a 4xx answer means nothing was created
-            # The VM may exist although the answer was lost: look it up, never send a second create.
-            for _ in range(3):
-                found = self._find(api, spec)
-                if found:
-                    progress.warn(f"the create answer for VM {spec.name!r} was lost ({err}); adopting id "
-                                    f"{found[0]['id']}")
-                    return found[0]
-                time.sleep(spec.poll_interval_seconds)
-            raise ProvisioningError(
-                f"creating VM {spec.name!r} had an unknown outcome ({err}) and no VM of that name appeared; "
-                "run `pulumi up` again: it looks the VM up by name before creating one") from err
-
-    @staticmethod
-    def _cleanup(api: HyperstackClient, spec: VmSpec, vm: VmRecord) -> str:
-        what = f"VM {spec.name!r} (id {vm['id']})"
-        try:
-            delete_vm_and_wait(api, vm["id"], what, spec.delete_timeout_seconds, spec.poll_interval_seconds)
-        except Exception as err:  # noqa: BLE001 - the report must carry both failures
-            return (f"deleting it ALSO FAILED ({err}): {what} may still be billing; delete it in the console, or "
-                    f"run `pulumi up` again, which adopts a VM named {spec.name!r} with labels {list(spec.labels)}")
-        return f"{what} was deleted, nothing is left billing"
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         with client() as api:

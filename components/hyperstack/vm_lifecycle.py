@@ -7,9 +7,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .api import HyperstackClient, HyperstackError, VmRecord
+from .api import HyperstackClient, HyperstackError
 from .errors import ProvisioningError, transient
 from .polling import Look, poll, unanswered
+from .records import VmRecord
 from .specs import VmSpec
 
 GONE = ("DELETING", "DELETED")

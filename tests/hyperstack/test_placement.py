@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.hyperstack import providers
+from components.hyperstack import providers, vm_create
 from components.hyperstack.placement import PlacementError, PlacementProvider
 from fakes.hyperstack_emulator import Emulator
 from tests.hyperstack.conftest import FLAVOR, env_props, keypair_props, vm_props
@@ -83,13 +83,13 @@ def test_stock_gone_between_choice_and_vm_create_fails_clearly_and_nothing_bills
 def test_stock_gone_after_the_preflight_the_create_is_refused_and_nothing_bills(hs: Emulator, monkeypatch):
     providers.EnvironmentProvider().create(env_props())
     providers.KeypairProvider().create(keypair_props())
-    preflight = providers.VirtualMachineProvider._preflight
+    preflight = vm_create.preflight
 
     def then_stock_vanishes(api, spec):
         preflight(api, spec)
         hs.set_capacity(FLAVOR, 0, region="CANADA-1")
 
-    monkeypatch.setattr(providers.VirtualMachineProvider, "_preflight", staticmethod(then_stock_vanishes))
+    monkeypatch.setattr(vm_create, "preflight", then_stock_vanishes)
     with pytest.raises(providers.HyperstackError, match="No stock available for flavor n3-H100x8-NVLink"):
         providers.VirtualMachineProvider().create(vm_props())
     assert hs.inventory()["virtual_machines"] == []
