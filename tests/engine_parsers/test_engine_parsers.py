@@ -17,6 +17,8 @@ import pytest
 from components import launch
 from components.settings.loader import load_settings
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = Path(os.environ.get("KIMI_PARSERS_VENV") or ROOT / ".venv-parsers") / "bin" / "python"
 PROBE = Path(__file__).with_name("probe.py")

@@ -3,14 +3,48 @@ per problem that names its key, or (legitimate but risky) accepted with a warnin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from components.settings import SettingsError
+from components.settings import Settings, SettingsError
 from components.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CUSTOM = {"topology": "custom", "flavor": "n3-H100x8-NVLink", "nodeCount": 4, "gpusPerNode": 8, "gpuMemoryGb": 80,
           "engine": "sglang"}
+
+
+def _same(value: object) -> object:
+    """A value as the settings keep it: URLs and paths without their trailing "/"."""
+    if isinstance(value, dict):
+        return {k: _same(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_same(v) for v in value]
+    return value.rstrip("/") if isinstance(value, str) else value
+
+
+SECRET_SET = {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
+              "kernelCacheCredentials": "kernel_cache_credentials_set", "tlsPrivateKey": "tls_private_key_set"}
+
+
+def taken(settings: Settings, raw: dict) -> Settings:
+    """Each accepted key is set on the settings (a secret only counts as set) and reads back as it was given."""
+    names = {field.alias or name: name for name, field in Settings.model_fields.items()}
+    for key, given in raw.items():
+        if key not in names:
+            assert getattr(settings, SECRET_SET[key]), key
+            continue
+        assert names[key] in settings.model_fields_set, key
+        got = getattr(settings, names[key])
+        if isinstance(given, str) and given[:1] in "[{":
+            given = json.loads(given)
+        if hasattr(got, "model_dump"):
+            got = {k: v for k, v in got.model_dump(by_alias=True).items() if k in given}
+        if isinstance(given, str) and isinstance(got, bool):
+            given = given == "true"
+        assert _same(got) == _same(given), (key, got, given)
+    return settings
 
 
 def load(stack: str = "dev", **raw):
@@ -133,7 +167,7 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("raw", ACCEPTED, ids=[repr(r)[:60] for r in ACCEPTED])
 def test_legitimate_values_accepted(raw):
-    load(**raw)
+    taken(load(**raw), raw)
 
 
 def test_risky_but_legitimate_values_warn():

@@ -27,6 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from components.hyperstack.api import ApiSettings, HyperstackError
 from components.settings import SettingsError
 from components.settings.loader import load_settings, read_stack_file
+from tests.foundation.test_bad_input import taken
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 HOST = "api.example.com"
@@ -391,7 +392,7 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("raw", ACCEPTED, ids=[repr(r)[:60] for r in ACCEPTED])
 def test_legitimate_values_are_accepted(raw):
-    load(**raw)
+    taken(load(**raw), raw)
 
 
 def test_legitimate_namespaces_are_accepted(tmp_path):

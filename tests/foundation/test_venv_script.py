@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "venv.sh"
 
 

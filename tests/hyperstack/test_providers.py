@@ -384,6 +384,8 @@ def test_delete_of_an_already_gone_vm_rule_or_keypair_succeeds(base):
     keypair_id = str(base.inventory()["keypairs"][0]["id"])
     KeypairProvider().delete(keypair_id, keypair_props())
     KeypairProvider().delete(keypair_id, keypair_props())
+    left = base.inventory()
+    assert left["virtual_machines"] == [] and left["keypairs"] == []
 
 
 def test_environment_delete_waits_while_children_drain(base):

@@ -21,6 +21,8 @@ from node_programs import kernel_cache as program
 from tests.kernel_cache.conftest import BUCKET
 from tests.kernel_cache.test_restore_save import cache_dir, compiled, files_under, run_step, settings_for
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 
 def put_archive(store, settings, prefix, members, **manifest_extra):
     """An archive of (name, bytes) members and its manifest in the bucket, as a bucket writer could put them."""

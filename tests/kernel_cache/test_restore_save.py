@@ -19,6 +19,8 @@ from components.step_scripts import render_step
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"  # well-formed: credentials without their ':' are refused
 
 HF_TOKEN = "hf_canaryTokenThatMustStayOnTheNode"

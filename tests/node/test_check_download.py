@@ -13,6 +13,8 @@ from huggingface_hub import snapshot_download
 from node_programs import check_download
 from tests.node.conftest import REPO, REVISION, hub_with
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 SHARD2 = "model-00002-of-00003.safetensors"
 
 

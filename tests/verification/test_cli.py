@@ -7,8 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from components.endpoint_checks import CHECK_NAMES
 from tests.verification.conftest import KEY, MODEL, REPO, tls_material
+
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 
 
 def _run(args, env_key=KEY, stdin=None, timeout=60):

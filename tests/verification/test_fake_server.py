@@ -16,6 +16,8 @@ from components.endpoint_checks import make_split_png
 from fakes import inference_server as fs
 from tests.verification.conftest import KEY, MODEL, REPO
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 
 def _post(session, server, path, body, key=KEY, headers=None):
     all_headers = {"Authorization": f"Bearer {key}"} if key else {}

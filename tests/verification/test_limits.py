@@ -22,6 +22,8 @@ from components import endpoint_checks as v
 from components.endpoint_checks.client import MAX_ANSWER_BYTES
 from tests.verification.conftest import KEY, MODEL
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 # How long a trickling server keeps going: long enough that a per-read timeout never ends the
 # check, short enough that a verifier without a total deadline fails the test instead of hanging.
 TRICKLE_FOR_S = 8.0

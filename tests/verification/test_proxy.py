@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import ssl
 
+import pytest
 import requests
 
 from components import endpoint_checks as v
@@ -15,6 +16,8 @@ from components import tls
 from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeInferenceServer, FakeSettings
 from tests.verification.conftest import KEY, MODEL
+
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 
 # No proxy from the environment may sit between the tests and their loopback servers.
 HTTP = requests.Session()

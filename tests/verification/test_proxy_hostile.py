@@ -22,7 +22,8 @@ from fakes.head import ProxiedEngine
 from fakes.inference_server import FakeSettings
 
 # curl speaks both HTTP/1.1 and HTTP/2 to the proxy, as the readiness wait does.
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="these probes are curl's, as readiness's are")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("curl") is None, reason="these probes are curl's, as readiness's are")]
 
 SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 KEY = "k3y-" + "A1b2C3d4E5f6G7h8" * 2  # the stack's keys are 43 url-safe characters; any token of 16 or more works

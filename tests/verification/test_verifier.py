@@ -12,6 +12,8 @@ import pytest
 from components import endpoint_checks as v
 from tests.verification.conftest import KEY, MODEL
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 ALL = set(v.CHECK_NAMES)
 GENERATION = ALL - {"models", "auth", "tls"}
 

@@ -24,6 +24,8 @@ from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
 from fakes.sandbox_services import free_port
 from node_programs.fetch_weights import peer_authorization
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 PROJECT = Path(__file__).resolve().parents[2]
 REPO = "moonshotai/Kimi-K3.1-Pro"
 REVISION = "6d0a0202956796543364d666ab19c6ad1a494ee1"

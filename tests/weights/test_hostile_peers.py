@@ -25,6 +25,8 @@ from node_programs import check_download
 from node_programs import fetch_weights as fw
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
 
+pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
+
 # ---- 4. hub file names ------------------------------------------------------------------------------------------
 
 
