@@ -308,7 +308,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
 def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
     """Load through the front while `up` rolls a new image over the replicas; what failed, and in which order the
     replicas restarted (from the steps' own marks in the state)."""
-    from components.timeline import bars_from_state
+    from components.operator.timeline_report import bars_from_state
 
     outputs, _ = sandbox.outputs()
     ca, tally, stop, threads = start_load(outputs, args)

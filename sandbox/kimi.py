@@ -356,7 +356,7 @@ class Sandbox:
 
     def _draw_timeline(self, topology: str) -> None:
         """The bring-up as a picture, from the step marks in the commands' stdout (as from a real stack's export)."""
-        from components.timeline import write_timeline
+        from components.operator.timeline_report import write_timeline
 
         out = self.dir.root / "timeline.png"
         try:
@@ -417,9 +417,9 @@ class Sandbox:
     def status(self, as_json: bool = False, watch: float | None = None) -> int:
         """`python -m scripts.status` against this sandbox, as for a real stack: its export, with secrets, and
         OpenSSH to each node with the pinned host key; the VMs from its emulator."""
-        from components.node_exec import SshRunner
-        from components.stack_state import load_state_file
-        from components.status_report import run
+        from components.operator.node_exec import SshRunner
+        from components.operator.stack_state import load_state_file
+        from components.operator.status_report import run
 
         record = self.dir.record()
         if not self.checkpoint_path.exists() or not record:

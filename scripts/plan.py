@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from components.plan import build_plan, format_plan, render_scripts
+from components.operator.plan_report import build_plan, format_plan, render_scripts
 from components.settings import SettingsError
 from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 

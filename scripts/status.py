@@ -14,11 +14,11 @@ import argparse
 import math
 import sys
 
-from components.node_exec import SshRunner, remove_key_files_on_signals
+from components.operator.node_exec import SshRunner, remove_key_files_on_signals
+from components.operator.stack_state import StackState, StackStateError, export_stack, load_state_file
+from components.operator.status_report import PROJECT_DIR, api_client, run
 from components.settings import SettingsError
 from components.settings.loader import load_settings, read_stack_file
-from components.stack_state import StackState, StackStateError, export_stack, load_state_file
-from components.status_report import PROJECT_DIR, api_client, run
 
 EXIT_USAGE = 2
 # --watch: more often than once a second only loads the nodes; a day apart is no longer watching.

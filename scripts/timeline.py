@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 
-from components.stack_state import read_capped
-from components.timeline import TimelineError, out_problem, table, write_timeline
+from components.operator.stack_state import read_capped
+from components.operator.timeline_report import TimelineError, out_problem, table, write_timeline
 
 
 def main(argv: list[str] | None = None) -> int:

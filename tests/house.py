@@ -172,3 +172,15 @@ def layer_breaks(graph: Graph, layers: dict[str, int]) -> list[str]:
 def long_modules(root: Path, folder: str, limit: int) -> list[str]:
     return [f"{p.relative_to(root)}: {n} lines" for p in sorted((root / folder).rglob("*.py"))
             if "__pycache__" not in p.parts and (n := len(p.read_text().splitlines())) > limit]
+
+
+def reachable(graph: Graph, start: str) -> set[str]:
+    """Every module `start` imports, directly or through others (itself included)."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        module = stack.pop()
+        if module not in seen:
+            seen.add(module)
+            stack.extend(graph.edges.get(module, ()))
+    return seen

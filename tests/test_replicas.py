@@ -190,7 +190,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
 
 
 def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():
-    from components.plan import build_plan, format_plan
+    from components.operator.plan_report import build_plan, format_plan
 
     settings = load_settings({"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x",
                               "replicas": 2, "topology": "b300x1-vllm"}, "dev")

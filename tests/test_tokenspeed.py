@@ -9,7 +9,8 @@ import json
 import pytest
 import requests
 
-from components import cluster_status, kernel_cache_key, launch, proxy
+from components import kernel_cache_key, launch, proxy
+from components.operator import status_gather
 from components.settings import SettingsError
 from components.settings.loader import load_settings
 from fakes.inference_server import FakeInferenceServer, FakeSettings
@@ -119,11 +120,11 @@ def test_the_fake_has_smgs_shape_metrics_on_their_own_listener_tokens_for_stream
         plain = requests.post(f"{fake.url}/v1/chat/completions", json=chat, timeout=10).json()
         assert "reasoning_content" in plain["choices"][0]["message"]
         assert fake.metrics_url is not None
-        after_plain = cluster_status.parse_metrics(requests.get(f"{fake.metrics_url}/metrics", timeout=5).text)
+        after_plain = status_gather.parse_metrics(requests.get(f"{fake.metrics_url}/metrics", timeout=5).text)
         assert after_plain == {"requests": 1, "prompt_tokens": 0, "generation_tokens": 0}
         streamed = requests.post(f"{fake.url}/v1/chat/completions", json={**chat, "stream": True}, timeout=10)
         assert b"data: [DONE]" in streamed.content
-        counted = cluster_status.parse_metrics(requests.get(f"{fake.metrics_url}/metrics", timeout=5).text)
+        counted = status_gather.parse_metrics(requests.get(f"{fake.metrics_url}/metrics", timeout=5).text)
         assert counted["requests"] == 2 and counted["generation_tokens"] > 0 and counted["prompt_tokens"] > 0
         assert requests.get(f"{fake.metrics_url}/v1/models", timeout=5).status_code == 404
 
@@ -133,7 +134,7 @@ def test_status_reads_smgs_counters_by_token_type():
             'smg_router_tokens_total{model="m",token_type="input"} 120\n'
             'smg_router_tokens_total{model="m",token_type="output"} 45\n'
             'smg_router_tokens_total{model="other",token_type="output"} 5\n')
-    assert cluster_status.parse_metrics(text) == {"requests": 3, "prompt_tokens": 120, "generation_tokens": 50}
+    assert status_gather.parse_metrics(text) == {"requests": 3, "prompt_tokens": 120, "generation_tokens": 50}
 
 
 def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():

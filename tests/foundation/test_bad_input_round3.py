@@ -268,7 +268,7 @@ def retry_base_refused(value: str) -> Callable[[], None]:
 
 
 def break_even_refused() -> None:
-    from components.plan import build_plan
+    from components.operator.plan_report import build_plan
 
     try:
         settings = load(apiOutputPriceUsdPerM=1e-300, apiInputPriceUsdPerM=0)

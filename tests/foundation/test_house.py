@@ -105,6 +105,13 @@ def test_no_import_circle() -> None:
     assert _on_the_repo("cycles(graph)") == []
 
 
+def test_pulumi_up_imports_none_of_the_operators_tools() -> None:
+    # The program's own room at a glance: what `pulumi up` runs never reaches components/operator/.
+    found = _on_the_repo("sorted(m for m in __import__('tests.house', fromlist=['x']).reachable(graph, '__main__') "
+                         "if m.startswith('components.operator'))")
+    assert found == []
+
+
 def test_dependencies_point_down_the_layers() -> None:
     assert _on_the_repo("layer_breaks(graph, layers)") == []
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from components import cluster_status, step_scripts
-from components.stack_state import Connection, NodeRecord
+from components import step_scripts
+from components.operator import status_gather
+from components.operator.stack_state import Connection, NodeRecord
 from components.step_scripts import render_node_scripts
 from tests.node.conftest import make_settings
 
@@ -23,7 +24,7 @@ def test_the_node_side_programs_are_read_from_node_programs():
     assert step_scripts.FETCH_SOURCE == PROGRAMS / "fetch_weights.py"
     assert step_scripts.CHECK_SOURCE == PROGRAMS / "check_download.py"
     assert step_scripts.KERNEL_CACHE_SOURCE == PROGRAMS / "kernel_cache.py"
-    assert cluster_status.PROBE == PROGRAMS / "node_status.py"
+    assert status_gather.PROBE == PROGRAMS / "node_status.py"
 
 
 @pytest.mark.parametrize("topology", ["h100x4-sglang", "b300x1-vllm"])
@@ -50,5 +51,5 @@ def test_the_status_probe_sends_node_status_exactly():
             return 0, "{}", ""
 
     record = NodeRecord(0, "kimi-dev-node0", "1", "203.0.113.10", "10.0.0.10", Connection("203.0.113.10", "ubuntu"))
-    cluster_status.probe_node(Recorder(), record, make_settings())
+    status_gather.probe_node(Recorder(), record, make_settings())
     assert sent == [(PROGRAMS / "node_status.py").read_text(encoding="utf-8")]

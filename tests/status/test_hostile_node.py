@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from components import cluster_status, replica_status
-from components.stack_state import parse_state
-from components.status_report import format_report
+from components.operator import status_gather, status_replicas
+from components.operator.stack_state import parse_state
+from components.operator.status_report import format_report
 from tests.node.conftest import make_settings
 from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
 
@@ -72,10 +72,10 @@ def _models_server(ids: list[object], metrics: str | None = None):
 def test_escape_sequences_and_wrong_types_from_a_node_never_reach_the_terminal(monkeypatch):
     httpd = _models_server([f"kimi{OSC52}", {"not": "a string"}])
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    real_view = cluster_status.endpoint_view
-    monkeypatch.setattr(cluster_status, "endpoint_view", lambda _url, *a: real_view(base, *a))
+    real_view = status_gather.endpoint_view
+    monkeypatch.setattr(status_gather, "endpoint_view", lambda _url, *a: real_view(base, *a))
     try:
-        report = cluster_status.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
+        report = status_gather.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -101,13 +101,13 @@ HOSTILE_METRICS = ("vllm:request_success_total 1e999\n"  # inf: int() raised Ove
 def test_metrics_that_are_not_finite_numbers_are_skipped_not_raised_on(monkeypatch):
     """Issue 34, security 6: one line of `1e999` or `.` on an engine's /metrics crashed `status` (--watch and the
     front's view too). Values that are not finite numbers, and totals that overflow, are skipped."""
-    assert cluster_status.parse_metrics(HOSTILE_METRICS) == {"generation_tokens": 7}
+    assert status_gather.parse_metrics(HOSTILE_METRICS) == {"generation_tokens": 7}
     httpd = _models_server(["kimi"], metrics=HOSTILE_METRICS)
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    real_view = cluster_status.endpoint_view
-    monkeypatch.setattr(cluster_status, "endpoint_view", lambda _url, *a: real_view(base, *a))
+    real_view = status_gather.endpoint_view
+    monkeypatch.setattr(status_gather, "endpoint_view", lambda _url, *a: real_view(base, *a))
     try:
-        report = cluster_status.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
+        report = status_gather.gather(parse_state(_export(), "dev"), make_settings(), Runner(_hostile_probe()), None)
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -115,29 +115,29 @@ def test_metrics_that_are_not_finite_numbers_are_skipped_not_raised_on(monkeypat
     format_report(report)
     front = Runner(None)  # the front's own probe, as it would print what a replica's engine served
     front.out = json.dumps([{"upstream": "10.0.0.10:30000", "/health": [200, ""], "/metrics": [200, HOSTILE_METRICS]}])
-    assert replica_status.front_view(front, None, ["10.0.0.10:30000"]) == [
+    assert status_replicas.front_view(front, None, ["10.0.0.10:30000"]) == [
         {"upstream": "10.0.0.10:30000", "health": "ok", "generation_tokens": 7}]
 
 
 def test_a_probe_that_is_not_an_object_or_not_json_is_an_error_line():
-    assert cluster_status.checked_probe([1, 2]) == {"error": "the probe printed JSON that is not an object"}
+    assert status_gather.checked_probe([1, 2]) == {"error": "the probe printed JSON that is not an object"}
     state = parse_state(_export(), "dev")
     bad = Runner(None)
     bad.out = f"{{not json {OSC52}"
-    probe = cluster_status.probe_node(bad, state.nodes[0], make_settings())
+    probe = status_gather.probe_node(bad, state.nodes[0], make_settings())
     assert "\x1b" not in probe["error"] and "\\x1b" in probe["error"]
 
 
 def test_a_string_restart_count_no_longer_crashes_the_advice():
-    probe = cluster_status.checked_probe({"engine": {"state": "running", "restart_count": "9"}})
-    assert cluster_status.advice([{"name": "n0", "probe": probe, "vm": {}}], {}) is None
-    probe = cluster_status.checked_probe({"engine": {"state": "restarting", "restart_count": 9}})
-    assert "restarting in a loop (9 restarts)" in cluster_status.advice([{"name": "n0", "probe": probe}], {})
+    probe = status_gather.checked_probe({"engine": {"state": "running", "restart_count": "9"}})
+    assert status_gather.advice([{"name": "n0", "probe": probe, "vm": {}}], {}) is None
+    probe = status_gather.checked_probe({"engine": {"state": "restarting", "restart_count": 9}})
+    assert "restarting in a loop (9 restarts)" in status_gather.advice([{"name": "n0", "probe": probe}], {})
 
 
 def test_printable_escapes_every_control_and_separator():
-    assert cluster_status.printable("a\x1b[31mb\u0085c\u2029d\te") == "a\\x1b[31mb\\x85c\\u2029d\\x09e"
-    assert cluster_status.printable("plain text: 1.2 GB / 3 GB 40.0%") == "plain text: 1.2 GB / 3 GB 40.0%"
+    assert status_gather.printable("a\x1b[31mb\u0085c\u2029d\te") == "a\\x1b[31mb\\x85c\\u2029d\\x09e"
+    assert status_gather.printable("plain text: 1.2 GB / 3 GB 40.0%") == "plain text: 1.2 GB / 3 GB 40.0%"
 
 
 # ---- 11. the SSH key under signals ------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def test_the_private_key_is_removed_when_status_is_killed_or_its_terminal_closes
 _SIGNAL_ON_A_WORKER = """
 import signal, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from components.cluster_status import _result
+from components.operator.status_gather import _result
 
 stopped = threading.Event()
 

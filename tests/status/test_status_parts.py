@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from components import cluster_status
-from components.node_exec import SshRunner, probe_command
-from components.stack_state import SECRET_SIG, SIG_KEY, Connection, parse_state
+from components.operator import status_gather
+from components.operator.node_exec import SshRunner, probe_command
+from components.operator.stack_state import SECRET_SIG, SIG_KEY, Connection, parse_state
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyPinnedByTheStack0000000000000000"
@@ -96,30 +96,30 @@ def test_rate_eta_and_percent_from_the_progress_file_and_from_two_samples():
     now = time.time()
     probe = {"steps": [{"step": "weights", "started_at": now - 100, "running": True}],
              "weights": {"bytes_done": 500, "bytes_total": 1000, "updated_at": now, "source": "progress file"}}
-    view = cluster_status.weights_view(probe, None, now)
+    view = status_gather.weights_view(probe, None, now)
     assert view["percent"] == 50.0 and view["rate_bytes_s"] == 5.0 and view["eta_s"] == 100.0
-    view = cluster_status.weights_view(probe, cluster_status.Sample(at=now - 10, bytes_done=300), now)
+    view = status_gather.weights_view(probe, status_gather.Sample(at=now - 10, bytes_done=300), now)
     assert view["rate_bytes_s"] == 20.0 and view["eta_s"] == 25.0
 
 
 def test_requests_and_tokens_from_either_engines_metrics():
     sglang = "# HELP x\nsglang:num_requests_total{model=\"m\"} 12\nsglang:prompt_tokens_total{a=\"1\"} 3400.0\n" \
              "sglang:generation_tokens_total 900\n"
-    assert cluster_status.parse_metrics(sglang) == {"requests": 12, "prompt_tokens": 3400, "generation_tokens": 900}
+    assert status_gather.parse_metrics(sglang) == {"requests": 12, "prompt_tokens": 3400, "generation_tokens": 900}
     vllm = "vllm:request_success_total{finished_reason=\"stop\"} 4\nvllm:request_success_total{finished_reason=" \
            "\"length\"} 1\nvllm:generation_tokens_total 77\n"
-    assert cluster_status.parse_metrics(vllm) == {"requests": 5, "generation_tokens": 77}
+    assert status_gather.parse_metrics(vllm) == {"requests": 5, "generation_tokens": 77}
 
 
 def test_the_advice_names_the_node_and_what_to_do():
     looping = [{"name": "n0", "probe": {"engine": {"restart_count": 4}}, "weights": None, "vm": {}}]
-    assert "n0: the engine is restarting in a loop (4 restarts)" in cluster_status.advice(looping, {})
+    assert "n0: the engine is restarting in a loop (4 restarts)" in status_gather.advice(looping, {})
     stalled = [{"name": "n1", "probe": {}, "vm": {},
                 "weights": {"bytes_done": 1, "bytes_total": 2, "seconds_since_progress": 660}}]
-    assert "n1: no download progress for 11 min" in cluster_status.advice(stalled, {})
+    assert "n1: no download progress for 11 min" in status_gather.advice(stalled, {})
     fresh = [{"name": "n1", "probe": {}, "vm": {},
               "weights": {"bytes_done": 1, "bytes_total": 2, "seconds_since_progress": 30}}]
-    assert cluster_status.advice(fresh, {}) is None
+    assert status_gather.advice(fresh, {}) is None
 
 
 def test_the_probe_reads_a_node_before_any_progress_file_exists(tmp_path):
@@ -181,9 +181,9 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"https://127.0.0.1:{server.server_address[1]}"
-        trusted = cluster_status.endpoint_view(url, "k", "m", (tmp_path / "ca.pem").read_text())
+        trusted = status_gather.endpoint_view(url, "k", "m", (tmp_path / "ca.pem").read_text())
         assert trusted["health"] == "ok" and trusted["serves_model"] is True
-        assert cluster_status.endpoint_view(url, "k", "m")["health"].startswith("unreachable")
+        assert status_gather.endpoint_view(url, "k", "m")["health"].startswith("unreachable")
     finally:
         server.shutdown()
 
@@ -200,7 +200,7 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
                                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
             assert answer.ok
         usage = answer.json()["usage"]
-        view = cluster_status.endpoint_view(fake.url, "k", "m")
+        view = status_gather.endpoint_view(fake.url, "k", "m")
     assert view["health"] == "ok" and view["serves_model"] is True and view["requests"] == 2
     assert view["generation_tokens"] == 2 * usage["completion_tokens"] and view["prompt_tokens"] > 0
 
@@ -215,7 +215,7 @@ def test_the_probe_knows_every_step_the_nodes_run():
 
 
 def test_without_an_api_key_the_screen_says_what_it_cannot_know():
-    from components.status_report import format_report
+    from components.operator.status_report import format_report
 
     report = {"stack": "dev", "topology": "h100x4-sglang", "region": "CANADA-1", "uptime_s": None,
               "hourly_cost_usd": 83.2, "cost_so_far_usd": None, "hourly_cost_source": None, "advice": None,
@@ -243,7 +243,7 @@ def _api() -> Any:
 
 
 def _one_node_state(url: str):
-    from components.stack_state import NodeRecord, StackState
+    from components.operator.stack_state import NodeRecord, StackState
 
     node = NodeRecord(rank=0, name="kimi-dev-node0", vm_id="1001", public_ip="127.0.0.1", private_ip=None,
                       connection=None)
@@ -261,17 +261,17 @@ def _settings():
 def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_shows_no_cost_per_token_yet():
     import requests
 
-    from components.status_report import format_report
+    from components.operator.status_report import format_report
     from fakes.inference_server import FakeInferenceServer, FakeSettings
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
-        fresh = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
+        fresh = status_gather.gather(_one_node_state(fake.url), _settings(), None, _api())
         assert fresh["token_cost"]["output_tokens"] == 0 and fresh["token_cost"]["usd_per_m_output"] is None
         assert "no output token yet" in format_report(fresh)
         answer = requests.post(f"{fake.url}/v1/chat/completions", headers={"Authorization": "Bearer k"},
                                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
         usage = answer.json()["usage"]
-        report = cluster_status.gather(_one_node_state(fake.url), _settings(), None, _api())
+        report = status_gather.gather(_one_node_state(fake.url), _settings(), None, _api())
     tc = report["token_cost"]
     assert (tc["input_tokens"], tc["output_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     spent = report["cost_so_far_usd"]

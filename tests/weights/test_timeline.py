@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from components import timeline
+from components.operator import timeline_report
 from scripts import timeline as timeline_cli
 from tests.node.conftest import FAST, make_settings
 from tests.node.test_steps_on_fake_node import ok
@@ -39,15 +39,15 @@ def test_marks_are_read_from_an_export_and_from_the_sandbox_state_alike():
     export = {"version": 3, "deployment": {"resources": DOC}}
     sandbox = {"version": 1, "resources": DOC}
     for doc in (export, sandbox):
-        bars = timeline.bars_from_state(doc)
+        bars = timeline_report.bars_from_state(doc)
         assert [(b.rank, b.step) for b in bars] == [(0, "ready"), (0, "weights"), (0, "image"), (1, "ready"),
                                                      (1, "weights")]
         assert bars[0].seconds == 30.5 and bars[-1].rc == 1
 
 
 def test_a_step_without_its_end_mark_is_drawn_as_running():
-    bars = timeline.bars_from_text(marks(2, "launch", "08:10:00.000", None))
-    assert len(bars) == 1 and bars[0].end is None and "running" in timeline.table(bars)
+    bars = timeline_report.bars_from_text(marks(2, "launch", "08:10:00.000", None))
+    assert len(bars) == 1 and bars[0].end is None and "running" in timeline_report.table(bars)
 
 
 def test_the_timeline_is_written_as_png_and_svg(tmp_path, capsys):
@@ -74,7 +74,7 @@ def test_every_rendered_step_marks_its_start_and_end_with_its_rank(node):
 
     settings = make_settings(nodeRoot=str(node.root))
     out = ok(node.run(render_step(settings, "storage", 2, "10.0.0.5", "10.0.0.4", FAST)))
-    bars = timeline.bars_from_text(out)
+    bars = timeline_report.bars_from_text(out)
     assert [(b.rank, b.step, b.rc) for b in bars] == [(2, "storage", 0)] and bars[0].seconds >= 0
 
 
@@ -85,9 +85,9 @@ def test_replicas_get_one_lane_group_each_and_the_front_its_own(tmp_path):
         command("kimi-r1-node0-launch", marks(0, "launch", "08:00:20.000", "08:00:30.000")),
         command("kimi-front-proxy", marks(0, "proxy", "08:00:01.000", "08:00:03.000")),
     ]}
-    bars = timeline.bars_from_state(doc)
+    bars = timeline_report.bars_from_state(doc)
     assert [(b.label, b.step) for b in bars] == [("replica 0 node0", "launch"), ("replica 0 node0", "engine-ready"),
                                                  ("replica 1 node0", "launch"), ("front", "proxy")]
     out = tmp_path / "t.svg"
-    timeline.draw(bars, str(out))
-    assert "replica 1 node0" in out.read_text() and "front" in timeline.table(bars)
+    timeline_report.draw(bars, str(out))
+    assert "replica 1 node0" in out.read_text() and "front" in timeline_report.table(bars)

@@ -1,9 +1,9 @@
 """The status report as the operator reads it: the text of one report (`format_report`), the loop that gathers
 and prints it once or every few seconds (`run`), and the Hyperstack client it asks (`api_client`).
 
-The report itself is gathered by components/cluster_status.py; how node commands run is the caller's `NodeRunner`
-(SSH with the stack's pinned host keys, or the sandbox's local node execution), so this module reaches nodes only
-through what it is given. `python -m scripts.status` and `python -m scripts.sandbox status` print with it.
+The report itself is gathered by components/operator/status_gather.py; how node commands run is the caller's
+`NodeRunner` (SSH with the stack's pinned host keys, or the sandbox's local node execution), so this module reaches
+nodes only through what it is given. `python -m scripts.status` and `python -m scripts.sandbox status` print with it.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from components.cluster_status import Sample, gather, printable, samples
 from components.hyperstack.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
-from components.node_exec import NodeRunner
-from components.replica_status import format_replicas
+from components.operator.node_exec import NodeRunner
+from components.operator.stack_state import StackState
+from components.operator.status_gather import Sample, gather, printable, samples
+from components.operator.status_replicas import format_replicas
 from components.settings import Settings
-from components.stack_state import StackState
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]  # where `pulumi config get` finds the stack's config
+PROJECT_DIR = Path(__file__).resolve().parents[2]  # where `pulumi config get` finds the stack's config
 EXIT_OK = 0
 
 

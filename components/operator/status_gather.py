@@ -25,16 +25,16 @@ from typing import Any
 
 import requests
 
-from components.engine_metrics import parse_metrics
 from components.hyperstack.api import HyperstackClient, HyperstackError
-from components.node_exec import NodeRunner, probe_command
+from components.operator.engine_metrics import parse_metrics
+from components.operator.node_exec import NodeRunner, probe_command
+from components.operator.stack_state import NodeRecord, StackState
+from components.operator.status_replicas import replicas_view
 from components.pricing import catalog_quote, token_cost
 from components.printable import printable
-from components.replica_status import replicas_view
 from components.settings import Settings
-from components.stack_state import NodeRecord, StackState
 
-PROBE = Path(__file__).resolve().parents[1] / "node_programs" / "node_status.py"
+PROBE = Path(__file__).resolve().parents[2] / "node_programs" / "node_status.py"
 STALL_SECONDS = 600          # no download progress for 10 minutes: stuck
 CRASH_LOOP_RESTARTS = 3      # the engine restarted this often: crash-looping
 PROBE_TIMEOUT_S = 60.0

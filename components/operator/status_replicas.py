@@ -11,9 +11,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.engine_metrics import parse_metrics
-from components.node_exec import NodeRunner
-from components.stack_state import Connection, StackState
+from components.operator.engine_metrics import parse_metrics
+from components.operator.node_exec import NodeRunner
+from components.operator.stack_state import Connection, StackState
 
 PROBE_TIMEOUT_S = 30
 # Runs on the front (python3 is on every Ubuntu image): prints one JSON line, one entry per upstream.

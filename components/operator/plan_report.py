@@ -191,8 +191,8 @@ def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
 
 
 def _bringup(settings: Settings) -> dict[str, Any]:
-    """The modelled time to a verified endpoint (components/bringup.py): phases, their rates and sources, totals."""
-    from components import bringup
+    """The modelled time to a verified endpoint (components/operator/bringup.py): phases, rates, sources, totals."""
+    from components.operator import bringup
 
     rows = bringup.phases(settings, sharded=True, kernel_cache=False)
     naive = bringup.phases(settings, sharded=False)[2]
@@ -220,7 +220,7 @@ def _bringup(settings: Settings) -> dict[str, Any]:
 
 
 def format_bringup(b: dict[str, Any]) -> list[str]:
-    from components.bringup import fmt_minutes
+    from components.operator.bringup import fmt_minutes
 
     lines = ["Time to a verified endpoint (modelled; " + b["formula"] + ")"]
     lines.append(f"  {'phase':<48} {'time':>14}  assumes")
@@ -304,7 +304,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"  front {rp['front']['name']}  {rp['front']['flavor']}  image \"{rp['front']['os_image']}\"  "
                      f"-> {', '.join(rp['front']['upstreams'])}")
         lines.extend(f"      firewall: {rule}" for rule in rp["front"]["firewall"])
-        from components.bringup import fmt_minutes
+        from components.operator.bringup import fmt_minutes
 
         rc = rp["recovery"]
         lines.append(f"  a lost replica is back in about {fmt_minutes(*rc['seconds'])} (next `pulumi up`; phases "

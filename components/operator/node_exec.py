@@ -25,7 +25,7 @@ import threading
 from types import FrameType
 from typing import Protocol
 
-from components.stack_state import Connection
+from components.operator.stack_state import Connection
 
 
 class NodeRunner(Protocol):
