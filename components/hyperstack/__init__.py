@@ -4,7 +4,7 @@ Import resources from here; the API emulator used by tests and the sandbox lives
 """
 
 from .api import ApiSettings, HyperstackClient, HyperstackError
-from .errors import ProvisioningError
+from .failures import ProvisioningError
 from .resources import Environment, Keypair, SecurityRule, VirtualMachine
 
 __all__ = [

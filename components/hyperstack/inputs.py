@@ -10,7 +10,7 @@ from typing import Any
 from pulumi.dynamic import CheckFailure, DiffResult, ResourceProvider
 
 from ..unknowns import is_unknown
-from .errors import ProvisioningError
+from .failures import ProvisioningError
 
 NAME_MAX = 50  # CreateEnvironment / ImportKeypairPayload / CreateInstancesPayload: name max_length
 

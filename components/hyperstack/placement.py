@@ -29,7 +29,7 @@ import pulumi.dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
 from . import progress
-from .errors import ProvisioningError
+from .failures import ProvisioningError
 from .inputs import known
 from .market import format_stock_table, region_stock
 from .providers import HyperstackProvider, client

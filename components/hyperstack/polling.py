@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from . import progress
 from .api import HyperstackError
-from .errors import ProvisioningError
+from .failures import ProvisioningError
 
 T = TypeVar("T")
 

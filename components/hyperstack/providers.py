@@ -14,8 +14,8 @@ Stable names: state records each provider pickled by reference (module path + cl
 of an existing stack unpickles it from there. Never rename or move this module (`components.hyperstack.providers`) or
 its `*Provider` classes. The pickle of a provider names its class and nothing else (serialize one with
 `pulumi.dynamic.dynamic.serialize_provider` and list the globals in it with `pickletools.genops`), so the helpers the
-classes call live in sibling modules, one concept each: `errors`, `inputs`, `polling`, `specs`, `vm_lifecycle`,
-`vm_create`, `rules`; unpickling imports this module, which imports them.
+classes call live in sibling modules, one concept each: `failures`, `inputs`, `polling`, `specs`, `vm_lifecycle`,
+`vm_create`, `rule_inputs`; unpickling imports this module, which imports them.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from .api import (
     HyperstackClient,
     HyperstackError,
 )
-from .errors import ProvisioningError, transient
+from .failures import ProvisioningError, transient
 from .inputs import as_int, diff_inputs, known, name_failures, require_valid, timing_inputs
 from .polling import Look, poll, unanswered
 from .records import EnvironmentRecord, KeypairRecord, SecurityRuleRecord
-from .rules import RULE_INPUTS, opt_int, rule_failures, rule_inputs, rule_key, rule_value
+from .rule_inputs import RULE_INPUTS, opt_int, rule_failures, rule_inputs, rule_key, rule_value
 from .specs import ENV_INPUTS, VM_REPLACE, VM_UPDATE, EnvironmentSpec, VmSpec, user_data_digest, vm_outs
 from .vm_lifecycle import GONE, delete_vm_and_wait, wait_active
 

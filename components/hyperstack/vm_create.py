@@ -11,7 +11,7 @@ import time
 
 from . import progress
 from .api import HyperstackClient, HyperstackError
-from .errors import ProvisioningError
+from .failures import ProvisioningError
 from .records import VmRecord
 from .specs import VmSpec
 from .vm_lifecycle import GONE, delete_vm_and_wait

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .api import HyperstackClient, HyperstackError
-from .errors import ProvisioningError, transient
+from .failures import ProvisioningError, transient
 from .polling import Look, poll, unanswered
 from .records import VmRecord
 from .specs import VmSpec

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from components.hyperstack import providers, rules
+from components.hyperstack import providers, rule_inputs
 from fakes.hyperstack_emulator import DEFAULT_API_KEY, IMAGES, Emulator, VmError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, REGION, env_props, keypair_props, rule_props, vm_props
 
@@ -193,7 +193,7 @@ def test_rule_protocol_enum_matches_the_sdk(emu):
     for protocol in PROTOCOLS:
         hyperstack.CreateSecurityRulePayload(direction="ingress", ethertype="IPv4", protocol=protocol,
                                              remote_ip_prefix="0.0.0.0/0")
-    assert set(PROTOCOLS) == set(rules.PROTOCOLS)
+    assert set(PROTOCOLS) == set(rule_inputs.PROTOCOLS)
     with pytest.raises(ValueError):
         hyperstack.CreateSecurityRulePayload(direction="ingress", ethertype="IPv4", protocol="http",
                                              remote_ip_prefix="0.0.0.0/0")

@@ -16,7 +16,7 @@ from components.endpoint_checks.checks.clients import check_clients
 from components.endpoint_checks.checks.image import check_image
 from components.endpoint_checks.checks.models import check_models
 from components.endpoint_checks.checks.stream import check_stream
-from components.endpoint_checks.checks.tls import check_tls
+from components.endpoint_checks.checks.tls_handshake import check_tls
 from components.endpoint_checks.checks.tool_calls import check_tool_calls
 from components.endpoint_checks.client import Api
 
