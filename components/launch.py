@@ -215,6 +215,10 @@ def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:
         ("--tensor-parallel-size", str(settings.tensor_parallel)),
         ("--mm-encoder-tp-mode", "data"),
         ("--kv-cache-dtype", "fp8"),
+        # The loader reads the safetensors shards ahead into the page cache on this many threads per GPU worker
+        # (ServerArgs.weight_loader_prefetch_num_threads, 8 by default): each worker gets its share of the node's
+        # cores, the same share as OMP_NUM_THREADS (launch.sh.j2 sets ${OMP_THREADS} before `docker run`).
+        ("--weight-loader-prefetch-num-threads", PLACEHOLDER_THREADS),
         # TokenSpeed's own names for Kimi K3's parsers (cli/serve_smg.py KIMI_K3_*_PARSER), the same words.
         ("--reasoning-parser", PARSER),
         ("--tool-call-parser", PARSER),
