@@ -35,6 +35,8 @@ _CONTAINER_HOME = {"tokenspeed": "/home/runner"}
 PLACEHOLDER_NIC = ShellExpr("${NIC}")
 PLACEHOLDER_THREADS = ShellExpr("${OMP_THREADS}")
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+# SGLang's loader settings as JSON, with the node's ${OMP_THREADS} in it: launch.sh.j2 writes it before `docker run`.
+PLACEHOLDER_LOADER_CONFIG = ShellExpr("${LOADER_CONFIG}")
 
 # Runs inside the container before the engine, also on every automatic restart: a /dev/shm left full by the previous
 # run crash-loops NCCL (llm-d #352). With --ipc=host this is the host's /dev/shm, which only the engine uses.
@@ -186,6 +188,11 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
         if needs_marlin(settings):
             items.append(("--moe-runner-backend", "marlin"))
         items += [
+            # Multi-threaded safetensors loading, each GPU worker on its share of the node's cores (the share
+            # OMP_NUM_THREADS gets) instead of SGLang's 8 (DefaultModelLoader.DEFAULT_NUM_THREADS, 0.5.23). Naming
+            # enable_multithread_load also keeps it on should checkpoint prefetching be turned on, which otherwise
+            # falls back to one thread (sglang/srt/model_loader/loader.py, "local NVMe ... multi-threading helps").
+            ("--model-loader-extra-config", PLACEHOLDER_LOADER_CONFIG),
             ("--mem-fraction-static", "0.85"),
             ("--max-running-requests", "64"),
             ("--reasoning-parser", PARSER),
@@ -215,6 +222,10 @@ def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:
         ("--tensor-parallel-size", str(settings.tensor_parallel)),
         ("--mm-encoder-tp-mode", "data"),
         ("--kv-cache-dtype", "fp8"),
+        # The loader reads the safetensors shards ahead into the page cache on this many threads per GPU worker
+        # (ServerArgs.weight_loader_prefetch_num_threads, 8 by default): each worker gets its share of the node's
+        # cores, the same share as OMP_NUM_THREADS (launch.sh.j2 sets ${OMP_THREADS} before `docker run`).
+        ("--weight-loader-prefetch-num-threads", PLACEHOLDER_THREADS),
         # TokenSpeed's own names for Kimi K3's parsers (cli/serve_smg.py KIMI_K3_*_PARSER), the same words.
         ("--reasoning-parser", PARSER),
         ("--tool-call-parser", PARSER),

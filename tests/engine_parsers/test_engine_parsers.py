@@ -35,7 +35,9 @@ if not PYTHON.exists():
 def _rendered(raw: dict) -> list[str]:
     """The engine's flags as the launch step renders them, after `<engine> serve`."""
     settings = load_settings({**BASE, **raw}, "dev")
-    words = [str(w) for w in launch.flatten(launch.engine_argv(settings, 0, "<head>"))]
+    # The node's shell expands ${OMP_THREADS} (launch.sh.j2: its cores over its GPUs) before the engine parses it.
+    words = [str(w).replace(str(launch.PLACEHOLDER_THREADS), "28")
+             for w in launch.flatten(launch.engine_argv(settings, 0, "<head>"))]
     assert words[1] == "serve"
     return words[2:]
 
@@ -113,6 +115,7 @@ def test_tokenspeeds_command_line_parses_with_its_splitter_serverargs_and_the_ga
     engine, gateway = answer["values"]["engine"], answer["values"]["gateway"]
     assert engine["--tensor-parallel-size"] == "8" and engine["--mm-encoder-tp-mode"] == "data"
     assert engine["--kv-cache-dtype"] == "fp8" and engine["--reasoning-parser"] == "kimi_k3"
+    assert engine["--weight-loader-prefetch-num-threads"] == "28"  # the loader's share of the node's cores
     assert "--host" not in engine and "--tool-call-parser" not in engine  # the gateway's, not the engine's
     assert (gateway["host"], gateway["port"]) == ("127.0.0.1", 30000)
     assert (gateway["prometheus_host"], gateway["prometheus_port"]) == ("127.0.0.1", 30002)

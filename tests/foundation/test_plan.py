@@ -172,4 +172,27 @@ def test_one_node_has_no_sharded_weights_phase(capsys):
     assert plan.main(["--stack", "b300", "--json"]) == 0
     b = json.loads(capsys.readouterr().out)["time_to_endpoint"]
     assert not any("sharded" in p["phase"] for p in b["phases"])
-    assert set(b["totals"]) == {"every node pulls all, kernels cold", "weights, kernel caches restored"}
+    assert set(b["totals"]) == {"every node pulls all, kernels cold", "weights, kernel caches restored",
+                                "weights, first bring-up, kernels warmed beside the download (modelled, not built)"}
+
+
+def test_a_warm_up_beside_the_download_waits_for_the_image_and_leaves_the_restored_bring_up_alone():
+    from dataclasses import replace as with_
+
+    from components import bringup
+    from components.settings.loader import load_settings
+
+    s = load_settings({"topology": "h100x4-sglang", "operatorCidr": "203.0.113.7/32",
+                       "sshPublicKey": "ssh-ed25519 AAAAC3Nza test"}, "dev")
+    cold = bringup.phases(s, sharded=True)
+    beside = bringup.phases(s, sharded=True, warmup_beside=True)
+    restored = bringup.phases(s, sharded=True, kernel_cache=True)
+    # The warm-up needs the image: it runs after the pull, against the whole download.
+    assert (beside[1].low_s, beside[1].high_s) == (cold[1].low_s + bringup.WARMUP_COLD_S[0],
+                                                   cold[1].high_s + bringup.WARMUP_COLD_S[1])
+    assert "docs.vllm.ai" in beside[1].source and beside[5] == restored[5]  # the launch reads the filled caches
+    off_path = [with_(p, on_path=True) for p in (beside[1], beside[2])]
+    first = bringup.total_s(beside)
+    assert first[1] == bringup.total_s(beside[:1] + [max(off_path, key=lambda p: p.high_s)] + beside[3:])[1]
+    assert bringup.total_s(restored) < first < bringup.total_s(cold)
+    assert bringup.phases(s, sharded=True, kernel_cache=True, warmup_beside=True) == restored

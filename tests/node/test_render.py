@@ -108,6 +108,24 @@ def test_sglang_launch_follows_the_guide_per_rank():
     assert words.index("lmsysorg/sglang:dev-kimi-k31-pro") < words.index("sglang")
 
 
+def test_sglang_loads_on_its_share_of_the_cores_and_tokenspeed_prefetches_on_it():
+    """The launch script's own lines give SGLang 0.5.23's DefaultModelLoader the JSON it accepts (the keys it allows:
+    enable_multithread_load, num_threads) with the per-worker share of the cores, the share OMP_NUM_THREADS gets."""
+    import json
+
+    text = render_node_scripts(make_settings("h100x4-sglang"), 1, "10.0.0.11", "10.0.0.10")["launch"]
+    assert '--model-loader-extra-config "${LOADER_CONFIG}"' in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("LOADER_CONFIG=")]
+    assert len(lines) == 1 and text.index("OMP_THREADS=$(") < text.index(lines[0]) < text.index("docker run")
+    shown = subprocess.run(["bash", "-c", f'OMP_THREADS=26; {lines[0]}; printf %s "$LOADER_CONFIG"'],
+                           capture_output=True, text=True, check=True).stdout
+    assert json.loads(shown) == {"enable_multithread_load": True, "num_threads": 26}
+    ts = make_settings("b300x1-tokenspeed", image="lightseekorg/tokenspeed:0.1.1@sha256:" + "0" * 64)
+    assert "--weight-loader-prefetch-num-threads ${OMP_THREADS}" in " ".join(
+        str(w) for w in launch.flatten(launch.engine_argv(ts, 0, "<head>")))
+    assert "LOADER_CONFIG" not in render_node_scripts(ts, 0, "10.0.0.10", "10.0.0.10")["launch"]
+
+
 def test_vllm_launch_follows_the_recipe():
     settings = make_settings("b300x1-vllm", maxModelLen=262144)
     text = launch.launch_command_text(settings, 0, "<node0-private-ip>")
