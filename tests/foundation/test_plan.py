@@ -179,7 +179,7 @@ def test_one_node_has_no_sharded_weights_phase(capsys):
 def test_a_warm_up_beside_the_download_waits_for_the_image_and_leaves_the_restored_bring_up_alone():
     from dataclasses import replace as with_
 
-    from components import bringup
+    from components.operator import bringup
     from components.settings.loader import load_settings
 
     s = load_settings({"topology": "h100x4-sglang", "operatorCidr": "203.0.113.7/32",
