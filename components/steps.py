@@ -11,7 +11,8 @@ STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
 CACHE_STEPS = ("cache-restore", "cache-save")  # only with kimi-cluster:kernelCache
 ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", *CACHE_STEPS,  # every step that runs on a node;
-             "engine-ready", "front-ready")  # each has a deadline (Timing.deadline_s); the last two: replicas >= 2
+             "engine-ready", "front-ready",  # each has a deadline (Timing.deadline_s); these two: replicas >= 2
+             "caretaker")  # only with kimi-cluster:idleStopMinutes or budgetUsd, where the endpoint is
 
 SUMMARIES = {
     "ready": "wait for SSH and cloud-init, count the GPUs, find the private interface",
@@ -30,4 +31,6 @@ SUMMARIES = {
     "engine-ready": "wait until this replica's engine serves the model on its private address, where the front "
                     "asks it, or print the engine log and fail",
     "front-ready": "wait for cloud-init and Docker on the front",
+    # idleStopMinutes / budgetUsd (components/caretaker.py): on the VM that holds the endpoint.
+    "caretaker": "start the caretaker that deletes the GPU VMs when the endpoint idles or the budget is spent",
 }

@@ -105,6 +105,7 @@ class Timing:
             "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
             "engine-ready": self.readiness_s(settings) + slack,
             "front-ready": self.cloud_init_timeout_s + self.docker_timeout_s + slack,
+            "caretaker": self.proxy_timeout_s,  # writes a few files and starts (or leaves) one systemd unit
         }
         if step not in defaults:
             raise ValueError(f"step {step!r} has no deadline; every node step needs one in Timing.deadline_s")

@@ -12,6 +12,7 @@ import hashlib
 import ipaddress
 import itertools
 import json
+import math
 import re
 import threading
 import time
@@ -239,6 +240,20 @@ class EmulatorState:
     # (region, flavor) -> VMs it can hold in all (live VMs included); DEFAULT_VMS_IN_STOCK when not set.
     capacity: dict[tuple[str, str], int] = field(default_factory=dict)
     prices: dict[str, float] = field(default_factory=dict)
+    # Every VM that ever billed, by id: kept after its delete, as the billing history keeps it.
+    billed: dict[int, Bill] = field(default_factory=dict)
+
+
+@dataclass
+class Bill:
+    """One VM's bill: billed per started minute from its create until its delete (SHUTOFF would still bill; a VM that
+    failed to build does not), at its flavor's pricebook rate when it was created."""
+
+    vm_id: int
+    name: str
+    price_per_hour: float
+    started: float
+    ended: float | None = None
 
 
 class ApiError(Exception):
@@ -378,8 +393,14 @@ class Emulator:
         admin: bool = False,
         socket_timeout: float = SOCKET_TIMEOUT_S,
         nodes: NodeHost | None = None,
+        billing_minute_seconds: float = 60.0,
+        extra_hosts: tuple[str, ...] = (),
     ) -> None:
         self.host, self.port = host, port
+        # More addresses to answer on (the sandbox's fabric bridge, where a caretaker on a fake node dials it).
+        self.extra_hosts = extra_hosts
+        # Hyperstack bills per minute; a test shortens the minute (a time scale, as every lifecycle figure here is).
+        self.billing_minute_seconds = billing_minute_seconds
         # Where a created VM boots (fakes/node_fabric.py: a namespace with sshd at its address), if anywhere.
         self.nodes = nodes
         # No client holds a handler thread longer than this while it sends its request (or sends nothing).
@@ -402,6 +423,7 @@ class Emulator:
         self._ids = itertools.count(1000)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._extra_servers: list[ThreadingHTTPServer] = []
 
     # -- life of the server --
 
@@ -413,9 +435,19 @@ class Emulator:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="hyperstack-emulator", daemon=True)
         self._thread.start()
+        for host in self.extra_hosts:  # the same state and port on another address of this machine
+            extra = ThreadingHTTPServer((host, self.port), handler)
+            extra.daemon_threads = True
+            self._extra_servers.append(extra)
+            threading.Thread(target=extra.serve_forever, kwargs={"poll_interval": 0.05},
+                             name=f"hyperstack-emulator-{host}", daemon=True).start()
         return self
 
     def stop(self) -> None:
+        for extra in self._extra_servers:
+            extra.shutdown()
+            extra.server_close()
+        self._extra_servers.clear()
         if self._server:
             self._server.shutdown()
             self._server.server_close()
@@ -723,6 +755,7 @@ class Emulator:
             if mode == "delete":
                 vm.deleting_since = time.monotonic()
                 vm.events.append(self._event(vm, "warning", "RECLAIMED", "the host reclaimed this virtual machine"))
+                self._end_bill(vm)
                 self._shutdown(vm)
             elif mode == "error":
                 vm.fate, vm.error_reason = "error", "hypervisor fault: the host of this virtual machine failed"
@@ -907,6 +940,8 @@ class Emulator:
                 vm.fate = "stuck"
             vm.events.append(self._event(vm, "info", "CREATING", "Virtual machine creation accepted"))
             self.state.vms[vm.id] = vm
+            if vm.fate != "error":  # a VM that failed to build is not charged
+                self.state.billed[vm.id] = Bill(vm.id, vm.name, self._vm_price(flavor), vm.created)
             created.append(vm)
             if self.nodes is not None and vm.fate == "active":
                 key = next(k for k in self.state.keypairs.values()
@@ -945,8 +980,48 @@ class Emulator:
             raise ApiError(409, "conflict", "Virtual machine is currently being created and cannot be deleted yet")
         if vm.deleting_since is None:
             vm.deleting_since = time.monotonic()
+            self._end_bill(vm)
             self._shutdown(vm)
         return {"status": True, "message": "Instance is being deleted."}
+
+    # -- billing (read-only): what each VM of this account has cost, deleted ones included --
+
+    def _vm_price(self, flavor: dict[str, Any]) -> float:
+        """The flavor's hourly price: its own pricebook entry, else its GPU model's per GPU-hour times its GPUs."""
+        book = {e["name"]: self.state.prices.get(e["name"], e["value"]) for e in PRICEBOOK}
+        if flavor["name"] in book:
+            return float(book[flavor["name"]])
+        return float(book.get(flavor["gpu"], 0.0)) * int(flavor["gpu_count"])
+
+    def _end_bill(self, vm: Vm) -> None:
+        bill = self.state.billed.get(vm.id)
+        if bill is not None and bill.ended is None:
+            bill.ended = time.monotonic()
+
+    def billed_minutes(self, bill: Bill, now: float | None = None) -> int:
+        """Started minutes from create to delete (or now): Hyperstack bills per minute."""
+        end = bill.ended if bill.ended is not None else (time.monotonic() if now is None else now)
+        return max(1, math.ceil((end - bill.started) / self.billing_minute_seconds - 1e-9))
+
+    def vm_billing_history(self, query, body):
+        """GET /billing/billing/history/virtual-machine (the SDK's get_vm_billing_history): one entry per VM, its
+        rate, its usage in hours (billed minutes / 60) and its bill; `search` by name or id; `page`, `per_page`."""
+        search = (_q(query, "search") or "").lower()
+        rows = []
+        for bill in sorted(self.state.billed.values(), key=lambda b: b.started):
+            if search and search not in bill.name.lower() and search != str(bill.vm_id):
+                continue
+            minutes = self.billed_minutes(bill)
+            rows.append({"attributes": {"infrahub_id": bill.vm_id, "id": str(bill.vm_id), "resource_name": bill.name,
+                                        "status": "DELETED" if bill.ended is not None else "ACTIVE",
+                                        "contract_id": None},
+                         "metrics": {"price_per_hour": bill.price_per_hour, "usage_time": round(minutes / 60, 6),
+                                     "incurred_bill": round(bill.price_per_hour * minutes / 60, 6)}})
+        page, number, size = _page(rows, query, "per_page", default_size=100)
+        pages = max(1, math.ceil(len(rows) / size)) if size else 1
+        return {"status": True, "message": "Success",
+                "billing_history_vm": {"billing_history": page, "org_id": 1, "total_count": len(rows),
+                                       "pagination": {"page": number, "pages": pages, "per_page": size}}}
 
     def set_labels(self, query, body, vm_id):
         body = validate("EditLabelOfAnExistingVMPayload", body)
@@ -1009,6 +1084,7 @@ _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
     ("GET", r"/core/virtual-machines/(\d+)/events", Emulator.vm_events),
     ("POST", r"/core/virtual-machines/(\d+)/sg-rules", Emulator.add_rule),
     ("DELETE", r"/core/virtual-machines/(\d+)/sg-rules/(\d+)", Emulator.delete_rule),
+    ("GET", r"/billing/billing/history/virtual-machine", Emulator.vm_billing_history),
 ]
 _ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [(m, re.compile(p), f) for m, p, f in _ROUTE_TABLE]
 

@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-seconds", type=float, default=3.0, help="time in BUILD")
     parser.add_argument("--floating-ip-seconds", type=float, default=1.0, help="time the floating IP is ATTACHING")
     parser.add_argument("--deleting-seconds", type=float, default=1.0, help="time a deleted VM stays DELETING")
+    parser.add_argument("--also-host", action="append", default=[], metavar="ADDRESS",
+                        help="answer on this address of the machine too, on the same port (repeatable; the sandbox: "
+                             "its fabric's bridge, where a caretaker on a fake node dials the API)")
+    parser.add_argument("--billing-minute-seconds", type=float, default=60.0,
+                        help="length of the billed minute in seconds (default 60; the sandbox bills faster)")
     parser.add_argument("--first-ip", type=_ipv4, default=FIRST_IP, help="first address handed to VMs")
     parser.add_argument("--first-floating-ip", type=_ipv4, default=None,
                         help="separate pool for floating IPs (default: a VM's fixed_ip is also its floating_ip)")
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         lifecycle=Lifecycle(args.creating_seconds, args.build_seconds, args.floating_ip_seconds,
                             args.deleting_seconds),
         first_ip=args.first_ip, first_floating_ip=args.first_floating_ip, vm_names_unique=args.vm_names_unique,
-        admin=args.admin, nodes=nodes,
+        admin=args.admin, nodes=nodes, billing_minute_seconds=args.billing_minute_seconds,
+        extra_hosts=tuple(args.also_host),
     )
     emulator.inject(*args.fault)
     for spec in args.capacity:

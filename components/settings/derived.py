@@ -11,6 +11,7 @@ import ipaddress
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from components import catalog, sizing, tls_check
+from components.settings import caretaker_rules
 from components.settings.errors import SettingsError
 from components.settings.keys import NAMESPACE
 from components.settings.node_timing import timing_of
@@ -34,6 +35,9 @@ class DerivedValues:
         api_allowed_cidrs: list[str] | None
         api_input_price_usd_per_m: float | None
         api_output_price_usd_per_m: float | None
+        budget_usd: float | None
+        caretaker_timing: dict[str, float]
+        idle_stop_minutes: int | None
         context_window: int
         engine: Literal["sglang", "vllm", "tokenspeed"] | None
         engine_layout: Literal["tp8", "dp8-ep", "tp8-dcp8"] | None
@@ -219,6 +223,17 @@ class DerivedValues:
         """Deterministic VM names let a re-run find a VM whose create answer was lost."""
         return f"{self.env_name}-node{index}"
 
+    # ---- the caretaker (idleStopMinutes, budgetUsd) ------------------------------------------------------------
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the caretaker runs: a guard is set."""
+        return self.idle_stop_minutes is not None or self.budget_usd is not None
+
+    @property
+    def caretaker(self) -> caretaker_rules.CaretakerTiming:
+        return caretaker_rules.timing_of(self.caretaker_timing)
+
     # ---- replicas and the front (replicas >= 2) ----------------------------------------------------------------
 
     def replica_node_name(self, replica: int, index: int) -> str:
@@ -281,6 +296,8 @@ class DerivedValues:
         if expiry is not None and expiry - dt.datetime.now(dt.UTC) < dt.timedelta(days=tls_check.RENEW_WARN_DAYS):
             out.append(f"{NAMESPACE}:tlsCertificate's leaf expires on {expiry:%Y-%m-%d}: every client refuses it from "
                        "then on; renew it, set it again and run pulumi up")
+        out.extend(caretaker_rules.warnings(self.idle_stop_minutes, self.budget_usd, self.hourly_cost_usd,
+                                            self.caretaker.poll_seconds))
         for key in self.plain_credentials:
             out.append(f"{key} is set as a plain value: it sits unencrypted in Pulumi.{self.stack}.yaml and the "
                        f"state; set it again with: pulumi config set --secret {key} ...")

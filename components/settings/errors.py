@@ -63,6 +63,10 @@ EXAMPLES: dict[str, str] = {
     "frontFlavor": catalog.FRONT_FLAVOR.name,
     "nodeTiming": '\'{"settleSeconds": 2, "pollSeconds": 5}\'',
     "frontOsImage": f"'{catalog.FRONT_OS_IMAGE}'",
+    "idleStopMinutes": "60",
+    "budgetUsd": "500",
+    "caretakerApiKey": "<a second Hyperstack API key>",
+    "caretakerTiming": '\'{"pollSeconds": 30}\'',
 }
 
 

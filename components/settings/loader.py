@@ -29,7 +29,7 @@ def config_keys() -> list[str]:
     """Every key a user may set under kimi-cluster:, secrets included."""
     keys = [f.alias or name for name, f in Settings.model_fields.items()
             if name not in ("stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set",
-                            "tls_private_key_set", "plain_credentials")]
+                            "tls_private_key_set", "plain_credentials", "caretaker_api_key_set")]
     return keys + list(SECRET_KEYS)
 
 
@@ -57,7 +57,7 @@ def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterabl
     values: dict[str, Any] = {}
     internal = {name for name, f in Settings.model_fields.items() if f.alias and f.alias != name} | \
         {"stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
-         "plain_credentials"}
+         "plain_credentials", "caretaker_api_key_set"}
     for key, value in raw.items():
         if key in SECRET_KEYS:
             continue
@@ -70,6 +70,7 @@ def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterabl
     values["kernel_cache_credentials_set"] = bool(raw.get("kernelCacheCredentials"))
     values["tls_private_key_set"] = bool(raw.get("tlsPrivateKey"))
     values["plain_credentials"] = tuple(plain_credentials)
+    values["caretaker_api_key_set"] = bool(raw.get("caretakerApiKey"))
     try:
         settings = Settings.model_validate(values)
     except ValidationError as err:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components import catalog, sizing
-from components.settings import cross_rules, node_timing, rules
+from components.settings import caretaker_rules, cross_rules, node_timing, rules
 from components.settings.derived import DerivedValues
 from components.settings.errors import shown
 from components.settings.kernel_cache_store import KernelCacheSettings
@@ -120,6 +120,14 @@ class Settings(DerivedValues, BaseModel):
                                                      allow_inf_nan=False)
     input_tokens_per_output_token: float | None = Field(None, alias="inputTokensPerOutputToken", ge=0, le=100_000,
                                                         allow_inf_nan=False)
+
+    # The caretaker (components/caretaker.py, docs/caretaker.md): off unless a guard is set; its rules are
+    # caretaker_rules.py's.
+    idle_stop_minutes: int | None = Field(None, alias="idleStopMinutes")
+    budget_usd: float | None = Field(None, alias="budgetUsd")
+    caretaker_api_url: str = Field(caretaker_rules.DEFAULT_API_URL, alias="caretakerApiUrl")
+    caretaker_timing: dict[str, float] = Field(default_factory=dict, alias="caretakerTiming")
+    caretaker_api_key_set: bool = False
 
     # secrets: presence only, the values stay in Pulumi's secret config
     hf_token_set: bool = False
@@ -271,6 +279,26 @@ class Settings(DerivedValues, BaseModel):
                 raise ValueError(f"{shown(arg)}: each argument must be 1-1000 printable characters")
         return v
 
+    @field_validator("idle_stop_minutes", mode="before")
+    @classmethod
+    def _idle(cls, v: Any) -> Any:
+        return caretaker_rules.idle_minutes(v)
+
+    @field_validator("budget_usd", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> Any:
+        return caretaker_rules.budget(v)
+
+    @field_validator("caretaker_api_url")
+    @classmethod
+    def _caretaker_url(cls, v: str) -> str:
+        return caretaker_rules.api_url(v)
+
+    @field_validator("caretaker_timing", mode="before")
+    @classmethod
+    def _caretaker_timing(cls, v: Any) -> Any:
+        return caretaker_rules.timing(v)
+
     @field_validator("node_root")
     @classmethod
     def _node_root(cls, v: str) -> str:
@@ -360,7 +388,8 @@ class Settings(DerivedValues, BaseModel):
             + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname) \
             + node_timing.deadline_problems(self.timing, self) \
             + cross_rules.context_problems(self.max_model_len, self.context_window, self.model,
-                                           self.model_spec.context_window)
+                                           self.model_spec.context_window) \
+            + caretaker_rules.problems(self.idle_stop_minutes, self.budget_usd, self.caretaker_api_key_set)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

@@ -201,6 +201,25 @@ NOTES: dict[str, tuple[str, str]] = {
     'frontHourlyPriceUsd': (
         'catalog price',
         "the front's price per VM-hour, for a flavor the catalog has no price for"),
+    'idleStopMinutes': (
+        '(off)',
+        'the caretaker deletes the GPU VMs after this many minutes without a request through the proxy (health '
+        'checks and 401s do not count); 15 to 10080; needs `caretakerApiKey`; see [the caretaker](caretaker.md)'),
+    'budgetUsd': (
+        '(off)',
+        "a hard limit in US dollars for the stack's GPU VMs since their first `up`, as Hyperstack bills them: the "
+        'caretaker warns at 80 % and deletes the GPU VMs at 100 %; `up` refuses a budget already spent; needs '
+        '`caretakerApiKey`'),
+    'caretakerApiKey': (
+        'secret, required with a guard',
+        "the caretaker's own Hyperstack API key; reaches the VM on stdin only and sits there root-only (whoever gets "
+        'root on that VM holds the account)'),
+    'caretakerApiUrl': (
+        '`https://infrahub-api.nexgencloud.com/v1`',
+        'the Hyperstack API as the caretaker dials it from its VM (https, or http to a private address)'),
+    'caretakerTiming': (
+        '`{"pollSeconds": 60, "minuteSeconds": 60}`',
+        "JSON object: how often the caretaker looks, and its minute's length in seconds (the sandbox shortens both)"),
 }
 
 
