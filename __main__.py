@@ -25,6 +25,12 @@ def _validated() -> tuple[Settings, dict[str, Any]]:
         problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
                         f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, "
                         "\"Real use\")")
+    if not problems and settings.budget_usd is not None:
+        from components.caretaker_guard import budget_problem  # reads the billing history: only with a budget
+
+        keys = ("hyperstack:apiUrl", "hyperstack:apiKey", "hyperstack:retryBaseSeconds")
+        if (spent := budget_problem(settings, {k: pulumi.runtime.get_config(k) for k in keys})) is not None:
+            problems.append(spent)
     if problems:
         raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
     return settings, secrets
@@ -44,6 +50,6 @@ quote = program_quote(settings)
 pulumi.log.info(f"cost: {quote.summary()}")
 cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"],
                            kernel_cache_credentials=secrets["kernelCacheCredentials"], quote=quote,
-                           tls_private_key=secrets["tlsPrivateKey"])
+                           tls_private_key=secrets["tlsPrivateKey"], caretaker_api_key=secrets["caretakerApiKey"])
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from components import firewall, proxy, tls
+from components.caretaker import guard_outputs
 from components.client_configs import build_client_configs
 from components.firewall import RuleSpec
 from components.pricing import Quote, catalog_quote
@@ -146,6 +147,7 @@ class Blueprint:
     front_vm: VmArgs | None
     front: FrontArgs | None
     outputs: OutputArgs
+    caretaker: WaitArgs | None = None  # idleStopMinutes or budgetUsd: the caretaker step on the endpoint's VM
 
 
 def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blueprint:
@@ -175,6 +177,7 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
         # Where that figure comes from (pricebook and when, or the catalog and its date), and the catalog's.
         "hourly_cost_source": quote.summary(),
         "hourly_cost_catalog_usd": quote.catalog_usd_per_hour,
+        **guard_outputs(settings),
     }
     configs = partial(build_client_configs, served_model_name=settings.served_name,
                       context_window=settings.client_context_window, engine=settings.engine_name)
@@ -236,4 +239,7 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
             "front_flavor": settings.front_flavor,
             "replica_node_names": [[settings.replica_node_name(r, n) for n in range(settings.nodes)]
                                    for r in range(settings.replicas)],
-        } if settings.has_front else {}, settings.api_hostname, settings.api_port, configs))
+        } if settings.has_front else {}, settings.api_hostname, settings.api_port, configs),
+        caretaker=WaitArgs("caretaker", ssh_user, times["caretaker"],
+                           partial(render_spot_step, settings, "caretaker", timing=timing))
+        if settings.guarded else None)

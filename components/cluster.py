@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pulumi
 
-from components import front, replicas, tls
+from components import caretaker, front, replicas, tls
 from components.blueprint import blueprint
 from components.generated_secret import GeneratedSecret
 from components.hyperstack.placement import Placement
@@ -21,6 +21,7 @@ from components.node import vm_place, vm_with_host_key
 from components.node_chain import EndpointKeys, NodeSecrets
 from components.pricing import Quote
 from components.settings import Settings
+from components.step_scripts import NodeSpot
 
 
 class InferenceCluster(pulumi.ComponentResource):
@@ -38,6 +39,7 @@ class InferenceCluster(pulumi.ComponentResource):
         tls_private_key: pulumi.Output[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
         quote: Quote | None = None,
+        caretaker_api_key: pulumi.Output[str] | None = None,
     ) -> None:
         super().__init__("kimi:cluster:InferenceCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -85,13 +87,26 @@ class InferenceCluster(pulumi.ComponentResource):
                 after=[built[-1].ready] if built and built[-1].ready is not None else [], fan_out_ips=fan_out_ips))
 
         if door is not None and bp.front is not None:
-            ready = front.Front(
+            the_front = front.Front(
                 f"{name}-front", args=bp.front, vm=door[0], host_key=door[1], ssh_private_key=ssh_private_key,
                 endpoint=endpoint, head_private_ips=[g.head_private_ip for g in built],
-                wait_for=[g.ready for g in built if g.ready is not None], opts=child).ready
+                wait_for=[g.ready for g in built if g.ready is not None], opts=child)
+            ready, door_key = the_front.ready, door[1]
+            door_proxy: pulumi.Resource | None = the_front.proxy
         else:
             assert built[0].endpoint_ready is not None  # one replica: its head holds the endpoint
-            ready = built[0].endpoint_ready
+            ready, door_proxy, door_key = built[0].endpoint_ready, built[0].nodes[0].proxy, built[0].host_keys[0]
+        if bp.caretaker is not None and caretaker_api_key is not None and door_proxy is not None:
+            # Beside the readiness wait, once the proxy runs; named after every GPU VM, it arms again after an up
+            # that re-created one (an idle stop's), which also clears the 503 before the readiness wait needs it.
+            care = bp.caretaker
+            ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
+                lambda a: " ".join(str(i) for i in a))
+            caretaker.caretaker_step(
+                self, name, render=ids.apply(lambda i: care.render(NodeSpot(identity=i))),
+                deadline_s=care.clock.deadline_s, timeout=care.clock.timeout, public_ip=door_public_ip,
+                ssh_user=care.ssh_user, ssh_private_key=ssh_private_key, host_key=door_key,
+                api_key=caretaker_api_key, vm_id=door_vm.vm_id, depends_on=[door_proxy])
 
         # The stack outputs: a contract, added to and never renamed. The endpoint is derived from the readiness
         # result, so a failed wait never exports an endpoint as if it served; clients dial apiHostname when it is set

@@ -32,7 +32,7 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
                   admin_socket=proxy.ADMIN_SOCKET,
                   upstreams=upstreams(settings, head_private_ips), key_file=proxy.KEY_FILE,
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
-                  unauthorized_body=proxy.UNAUTHORIZED_BODY, **tuning.__dict__)
+                  unauthorized_body=proxy.UNAUTHORIZED_BODY, caretaker=settings.guarded, **tuning.__dict__)
 
 
 def front_rules(settings: Settings) -> list[firewall.RuleSpec]:

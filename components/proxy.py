@@ -31,6 +31,9 @@ PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 RUN_LABEL = "kimi-cluster.proxy-run"
 ADMIN_DIR = "run"
 ADMIN_SOCKET = f"{ADMIN_DIR}/admin.sock"
+# The caretaker's files (idleStopMinutes, budgetUsd): the one directory the proxy writes (its access log) and reads
+# the caretaker's 503 answer and budget warning from (templates/_caretaker.Caddyfile.j2).
+CARETAKER_DIR = "caretaker"
 UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
 
 
@@ -50,15 +53,17 @@ def metrics_upstream(settings: Settings) -> str | None:
 
 def render_config(settings: Settings) -> str:
     """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
-    return caddyfile(settings.api_port, upstream(settings), metrics_upstream(settings))
+    return caddyfile(settings.api_port, upstream(settings), metrics_upstream(settings), caretaker=settings.guarded)
 
 
-def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None) -> str:
+def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None,
+              caretaker: bool = False) -> str:
     """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT), with /metrics sent to
-    `metrics_address` when the engine serves it elsewhere."""
+    `metrics_address` when the engine serves it elsewhere; `caretaker`: its access log, 503 and budget warning
+    (templates/_caretaker.Caddyfile.j2)."""
     return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
                   upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
-                  unauthorized_body=UNAUTHORIZED_BODY, metrics_upstream=metrics_address or "")
+                  unauthorized_body=UNAUTHORIZED_BODY, metrics_upstream=metrics_address or "", caretaker=caretaker)
 
 
 def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
@@ -84,6 +89,9 @@ def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
     if admin:
         run_mount = f"{proxy_dir}/{ADMIN_DIR}:{CONTAINER_DIR}/{ADMIN_DIR}"
         items.append(("-v", ShellExpr(run_mount) if isinstance(proxy_dir, ShellExpr) else run_mount))
+    if settings.guarded:
+        care_mount = f"{proxy_dir}/{CARETAKER_DIR}:{CONTAINER_DIR}/{CARETAKER_DIR}"
+        items.append(("-v", ShellExpr(care_mount) if isinstance(proxy_dir, ShellExpr) else care_mount))
     items += [
         ("-w", CONTAINER_DIR),
         settings.proxy_container_image,
@@ -120,7 +128,7 @@ def step_values(settings: Settings, cert_chain_pem: str, ca_pem: str, config: st
     reloads a new configuration into the running Caddy)."""
     return dict(container=CONTAINER_NAME, api_port=settings.api_port, upstream=upstream_text,
                 reload=admin, run_label=RUN_LABEL, run_fingerprint=run_fingerprint(settings) if admin else "",
-                reload_argv=reload_argv(), admin_dir=ADMIN_DIR,
+                reload_argv=reload_argv(), admin_dir=ADMIN_DIR, caretaker_dir=CARETAKER_DIR if settings.guarded else "",
                 config_b64=_b64(config), cert_b64=_b64(cert_chain_pem), ca_b64=_b64(ca_pem),
                 config_file=CONFIG_FILE, cert_file=CERT_FILE, ca_file=CA_FILE, tls_key_file=TLS_KEY_FILE,
                 key_file=KEY_FILE, fingerprint=proxy_fingerprint(settings, cert_chain_pem, ca_pem, config),

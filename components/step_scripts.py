@@ -7,13 +7,14 @@ travels in one `NodeSpot`; nothing here makes a Pulumi resource, and no secret i
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import front_config, kernel_cache_key, launch, proxy, weights
+from components import caretaker, front_config, kernel_cache_key, launch, proxy, weights
 from components.front_tuning import DEFAULT_TUNING
 from components.render import ShellExpr, Verbatim, render
 from components.settings import Settings
@@ -30,6 +31,8 @@ FETCH_SOURCE = _ROOT / "node_programs" / "fetch_weights.py"
 SPLIT_SOURCE = _ROOT / "components" / "weights.py"  # the split, shipped beside the program
 NAMES_SOURCE = _ROOT / "components" / "hub_names.py"  # the manifest's name rules, shipped beside both
 PRINTABLE_SOURCE = _ROOT / "components" / "printable.py"  # status's escape, for what engines print
+CARETAKER_SOURCE = _ROOT / "node_programs" / "caretaker.py"
+SPEND_SOURCE = _ROOT / "components" / "caretaker_spend.py"  # the billing history's reading, shipped beside it
 
 
 @dataclass(frozen=True)
@@ -253,10 +256,23 @@ def _engine_ready(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
             "readmit_checks": DEFAULT_TUNING.readmit_checks, "readmit_interval_s": DEFAULT_TUNING.health_interval_s}
 
 
+def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) -> dict[str, Any]:
+    # spot.identity: the GPU VMs' ids, so that the step arms the caretaker again when an up re-creates one.
+    guards = [f"idle stop after {settings.idle_stop_minutes} min" if settings.idle_stop_minutes else "",
+              f"budget ${settings.budget_usd:,.2f}" if settings.budget_usd else ""]
+    return {"unit": caretaker.UNIT, "state_dir": caretaker.STATE_DIR, "state_file": caretaker.STATE_FILE,
+            "key_file": caretaker.KEY_FILE, "caretaker_dir": proxy.CARETAKER_DIR, "ca_file": proxy.CA_FILE,
+            "config_b64": base64.b64encode(caretaker.config_json(settings).encode()).decode(),
+            "restart_seconds": caretaker.RESTART_SECONDS, "gpu_vm_ids": spot.identity or "<the GPU VMs' ids>",
+            "guards": ", ".join(g for g in guards if g), "program_source": _source(CARETAKER_SOURCE),
+            "spend_source": _source(SPEND_SOURCE)}
+
+
 VALUE_BUILDERS: dict[str, ValueBuilder] = {
     "ready": _ready, "storage": _storage, "image": _image, "weights": _weights, "check": _check,
     "cache-restore": _kernel_cache, "launch": _launch, "proxy": _proxy, "readiness": _readiness,
     "cache-save": _kernel_cache, "engine-ready": _engine_ready, "front-ready": _front_ready,
+    "caretaker": _caretaker,
 }
 
 

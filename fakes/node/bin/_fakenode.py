@@ -491,12 +491,24 @@ def monitor(spec_json: str) -> None:
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     import subprocess
 
-    with open(log_path, "a") as log:
-        child = subprocess.Popen(spec["command"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
-        write_json_atomic(p, {"unit": spec["unit"], "state": "active", "pid": child.pid, "monitor": os.getpid(),
-                              "command": spec["command"]})
-        rc = child.wait()
+    # Restart=always (the caretaker's unit): a child that ends, killed or not, is started again after RestartSec,
+    # unless `systemctl stop` ended it (the unit is then "deactivating").
+    always = spec["props"].get("Restart") == "always"
+    restart_s = float(spec["props"].get("RestartSec", "0.1").removesuffix("s"))
+    starts = 0
+    while True:
+        with open(log_path, "a") as log:
+            child = subprocess.Popen(spec["command"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd="/")
+            starts += 1
+            write_json_atomic(p, {"unit": spec["unit"], "state": "active", "pid": child.pid, "monitor": os.getpid(),
+                                  "command": spec["command"], "starts": starts})
+            rc = child.wait()
+        if not always or not p.exists() or json.loads(p.read_text())["state"] == "deactivating":
+            break
+        time.sleep(restart_s)
+        if json.loads(p.read_text())["state"] == "deactivating":
+            break
     u = json.loads(p.read_text())
     if u["state"] == "deactivating" or rc == 0:
         p.unlink()  # a transient unit that stopped cleanly is unloaded, as systemd does
