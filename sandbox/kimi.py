@@ -45,6 +45,10 @@ TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom")  # 
 # The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
 EMULATOR_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
                       "--deleting-seconds", "0.2")
+# The caretaker's clock and the emulator's bill alike: a minute is a second, and the caretaker looks every second
+# (so idleStopMinutes 15 is 15 s, and a b300x1 bills about $1 a second).
+SANDBOX_MINUTE_SECONDS = 1.0
+CARETAKER_TIMING = json.dumps({"pollSeconds": 1, "minuteSeconds": SANDBOX_MINUTE_SECONDS})
 # More arguments for the sandbox's own emulator, e.g. "--fault vm-error:kimi-sandbox-node0" (tests/sandbox/).
 EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
 # The kernel-cache bucket (an S3 API, moto).
@@ -143,12 +147,16 @@ class Sandbox:
                          "starting a fresh one, which holds nothing of the earlier run")
             port = _port_for(previous)
             fabric = ("--node-fabric", str(self.network.path)) if self.network.path.exists() else ()
+            # The caretaker on a fake node dials the API on the fabric's bridge (its own loopback is its namespace's).
+            bridge = self.network.config()
+            also = ("--also-host", bridge.host_address) if bridge is not None and fabric else ()
             # A test's faults and stock for this emulator (scripts.emulator's --fault and --capacity), from the start.
             extra = tuple(shlex.split(os.environ.get(EMULATOR_ARGS_VARIABLE, "")))
             service = services.start(
                 # --admin: `reclaim` takes a VM away as the cloud would, through the emulator's admin route.
                 "emulator", services.python_module("scripts.emulator", "--port", str(port), *EMULATOR_LIFECYCLE,
-                                                   "--admin", *fabric, *extra),
+                                                   "--billing-minute-seconds", str(SANDBOX_MINUTE_SECONDS),
+                                                   "--admin", *fabric, *also, *extra),
                 host="127.0.0.1", port=port, marker="scripts.emulator", log_dir=self.dir.logs,
                 # The key goes by environment, not argv, which every user of the machine can read.
                 env={"HYPERSTACK_API_KEY": key},
@@ -255,10 +263,16 @@ class Sandbox:
         # `up --config sshPublicKey=...` keeps the keypair's key while sshPrivateKey rotates (the VMs were created
         # with it; the new key is added to their authorized_keys by hand, as on a real cluster).
         config.setdefault(f"{NAMESPACE}:sshPublicKey", ssh_public_key_of(ssh_key))
+        # The caretaker (used only with idleStopMinutes or budgetUsd): the emulator on the bridge, the short clock.
+        port = record["emulator_url"].rsplit(":", 1)[1].split("/", 1)[0]
+        config.setdefault(f"{NAMESPACE}:caretakerApiUrl", f"http://{fabric.host_address}:{port}/v1")
+        config.setdefault(f"{NAMESPACE}:caretakerTiming", CARETAKER_TIMING)
         secret_config = {
             f"{NAMESPACE}:sshPrivateKey": ssh_key,
             f"{NAMESPACE}:hfToken": self.dir.secret("hf_token", hf_token),
             "hyperstack:apiKey": key,
+            # The emulator knows one key: the caretaker's is the same one here (on a real stack, make a second).
+            f"{NAMESPACE}:caretakerApiKey": key,
         }
         # The sandbox's own bucket, unless `up --config kernelCache=...` named another store.
         if record.get("kernel_store_url") and self.dir.secret_path("kernel_cache_credentials").exists():

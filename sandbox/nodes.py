@@ -35,7 +35,7 @@ def stack_settings(topology: str, overrides: Mapping[str, str] | None = None) ->
     """The validated settings of the sandbox stack for this topology (as the program will see them)."""
     raw, _ = read_stack_file(str(REPO_ROOT / f"Pulumi.{STACK}.yaml"))
     # The sandbox always passes its bucket's key pair as kimi-cluster:kernelCacheCredentials (secrets count as set).
-    raw = {**raw, "topology": topology, **(overrides or {}), "kernelCacheCredentials": True}
+    raw = {**raw, "topology": topology, **(overrides or {}), "kernelCacheCredentials": True, "caretakerApiKey": True}
     return load_settings(raw, STACK)
 
 

@@ -1,0 +1,166 @@
+"""The caretaker in the sandbox, under the real Pulumi CLI: idleStopMinutes and budgetUsd on b300x1-vllm (one node,
+so the caretaker runs on the head and deletes itself last). The sandbox's minute is a second (sandbox/kimi.py
+SANDBOX_MINUTE_SECONDS, kimi-cluster:caretakerTiming): idleStopMinutes 15 is 15 s, and the emulator bills the
+b300's $59.20 an hour as $0.99 a (one-second) minute.
+
+- traffic keeps the cluster up past its idle time; then, idle, it is stopped: the GPU VM is deleted, the
+  environment and keypair stay; `up` alone (no refresh) brings it back and `verify` passes; the caretaker, killed,
+  is restarted by systemd and keeps its count;
+- the budget stops a busy cluster, and the flow prints how far past the budget the billing went.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from .conftest import leftover_processes, ok, report, wait_for
+
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(900)]
+
+HEAD = "kimi-sandbox-node0"
+RATE_USD_PER_MINUTE = 59.20 / 60  # the b300's pricebook rate, billed per (sandbox) minute
+
+
+def _gpu_vms(run) -> list[str]:
+    return [v["name"] for v in run.emulator().inventory()["virtual_machines"]
+            if v["name"].startswith("kimi-sandbox-node")]
+
+
+def _head_dir(run) -> Path:
+    ip = run.outputs()["head_public_ip"]
+    return run.workdir / "nodes" / ip
+
+
+def _caretaker_state(run) -> dict[str, Any]:
+    return json.loads((_head_dir(run) / "var/lib/kimi-cluster/caretaker/state.json").read_text())
+
+
+def _ask(run, outputs: dict[str, Any], ca: Path) -> int:
+    """One authorized request through the proxy (it counts), its status."""
+    answer = requests.get(outputs["openai_base_url"] + "/models", timeout=10, verify=str(ca),
+                          headers={"Authorization": f"Bearer {outputs['api_key']}"})
+    return answer.status_code
+
+
+def _ca(run, outputs: dict[str, Any]) -> Path:
+    path = run.workdir / "endpoint-ca.crt"
+    path.write_text(outputs["ca_certificate"])
+    return path
+
+
+def _billed(run) -> float:
+    url = run.record()["emulator_url"]
+    key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
+    body = requests.get(url + "/billing/billing/history/virtual-machine", params={"search": "kimi-sandbox"},
+                        headers={"api_key": key}, timeout=10).json()
+    return sum(r["metrics"]["incurred_bill"] for r in body["billing_history_vm"]["billing_history"]
+               if r["attributes"]["resource_name"].startswith("kimi-sandbox-node"))
+
+
+def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
+    run = sandbox()
+    up = run("up", "--topology", "b300x1-vllm", "--config", "idleStopMinutes=15")
+    ok(up)
+    outputs = run.outputs()
+    assert outputs["idle_stop_minutes"] == 15 and outputs.get("budget_usd") is None
+    assert "caretaker running: idle stop after 15 min" in run.step_output("kimi-caretaker")
+    ca = _ca(run, outputs)
+
+    # Traffic keeps it up: 30 s (twice the idle time) with a request every 2 s.
+    wait_for("the caretaker's idle clock", lambda: _caretaker_state(run).get("served_since"), 30)
+    until = time.monotonic() + 30
+    while time.monotonic() < until:
+        assert _ask(run, outputs, ca) == 200
+        time.sleep(2)
+    assert _gpu_vms(run) == [HEAD]
+    counted = _caretaker_state(run)["requests"]
+    assert counted >= 14, counted
+
+    # Killed, it is restarted by systemd (Restart=always) and keeps its count.
+    unit = json.loads((_head_dir(run) / "var/lib/fake-node/units/kimi-caretaker.json").read_text())
+    os.kill(unit["pid"], signal.SIGKILL)
+    unit_file = _head_dir(run) / "var/lib/fake-node/units/kimi-caretaker.json"
+    wait_for("the caretaker's restart", lambda: json.loads(unit_file.read_text()).get("starts") == 2, 30)
+    assert _ask(run, outputs, ca) == 200
+    wait_for("the restarted caretaker's count", lambda: _caretaker_state(run)["requests"] == counted + 1, 15)
+
+    # Idle: stopped within the idle time, a poll and the delete.
+    head_dir = _head_dir(run)
+    stopped_at = time.monotonic()
+    wait_for("the idle stop", lambda: _gpu_vms(run) == [], 60, interval=0.5)
+    waited = time.monotonic() - stopped_at
+    inventory = run.emulator().inventory()
+    assert [e["name"] for e in inventory["environments"]] == ["kimi-sandbox"] and len(inventory["keypairs"]) == 1
+    assert inventory["virtual_machines"] == []
+    log = (head_dir / "var/log/kimi-cluster/caretaker.log").read_text()
+    assert "STOPPING: no request for 15 minutes" in log, log
+    body = json.loads((head_dir / "etc/kimi-cluster/proxy/caretaker/stopped.json").read_text())
+    assert body["error"]["code"] == 503 and "pulumi up" in body["error"]["message"]
+
+    # `up` alone re-creates the VM (the provider's diff sees it gone), and the endpoint answers again.
+    again = run("up")
+    out = ok(again)
+    assert "no longer exists" in out or "is DELETING" in out, out
+    assert _gpu_vms(run) == [HEAD]
+    verify = run("verify")
+    assert "sandbox verify: PASSED" in ok(verify)
+    state = _caretaker_state(run)
+    assert state["action"] is None and state["requests"] >= 1
+
+    destroy = run("destroy")
+    assert "emulator: nothing left" in ok(destroy)
+    assert leftover_processes(run.workdir) == []
+    report(f"caretaker idle flow (b300x1-vllm): up {up.seconds:.1f} s; idle stop {waited:.1f} s after the last "
+           f"request (idle time 15 s); up again {again.seconds:.1f} s; verify {verify.seconds:.1f} s")
+
+
+def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
+    run = sandbox()
+    ok(run("up", "--topology", "b300x1-vllm", "--config", "budgetUsd=100000"))
+    # A budget that is already spent is refused before anything changes.
+    spent = _billed(run)
+    refused = run("up", "--config", f"budgetUsd={max(spent / 2, 0.01):.2f}")
+    assert refused.code != 0 and "kimi-cluster:budgetUsd" in refused.output and "already spent" in refused.output
+    assert _gpu_vms(run) == [HEAD]
+    # A budget some 40 (one-second) minutes away: the caretaker is armed again with it.
+    budget = round(_billed(run) + 40 * RATE_USD_PER_MINUTE + 60 * RATE_USD_PER_MINUTE, 2)
+    ok(run("up", "--config", f"budgetUsd={budget}"))
+    outputs = run.outputs()
+    assert outputs["budget_usd"] == budget
+    ca = _ca(run, outputs)
+    head_dir = _head_dir(run)
+    warned = None
+    deadline = time.monotonic() + 240
+    while _gpu_vms(run) and time.monotonic() < deadline:  # busy: a request every half second
+        try:
+            status = _ask(run, outputs, ca)
+            health = requests.get(outputs["endpoint_url"] + "/health", timeout=5, verify=str(ca))
+            if warned is None and health.status_code == 200 and "warning" in health.text:
+                warned = health.json()["warning"]
+            assert status in (200, 503)
+        except requests.RequestException:
+            pass  # the head is going
+        time.sleep(0.5)
+    assert _gpu_vms(run) == [], "the budget did not stop the cluster"
+    assert warned and "budget" in warned, "no /health warning at 80 %"
+    time.sleep(2)  # the emulator's bill closes with the delete
+    billed = _billed(run)
+    over_minutes = (billed - budget) / RATE_USD_PER_MINUTE
+    log = (head_dir / "var/log/kimi-cluster/caretaker.log").read_text()
+    assert "STOPPING: the budget is spent" in log, log
+    # One poll (1 s = one sandbox minute), the per-minute rounding (1) and the delete's own time.
+    report(f"caretaker budget flow (b300x1-vllm): budget ${budget:,.2f}, billed ${billed:,.2f}: "
+           f"${billed - budget:,.2f} past it = {over_minutes:.1f} billed minutes at ${RATE_USD_PER_MINUTE * 60:.2f}/h "
+           "(allowed: one poll of 1 minute + the per-minute rounding + the delete's own minutes)")
+    assert over_minutes <= 3, f"billed {over_minutes:.1f} minutes past the budget"
+    inventory = run.emulator().inventory()
+    assert inventory["virtual_machines"] == [] and inventory["environments"] and inventory["keypairs"]
+    assert "emulator: nothing left" in ok(run("destroy"))
