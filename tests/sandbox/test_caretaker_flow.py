@@ -157,8 +157,8 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
     log = (head_dir / "var/log/kimi-cluster/caretaker.log").read_text()
     assert "STOPPING: the budget is spent" in log, log
     # One poll (1 s = one sandbox minute), the per-minute rounding (1) and the delete's own time.
-    report(f"caretaker budget flow (b300x1-vllm): budget ${budget:,.2f}, billed ${billed:,.2f}: "
-           f"${billed - budget:,.2f} past it = {over_minutes:.1f} billed minutes at ${RATE_USD_PER_MINUTE * 60:.2f}/h "
+    report(f"caretaker budget flow (b300x1-vllm): budget ${budget:,.4f}, billed ${billed:,.4f}: "
+           f"${billed - budget:,.4f} past it = {over_minutes:.2f} billed minutes at ${RATE_USD_PER_MINUTE * 60:.2f}/h "
            "(allowed: one poll of 1 minute + the per-minute rounding + the delete's own minutes)")
     assert over_minutes <= 3, f"billed {over_minutes:.1f} minutes past the budget"
     inventory = run.emulator().inventory()
