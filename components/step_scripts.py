@@ -259,7 +259,7 @@ def _engine_ready(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
 def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) -> dict[str, Any]:
     # spot.identity: the GPU VMs' ids, so that the step arms the caretaker again when an up re-creates one.
     guards = [f"idle stop after {settings.idle_stop_minutes} min" if settings.idle_stop_minutes else "",
-              f"budget ${settings.budget_usd:,.2f}" if settings.budget_usd else ""]
+              f"budget {settings.budget_usd:,.2f} USD" if settings.budget_usd else ""]
     return {"unit": caretaker.UNIT, "state_dir": caretaker.STATE_DIR, "state_file": caretaker.STATE_FILE,
             "key_file": caretaker.KEY_FILE, "caretaker_dir": proxy.CARETAKER_DIR, "ca_file": proxy.CA_FILE,
             "config_b64": base64.b64encode(caretaker.config_json(settings).encode()).decode(),
