@@ -101,7 +101,8 @@ class InferenceCluster(pulumi.ComponentResource):
             # that re-created one (an idle stop's), which also clears the 503 before the readiness wait needs it.
             care = bp.caretaker
             ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
-                lambda a: " ".join(str(i) for i in a))
+                # A number may come back from the state as a float (1000.0): the id is its whole part.
+                lambda a: " ".join(str(int(i)) if isinstance(i, float) else str(i) for i in a))
             caretaker.caretaker_step(
                 self, name, render=ids.apply(lambda i: care.render(NodeSpot(identity=i))),
                 deadline_s=care.clock.deadline_s, timeout=care.clock.timeout, public_ip=door_public_ip,

@@ -4,6 +4,7 @@ refusal of a budget already spent (components/caretaker_guard.py), which reads i
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -24,7 +25,7 @@ def _call(emu: Emulator, method: str, path: str, key: str = DEFAULT_API_KEY, **k
 
 
 @pytest.fixture
-def billed() -> Emulator:
+def billed() -> Iterator[Emulator]:
     with Emulator(lifecycle=FAST, billing_minute_seconds=MINUTE_S) as emu:
         _call(emu, "POST", "/core/environments", json={"name": "kimi-dev", "region": REGION})
         _call(emu, "POST", "/core/keypairs", json={"name": "k", "environment_name": "kimi-dev",
