@@ -14,6 +14,7 @@ from typing import Any
 from components import catalog, sizing
 from components.firewall import node_rules
 from components.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
+from components.operator.caretaker_report import format_guards, guards
 from components.pricing import Quote, break_even, catalog_quote, quote
 from components.settings import SECRET_KEYS, Settings
 from components.settings.loader import placeholders
@@ -104,6 +105,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
             "as_of": price.as_of,
         },
         "break_even": _break_even(settings, price_quote),
+        "guards": guards(settings, _break_even(settings, price_quote)),
         "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (components.remote_step.remote_command_text).
@@ -265,7 +267,7 @@ def format_break_even(b: dict[str, Any] | None) -> list[str]:
 def _secret_flag(key: str) -> str:
     return {"hfToken": "hf_token_set", "sshPrivateKey": "ssh_private_key_set",
             "kernelCacheCredentials": "kernel_cache_credentials_set",
-            "tlsPrivateKey": "tls_private_key_set"}[key]
+            "tlsPrivateKey": "tls_private_key_set", "caretakerApiKey": "caretaker_api_key_set"}[key]
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -318,6 +320,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     if plan["hourly_cost_usd"] is not None:
         lines.append("             billed per minute until `pulumi destroy`")
     lines.extend(format_break_even(plan["break_even"]))
+    lines.extend(format_guards(plan["guards"]))
     lo, hi = plan["download_minutes_per_node"]
     lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
     deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())
