@@ -22,7 +22,7 @@ from components.settings.model import Settings
 BEGIN = "<!-- BEGIN GENERATED REFERENCE: .venv/bin/python -m scripts.config_reference --write -->"
 END = "<!-- END GENERATED REFERENCE -->"
 _INTERNAL = ("stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
-             "plain_credentials")
+             "plain_credentials", "caretaker_api_key_set")
 
 # key -> (the default when the model has none of its own to show, what the key means); in the table's order.
 NOTES: dict[str, tuple[str, str]] = {
