@@ -81,6 +81,7 @@ class StackState:
 OUTPUT_TYPES: dict[str, tuple[type, ...]] = {
     "endpoint_url": (str,), "api_key": (str,), "ca_certificate": (str,), "topology": (str,), "region": (str,),
     "hourly_cost_usd": (int, float), "hourly_cost_source": (str,), "served_model_name": (str,),
+    "caretaker_vm": (str,), "idle_stop_minutes": (int, float), "budget_usd": (int, float),
 }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import requests
 
 from components.hyperstack.api import HyperstackClient, HyperstackError
+from components.operator.caretaker_status import caretaker_view
 from components.operator.engine_metrics import parse_metrics
 from components.operator.node_exec import NodeRunner, probe_command
 from components.operator.stack_state import NodeRecord, StackState
@@ -308,6 +309,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
 
     if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
         report["replicas"] = replicas
+    if (care := caretaker_view(state, settings, runner)) is not None:
+        report["caretaker"] = care
     for view in nodes:
         view.pop("probe")
     return report

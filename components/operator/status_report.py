@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.hyperstack.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
+from components.operator.caretaker_status import format_caretaker
 from components.operator.node_exec import NodeRunner
 from components.operator.stack_state import StackState
 from components.operator.status_gather import Sample, gather, printable, samples
@@ -103,6 +104,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(f"tokens: {report['token_cost']['summary']}")
     if report.get("replicas"):
         lines.extend(format_replicas(report["replicas"]))
+    if report.get("caretaker"):
+        lines.extend(format_caretaker(report["caretaker"]))
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
     # Node and endpoint text was made printable when it was read; this also covers the API's and the state's.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -83,6 +84,8 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     assert _gpu_vms(run) == [HEAD]
     counted = _caretaker_state(run)["requests"]
     assert counted >= 14, counted
+    status = ok(run("status"))
+    assert re.search(r"caretaker on kimi-sandbox-node0: idle [\d.]+ of 15 min, [\d,]+ requests counted", status), status
 
     # Killed, it is restarted by systemd (Restart=always) and keeps its count.
     unit = json.loads((_head_dir(run) / "var/lib/fake-node/units/kimi-caretaker.json").read_text())
@@ -137,15 +140,17 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
     assert outputs["budget_usd"] == budget
     ca = _ca(run, outputs)
     head_dir = _head_dir(run)
+    status = ok(run("status"))
+    assert re.search(rf"caretaker on kimi-sandbox-node0: spent \$[\d,.]+ of \${budget:,.2f}", status), status
     warned = None
     deadline = time.monotonic() + 240
     while _gpu_vms(run) and time.monotonic() < deadline:  # busy: a request every half second
         try:
-            status = _ask(run, outputs, ca)
+            code = _ask(run, outputs, ca)
             health = requests.get(outputs["endpoint_url"] + "/health", timeout=5, verify=str(ca))
             if warned is None and health.status_code == 200 and "warning" in health.text:
                 warned = health.json()["warning"]
-            assert status in (200, 503)
+            assert code in (200, 503)
         except requests.RequestException:
             pass  # the head is going
         time.sleep(0.5)
