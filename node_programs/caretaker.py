@@ -2,8 +2,9 @@
 """The caretaker: stops paying for a cluster nobody uses. Runs where the endpoint is, as systemd unit kimi-caretaker.
 
 Every `poll_seconds` it
-- counts the requests in the proxy's access log (Caddy's JSON lines: method, path and status; the proxy drops the
-  headers and never logs a body, so no prompt and no key is ever read); `/health` and 401s do not count;
+- counts the inference requests (POSTs) in the proxy's access log (Caddy's JSON lines: method, path and status; the
+  proxy drops the headers and never logs a body, so no prompt and no key is ever read); GETs (`/health`,
+  `/v1/models`, `/metrics`) and 401s do not count;
 - asks the proxy's own `/health` whether the endpoint serves: the idle clock starts at the first healthy answer after
   each `pulumi up` (a bring-up of half an hour is not idleness);
 - reads what the stack's GPU VMs have cost from Hyperstack's billing history (caretaker_spend.py, shipped beside it),
@@ -150,8 +151,10 @@ def arm(cfg: dict[str, Any]) -> None:
 # ---- what it watches ------------------------------------------------------------------------------------------------
 
 def new_requests(access_log: Path, mark: dict[str, Any]) -> int:
-    """Requests logged since the last look that count: not /health, not refused for want of the key (401), not the
-    503 of a stopped cluster. A rolled log (new inode) is read from its start."""
+    """Requests logged since the last look that count: the inference calls, which are POSTs (chat, completions,
+    messages, embeddings), not refused for want of the key (401) nor by a stopped cluster (503). GETs do not count:
+    /health (load balancers), /v1/models and /metrics (`status`, monitors, the readiness wait) would otherwise keep an
+    unused cluster alive. A rolled log (new inode) is read from its start."""
     try:
         st = access_log.stat()
     except FileNotFoundError:
@@ -166,11 +169,11 @@ def new_requests(access_log: Path, mark: dict[str, Any]) -> int:
     for line in complete.splitlines():
         try:
             entry = json.loads(line)
-            path = str(entry["request"]["uri"]).split("?", 1)[0]
+            method = str(entry["request"]["method"])
             status = int(entry.get("status") or 0)
         except (ValueError, KeyError, TypeError):
             continue
-        if path != "/health" and status not in (401, 503):
+        if method == "POST" and status not in (401, 503):
             count += 1
     return count
 

@@ -36,8 +36,8 @@ def guards(settings: Settings, break_even: dict[str, Any] | None) -> dict[str, A
 
 def format_guards(g: dict[str, Any]) -> list[str]:
     idle = g["idle_stop_minutes"]
-    lines = ["Guards       " + (f"idle stop after {idle} min without a request through the proxy (health checks "
-                                 "and 401s do not count)" if idle else
+    lines = ["Guards       " + (f"idle stop after {idle} min without an inference request (a POST) through the "
+                                 "proxy (GETs such as /health, /v1/models, /metrics and 401s do not count)" if idle else
                                  f"idle stop off ({NAMESPACE}:idleStopMinutes)")]
     budget = g["budget_usd"]
     if budget is None:

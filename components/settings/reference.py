@@ -203,8 +203,9 @@ NOTES: dict[str, tuple[str, str]] = {
         "the front's price per VM-hour, for a flavor the catalog has no price for"),
     'idleStopMinutes': (
         '(off)',
-        'the caretaker deletes the GPU VMs after this many minutes without a request through the proxy (health '
-        'checks and 401s do not count); 15 to 10080; needs `caretakerApiKey`; see [the caretaker](caretaker.md)'),
+        'the caretaker deletes the GPU VMs after this many minutes without an inference request (a POST) through '
+        'the proxy (GETs such as /health and 401s do not count); 15 to 10080; needs `caretakerApiKey`; see [the '
+        'caretaker](caretaker.md)'),
     'budgetUsd': (
         '(off)',
         "a hard limit in US dollars for the stack's GPU VMs since their first `up`, as Hyperstack bills them: the "

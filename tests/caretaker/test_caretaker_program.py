@@ -106,8 +106,8 @@ def _log(flags: Path, *lines: dict[str, Any]) -> None:
             fh.write(json.dumps(line) + "\n")
 
 
-def _request(uri: str, status: int = 200) -> dict[str, Any]:
-    return {"msg": "handled request", "request": {"method": "POST", "uri": uri}, "status": status}
+def _request(uri: str, status: int = 200, method: str = "POST") -> dict[str, Any]:
+    return {"msg": "handled request", "request": {"method": method, "uri": uri}, "status": status}
 
 
 def _live(emu: Emulator) -> list[str]:
@@ -121,8 +121,10 @@ def test_idle_stops_the_gpu_vms_replicas_first_and_keeps_the_rest(tmp_path, emu,
     caretaker.arm(json.loads(config.read_text()))
     state = _poll(config)
     assert state["served_since"] and state["action"] is None
-    # Health checks, refused keys and a half-written line do not count; one request does.
-    _log(flags, _request("/health"), _request("/v1/models", 401), _request("/v1/chat/completions"))
+    # Health checks, model lists and metrics (GETs), refused keys and a half-written line do not count; one
+    # inference request does.
+    _log(flags, _request("/health", method="GET"), _request("/v1/models", method="GET"),
+         _request("/metrics", method="GET"), _request("/v1/chat/completions", 401), _request("/v1/chat/completions"))
     (flags / "access.log").open("a").write('{"partial": ')
     state = _poll(config)
     assert state["requests"] == 1
