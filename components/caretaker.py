@@ -2,9 +2,9 @@
 
 It runs where the endpoint is: on the front when replicas >= 2, else on replica 0's head, as systemd unit
 kimi-caretaker (node_programs/caretaker.py, shipped with components/caretaker_spend.py as weights.sh.j2 ships the
-download). Its step runs once the proxy runs (whose Caddyfile logs the requests it counts and answers its 503,
-templates/_caretaker.Caddyfile.j2); the step's text names every GPU VM's id, so it runs again (and arms the
-caretaker afresh) whenever an `up` re-creates one. Its Hyperstack key arrives on the step's stdin only.
+download). Its step runs once the endpoint's readiness wait passed (the proxy's Caddyfile logs the requests it counts
+and answers its 503, templates/_caretaker.Caddyfile.j2); the step's text names every GPU VM's id, so it runs again
+(and arms the caretaker afresh) whenever an `up` re-creates one. Its Hyperstack key arrives on the step's stdin only.
 """
 
 from __future__ import annotations

@@ -97,8 +97,9 @@ class InferenceCluster(pulumi.ComponentResource):
             assert built[0].endpoint_ready is not None  # one replica: its head holds the endpoint
             ready, door_proxy, door_key = built[0].endpoint_ready, built[0].nodes[0].proxy, built[0].host_keys[0]
         if bp.caretaker is not None and caretaker_api_key is not None and door_proxy is not None:
-            # Beside the readiness wait, once the proxy runs; named after every GPU VM, it arms again after an up
-            # that re-created one (an idle stop's), which also clears the 503 before the readiness wait needs it.
+            # Once the endpoint is ready (a rolling bring-up of replicas is no idleness); named after every GPU VM, it
+            # arms again after an up that re-created one. (The 503 of a stop on the front goes before the readiness
+            # wait: the running caretaker takes it away when it sees the GPU VMs back.)
             care = bp.caretaker
             ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
                 # A number may come back from the state as a float (1000.0): the id is its whole part.
@@ -107,7 +108,7 @@ class InferenceCluster(pulumi.ComponentResource):
                 self, name, render=ids.apply(lambda i: care.render(NodeSpot(identity=i))),
                 deadline_s=care.clock.deadline_s, timeout=care.clock.timeout, public_ip=door_public_ip,
                 ssh_user=care.ssh_user, ssh_private_key=ssh_private_key, host_key=door_key,
-                api_key=caretaker_api_key, vm_id=door_vm.vm_id, depends_on=[door_proxy])
+                api_key=caretaker_api_key, vm_id=door_vm.vm_id, depends_on=[door_proxy, ready.command])
 
         # The stack outputs: a contract, added to and never renamed. The endpoint is derived from the readiness
         # result, so a failed wait never exports an endpoint as if it served; clients dial apiHostname when it is set

@@ -15,8 +15,10 @@ Every `poll_seconds` it
 
 Everything it knows (the idle clock, the count, the spend, what it did and when) is in its state file on its own
 disk, written atomically after every poll: killed and restarted (systemd's Restart=always), it carries on where it
-was, and a stop it began is finished. `--arm` (the caretaker step, on every `up`) clears a finished stop and the 503
-and starts the idle clock afresh. It reaches nothing but the Hyperstack API and the proxy on loopback.
+was, and a stop it began is finished. On the front, which stays, it takes the 503 away once an `up` has made the GPU
+VMs again (so that up's readiness wait gets through); `--arm` (the caretaker step, run by each `up` once the endpoint
+is ready) clears a finished stop and starts the idle clock afresh. It reaches nothing but the Hyperstack API and the
+proxy on loopback.
 """
 
 from __future__ import annotations
@@ -97,14 +99,16 @@ class Api:
         raise ApiError(429, "rate limited after 5 backoffs")
 
     def vm_ids(self, environment: str) -> dict[str, int]:
-        """Name -> id of every VM in the environment, page after page."""
+        """Name -> id of every VM in the environment that is not on its way out (a deleted VM stays listed, DELETING,
+        for a while), page after page."""
         out: dict[str, int] = {}
         for page in range(1, 101):
             body = self.call("GET", "/core/virtual-machines", {"environment": environment, "page": str(page),
                                                                "pageSize": "100", "exact_environment_match": "true"})
             rows = body.get("instances") or []
             for vm in rows:
-                if isinstance(vm, dict) and isinstance(vm.get("name"), str) and isinstance(vm.get("id"), int):
+                if isinstance(vm, dict) and isinstance(vm.get("name"), str) and isinstance(vm.get("id"), int) \
+                        and vm.get("status") not in ("DELETING", "DELETED"):
                     out[vm["name"]] = vm["id"]
             if len(rows) < 100:
                 break
@@ -142,7 +146,7 @@ def arm(cfg: dict[str, Any]) -> None:
         state["history"] = (state.get("history") or [])[-(HISTORY_KEEP - 1):] + [action]
         state["action"] = None
     now = time.time()
-    state.update(armed_at=now, last_request_at=now, served_since=None)
+    state.update(armed_at=now, last_request_at=now, served_since=None, awaiting_arm=False)
     (Path(cfg["flag_dir"]) / STOPPED_FILE).unlink(missing_ok=True)
     write_json(path, state)
     log(f"armed: idle clock restarted{'; the earlier stop (' + action['reason'] + ') is history' if action else ''}")
@@ -221,6 +225,8 @@ def warn_budget(cfg: dict[str, Any], state: dict[str, Any]) -> None:
 
 def reason_to_stop(cfg: dict[str, Any], state: dict[str, Any], now: float) -> tuple[str, str] | None:
     budget, idle = cfg.get("budget_usd"), cfg.get("idle_seconds")
+    if state.get("awaiting_arm"):
+        idle = None  # an `up` is bringing the cluster back: the idle clock waits for its caretaker step
     if budget and state["spend_usd"] >= budget:
         return "budget", (f"the budget is spent: ${state['spend_usd']:,.2f} of ${budget:,.2f} "
                           "(kimi-cluster:budgetUsd)")
@@ -290,6 +296,22 @@ def carry_on_stop(cfg: dict[str, Any], api: Api, state: dict[str, Any], save: An
         log(f"stopped: every GPU VM is deleted ({action['why']}); `pulumi up` brings the cluster back")
 
 
+def back_again(cfg: dict[str, Any], api: Api, state: dict[str, Any]) -> None:
+    """After a finished stop (on the front, which stays): once an `up` has made every GPU VM again, the 503 goes, so
+    that the up's readiness wait gets through; the idle clock waits for the caretaker step, which that up runs once
+    the endpoint is ready (arm)."""
+    try:
+        ids = api.vm_ids(cfg["env_name"])
+    except (ApiError, OSError):
+        return
+    if all(name in ids for name in cfg["gpu_vms"]):
+        action = state["action"]
+        state["history"] = (state.get("history") or [])[-(HISTORY_KEEP - 1):] + [action]
+        state.update(action=None, awaiting_arm=True, served_since=None)
+        (Path(cfg["flag_dir"]) / STOPPED_FILE).unlink(missing_ok=True)
+        log(f"the GPU VMs are back (an up re-created them): the 503 of the {action['reason']} stop is gone")
+
+
 def tick(cfg: dict[str, Any], api: Api, state: dict[str, Any], save: Any) -> None:
     now = time.time()
     counted = new_requests(Path(cfg["flag_dir"]) / "access.log", state.setdefault("log", {}))
@@ -297,7 +319,7 @@ def tick(cfg: dict[str, Any], api: Api, state: dict[str, Any], save: Any) -> Non
         state["requests"] = int(state.get("requests") or 0) + counted
         state["last_request_at"] = now
     action = state.get("action")
-    if not action and not state.get("served_since") and serving(cfg):
+    if not action and not state.get("awaiting_arm") and not state.get("served_since") and serving(cfg):
         state["served_since"] = now
         log("the endpoint serves: the idle clock runs from now")
     spend(cfg, api, state, now)
@@ -309,6 +331,8 @@ def tick(cfg: dict[str, Any], api: Api, state: dict[str, Any], save: Any) -> Non
             save()
     if state.get("action") and not state["action"].get("done_at"):
         carry_on_stop(cfg, api, state, save)
+    elif state.get("action"):
+        back_again(cfg, api, state)
     served = state.get("served_since")
     state["idle_minutes"] = round((now - max(state["last_request_at"], served)) / cfg["minute_seconds"], 2) \
         if served else 0.0

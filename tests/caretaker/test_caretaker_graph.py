@@ -1,5 +1,6 @@
 """The caretaker in the program's graph, under Pulumi's mocks: its one step on the endpoint's VM (the head, or the
-front with replicas), after the proxy, its key on stdin only, the outputs, and `up` refusing a budget it cannot read.
+front with replicas) after the readiness wait, its key on stdin only, the outputs, and `up` refusing a budget it
+cannot read.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ def _everywhere_but_stdin(rec: Recording) -> str:
         + json.dumps(rec.exports)
 
 
-def test_one_replica_runs_it_on_the_head_after_the_proxy():
+def test_one_replica_runs_it_on_the_head_once_the_endpoint_is_ready():
     rec = _run(topology="b300x1-vllm", idleStopMinutes="30")
     step = rec.by_name["kimi-caretaker"]
     assert step.values()["connection"]["host"] == "198.51.100.10"  # the head
     assert any(d.endswith("kimi-node0-proxy") for d in step.deps), step.deps
+    assert any(d.endswith("kimi-ready-wait") for d in step.deps), step.deps
     assert step.values()["stdin"] == CANARY_CARETAKER + "\n" and "stdin" in step.secret_paths()
     script = step.script()
     assert "# The GPU VMs this arming is for: 1000" in script and CANARY_CARETAKER not in script
@@ -51,6 +53,7 @@ def test_with_replicas_it_runs_on_the_front_and_names_every_gpu_vm():
     rec = _run(topology="b300x1-vllm", replicas="2", idleStopMinutes="60")
     step = rec.by_name["kimi-caretaker"]
     assert any(d.endswith("kimi-front-proxy") for d in step.deps), step.deps
+    assert any(d.endswith("kimi-front-ready-wait") for d in step.deps), step.deps
     told = json.loads(base64.b64decode(re.search(r'b64decode\("([A-Za-z0-9+/=]+)"\)', step.script()).group(1)))
     assert told["gpu_vms"] == ["kimi-dev-node0", "kimi-dev-r1-node0"] and told["self_name"] == "kimi-dev-front"
     assert "# The GPU VMs this arming is for: 1000 1100" in step.script()

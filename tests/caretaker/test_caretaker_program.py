@@ -81,6 +81,14 @@ def _cluster(emu: Emulator, names: list[str]) -> dict[str, int]:
     return ids
 
 
+def _cluster_vms(emu: Emulator, names: list[str]) -> None:
+    for name in names:
+        _api(emu, "POST", "/core/virtual-machines", json={
+            "name": name, "environment_name": ENV, "flavor_name": "n3-B300-SXM6x8",
+            "image_name": "Ubuntu Server 24.04 LTS R595 CUDA 13.2 with Docker", "key_name": "k", "count": 1})
+    time.sleep(0.1)
+
+
 def _config(tmp_path: Path, emu: Emulator, health_url: str, **over: Any) -> Path:
     flags = tmp_path / "flags"
     flags.mkdir(exist_ok=True)
@@ -140,11 +148,19 @@ def test_idle_stops_the_gpu_vms_replicas_first_and_keeps_the_rest(tmp_path, emu,
     body = json.loads((flags / caretaker.STOPPED_FILE).read_text())
     assert body["error"]["code"] == 503 and "idle" in body["error"]["message"]
     assert "pulumi up" in body["error"]["message"]
-    # A new up arms it again: the 503 goes, the stop is history, the count stays.
+    # On the front, which stays, the 503 stands until an up has made the GPU VMs again; then it goes (so the up's
+    # readiness wait gets through), and the idle clock waits for the up's caretaker step.
+    assert _poll(config)["action"]["done_at"] and (flags / caretaker.STOPPED_FILE).exists()
+    _cluster_vms(emu, NAMES)
+    state = _poll(config)
+    assert state["action"] is None and state["awaiting_arm"] and not (flags / caretaker.STOPPED_FILE).exists()
+    time.sleep(15 * MINUTE_S + 0.2)
+    assert _poll(config)["action"] is None  # no idle stop before it is armed
+    # The up's caretaker step arms it: the stop is history, the count stays, the clock runs again.
     caretaker.arm(json.loads(config.read_text()))
     state = json.loads((tmp_path / "state.json").read_text())
     assert not (flags / caretaker.STOPPED_FILE).exists() and state["action"] is None
-    assert state["history"][-1]["reason"] == "idle" and state["requests"] == 1
+    assert state["history"][-1]["reason"] == "idle" and state["requests"] == 1 and not state["awaiting_arm"]
 
 
 def test_traffic_keeps_it_up_and_the_clock_waits_for_the_endpoint(tmp_path, emu, health):

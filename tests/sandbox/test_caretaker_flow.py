@@ -174,3 +174,40 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
     inventory = run.emulator().inventory()
     assert inventory["virtual_machines"] == [] and inventory["environments"] and inventory["keypairs"]
     assert "emulator: nothing left" in ok(run("destroy"))
+
+
+def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(sandbox) -> None:
+    run = sandbox()
+    up = run("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", "idleStopMinutes=15")
+    ok(up)
+    outputs = run.outputs()
+    assert outputs["caretaker_vm"] == "kimi-sandbox-front"
+    ca = _ca(run, outputs)
+    assert _ask(run, outputs, ca) == 200
+    gpu = ["kimi-sandbox-node0", "kimi-sandbox-r1-node0"]
+    assert sorted(_gpu_vms(run) + [v["name"] for v in run.emulator().inventory()["virtual_machines"]
+                                   if "r1" in v["name"]]) == sorted(gpu + ["kimi-sandbox-r1-node0"])
+    stop_began = time.monotonic()
+    wait_for("the idle stop of both replicas", lambda: not any(
+        v["name"] in gpu for v in run.emulator().inventory()["virtual_machines"]), 90, interval=0.5)
+    waited = time.monotonic() - stop_began
+    # The front stays, and answers every path (/health too) with the 503 saying why and what brings it back.
+    assert [v["name"] for v in run.emulator().inventory()["virtual_machines"]] == ["kimi-sandbox-front"]
+    for answer in (requests.get(outputs["endpoint_url"] + "/health", timeout=10, verify=str(ca)),
+                   requests.post(outputs["openai_base_url"] + "/chat/completions", timeout=10, verify=str(ca),
+                                 headers={"Authorization": f"Bearer {outputs['api_key']}"}, json={})):
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "cluster_stopped" and error["reason"] == "idle" and "pulumi up" in error["message"]
+    status = ok(run("status"))
+    assert "STOPPED (idle)" in status and "kimi-sandbox-r1-node0, kimi-sandbox-node0" in status, status
+
+    again = run("up")
+    ok(again)
+    assert sorted(n for n in (v["name"] for v in run.emulator().inventory()["virtual_machines"])) == \
+        sorted(gpu + ["kimi-sandbox-front"])
+    assert _ask(run, outputs, ca) == 200  # the 503 is gone: the caretaker step armed it again
+    assert "last stop (idle)" in ok(run("status"))
+    assert "emulator: nothing left" in ok(run("destroy"))
+    report(f"caretaker replicas flow (2 x b300x1-vllm behind a front): up {up.seconds:.1f} s; both replicas deleted "
+           f"{waited:.1f} s after the last request (idle time 15 s); up again {again.seconds:.1f} s")
