@@ -45,6 +45,11 @@ class PulumiError(Exception):
         self.output = output
         self.returncode = returncode
 
+    def __str__(self) -> str:
+        # What the CLI said is the reason: its last lines go with the message, so a door's traceback shows them.
+        tail = self.output.strip().splitlines()[-12:]
+        return "\n".join([super().__str__(), *("  " + line for line in tail)])
+
 
 def toolchain_bin() -> Path:
     """The directory of `pulumi` and its Python language host: scripts/pulumi-toolchain's last line (it builds
