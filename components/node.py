@@ -1,7 +1,7 @@
 """A node's VM with its own SSH host key: the key made once, installed by cloud-init, pinned in every connection.
 
 The module keeps its name for the pickled provider below: live stacks recorded `components.node._HostKeyProvider`
-in their state, and `pulumi destroy` unpickles it from there (tests/foundation/test_pickled_providers.py). Every VM
+in their state, and `pulumi destroy` unpickles it from there (tests/repository/test_pickled_providers.py). Every VM
 of the stack (GPU nodes and the front) is made by `vm_with_host_key`, so each one gets its key the same way.
 """
 

@@ -1,6 +1,6 @@
 """The house rules as functions over a source tree: its import graph, its cycles and its layer breaks.
 
-tests/foundation/test_house.py applies them to this repository and, on a planted tree, proves they catch a cycle
+tests/repository/test_house.py applies them to this repository and, on a planted tree, proves they catch a cycle
 and a layer break. Every import counts (module level, function-local and under TYPE_CHECKING): Python runs a
 function-local one too, so it closes a circle just the same.
 """

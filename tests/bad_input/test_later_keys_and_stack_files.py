@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from components import step_scripts, steps, timing, tls, tls_check
 from components.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, ERROR_MAX_LINES, SettingsError
 from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
-from tests.foundation.test_bad_input import taken
+from tests.bad_input.test_settings_refusals import taken
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"

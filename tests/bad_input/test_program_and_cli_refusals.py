@@ -2,7 +2,7 @@
 ports, your own TLS, nodeTiming as a whole, engine limits, numbers that overflow and the CLIs. Every case must end in
 a refusal naming its key or argument (a SettingsError, or one `error:` line and exit code 1 or 2), quickly.
 
-`python -m tests.foundation.test_bad_input_round3` runs each case in a child process (2 GB of address space, 30 s)
+`python -m tests.bad_input.test_program_and_cli_refusals` runs each case in a child process (2 GB of address space, 30 s)
 and counts, per class, the refusals, the dangerous accepts, the tracebacks and the hangs.
 """
 
@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from components.hyperstack.api import ApiSettings, HyperstackError
 from components.settings import SettingsError
 from components.settings.loader import load_settings, read_stack_file
-from tests.foundation.test_bad_input import taken
+from tests.bad_input.test_settings_refusals import taken
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 HOST = "api.example.com"
@@ -460,7 +460,7 @@ def _count() -> int:
     by_class: dict[int, Counter[str]] = {}
     for index, (cls, name, _) in enumerate(CASES):
         try:
-            done = subprocess.run([sys.executable, "-m", "tests.foundation.test_bad_input_round3", "--one",
+            done = subprocess.run([sys.executable, "-m", "tests.bad_input.test_program_and_cli_refusals", "--one",
                                    str(index)], capture_output=True, text=True, timeout=30, start_new_session=True)
             last = (done.stdout.strip().splitlines() or ["OUTCOME traceback (no output)"])[-1]
             outcome = last.split()[1] if last.startswith("OUTCOME") else "traceback"
