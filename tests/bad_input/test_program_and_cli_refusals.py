@@ -2,8 +2,8 @@
 ports, your own TLS, nodeTiming as a whole, engine limits, numbers that overflow and the CLIs. Every case must end in
 a refusal naming its key or argument (a SettingsError, or one `error:` line and exit code 1 or 2), quickly.
 
-`python -m tests.bad_input.test_program_and_cli_refusals` runs each case in a child process (2 GB of address space, 30 s)
-and counts, per class, the refusals, the dangerous accepts, the tracebacks and the hangs.
+`python -m tests.bad_input.test_program_and_cli_refusals` runs each case in a child process (2 GB of address space,
+30 s) and counts, per class, the refusals, the dangerous accepts, the tracebacks and the hangs.
 """
 
 from __future__ import annotations
