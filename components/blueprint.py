@@ -54,6 +54,7 @@ class ChainArgs:
     clocks: Mapping[str, Clock]
     serves_api: bool
     kernel_cache: bool
+    warmup: bool
     fan_out: int
     peer_rank: int | None
     render: Callable[[NodeSpot], dict[str, str]]
@@ -198,7 +199,8 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
                          *([f"replica-{replica}"] if settings.has_front else [])])
                  for rank in range(settings.nodes)],
             chains=[ChainArgs(rank=rank, ssh_user=ssh_user, clocks=times, serves_api=serves_api(settings, rank),
-                              kernel_cache=settings.kernel_cache is not None, fan_out=fan_out,
+                              kernel_cache=settings.kernel_cache is not None, warmup=settings.kernel_warmup,
+                              fan_out=fan_out,
                               # Behind a front the fan-out spans every replica: a node's place in it is not its rank.
                               peer_rank=replica * settings.nodes + rank if settings.has_front else None,
                               render=partial(spot_scripts, settings, timing=timing))

@@ -314,21 +314,25 @@ def docker_run_argv(
     nic: Word = PLACEHOLDER_NIC,
     threads: Word = PLACEHOLDER_THREADS,
     fingerprint: Word | None = PLACEHOLDER_FINGERPRINT,
+    name: str = CONTAINER_NAME,
+    restart: str = "unless-stopped",
+    engine: Sequence[Item] | None = None,
 ) -> list[Item]:
-    """`docker run` for this rank. Host paths are parameters: the template passes node-root-relative expressions."""
-    engine = settings.engine_name
-    items: list[Item] = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
+    """`docker run` for this rank. Host paths are parameters: the template passes node-root-relative expressions.
+    `name`, `restart` and the `engine` command line (default: engine_argv's) differ for the kernel warm-up
+    (components/warmup.py), which runs the same container otherwise."""
+    items: list[Item] = [("docker", "run", "-d"), ("--name", name), ("--restart", restart)]
     if fingerprint is not None:
         items.append(("--label", _env_word(FINGERPRINT_LABEL, fingerprint)))
     # Host network for both engines: the engine binds the head's loopback, which a published port could not reach.
     items += [("--gpus", "all"), ("--network", "host")]
-    if engine == "vllm":
+    if settings.engine_name == "vllm":
         # Not --privileged, which the recipe's command has: a compromised engine would be root on the host. vLLM's
         # own `docker run` (docs.vllm.ai, "Deploying with Docker") needs only the GPUs and --ipc=host; this is one
         # node (no InfiniBand devices to map) and, at TP 8, vLLM's fastsafetensors loader reads with pread (nogds),
         # not through GPUDirect Storage's /dev/nvidia-fs*.
         items += ["--ipc=host"]
-    elif engine == "tokenspeed":
+    elif settings.engine_name == "tokenspeed":
         items += ["--ipc=host", ("--ulimit", "memlock=-1")]
     else:
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
@@ -342,8 +346,8 @@ def docker_run_argv(
     env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
     items += [("-e", _env_word(k, v)) for k, v in env]
     # sh runs the wrapper with $0 = the container name and "$@" = the engine's command line.
-    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER, CONTAINER_NAME)]
-    items += engine_argv(settings, rank, head_private_ip)
+    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER, name)]
+    items += engine_argv(settings, rank, head_private_ip) if engine is None else list(engine)
     return items
 
 

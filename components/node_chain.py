@@ -1,9 +1,10 @@
 """The bring-up components: one GPU node's chain of remote steps, the endpoint's readiness wait, the kernel-cache save.
 
-ready -> storage -> (image pull || weights || kernel-cache restore) -> check -> launch, each a remote step
-(components/remote_step.py) running a script rendered by components/step_scripts.py; the head of a one-replica stack
-also runs the authenticating TLS proxy (after its image pull, beside the download). Secrets reach the node only on
-stdin, and only the node holding the endpoint gets the API key: the engines run without one, behind the proxy.
+ready -> storage -> (image pull [-> kernel warm-up] || weights || kernel-cache restore) -> check -> launch, each a
+remote step (components/remote_step.py) running a script rendered by components/step_scripts.py; the head of a
+one-replica stack also runs the authenticating TLS proxy (after its image pull, beside the download). Secrets reach
+the node only on stdin, and only the node holding the endpoint gets the API key: the engines run without one, behind
+the proxy.
 """
 
 from __future__ import annotations
@@ -116,12 +117,20 @@ class GpuNode(pulumi.ComponentResource):
         check = self._step("check", scripts, [weights], stdin=token)
         before_launch: list[pulumi.Resource] = [check, image]
         self.commands = {"ready": ready, "storage": storage, "image": image, "weights": weights, "check": check}
+        restored: list[pulumi.Resource] = []
         if args.kernel_cache:
             # Alongside the pull and the download; it never fails, so the launch only ever waits for it.
             restore = self._step("cache-restore", scripts, [storage],
                                  stdin=stdin_lines(secrets.kernel_cache_credentials))
-            before_launch.append(restore)
+            restored.append(restore)
             self.commands["cache-restore"] = restore
+        before_launch += restored
+        if args.warmup:
+            # Beside the download once the image is in, after any restore (whose kernels it then finds); it never
+            # fails (a WARNING, and the launch starts cold), so the launch only ever waits for it.
+            warm = self._step("warmup", scripts, [image, *restored])
+            before_launch.append(warm)
+            self.commands["warmup"] = warm
         # The engine gets no key: no stdin at all.
         self.launched = self._step("launch", scripts, [*before_launch, *launch_after])
         self.commands["launch"] = self.launched

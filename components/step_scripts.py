@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import caretaker, front_config, kernel_cache_key, launch, proxy, weights
+from components import caretaker, front_config, kernel_cache_key, launch, proxy, warmup, weights
 from components.front_tuning import DEFAULT_TUNING
 from components.render import ShellExpr, Verbatim, render
-from components.settings import Settings
-from components.steps import HEAD_STEPS, STEPS, SUMMARIES
+from components.settings import WARMUP_ENGINE_PORT, Settings
+from components.steps import HEAD_STEPS, STEPS, SUMMARIES, WARMUP_STEP
 from components.timing import PIP_BUDGET_S, Timing
 
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -112,11 +113,12 @@ def settings_key(key: str) -> str:
 
 
 def steps_for(settings: Settings) -> tuple[str, ...]:
-    """The chain's steps on every node; the kernel-cache restore only when kernelCache is set."""
-    if settings.kernel_cache is None:
-        return STEPS
+    """The chain's steps on every node; the kernel-cache restore only when kernelCache is set, the kernel warm-up
+    only when kernelWarmup is (after the restore, whose kernels it then finds)."""
+    extra = (*(("cache-restore",) if settings.kernel_cache is not None else ()),
+             *((WARMUP_STEP,) if settings.kernel_warmup else ()))
     at = STEPS.index("weights") + 1
-    return (*STEPS[:at], "cache-restore", *STEPS[at:])
+    return (*STEPS[:at], *extra, *STEPS[at:])
 
 
 def running_steps(settings: Settings) -> tuple[str, ...]:
@@ -191,17 +193,38 @@ def _check(settings: Settings, _step: str, _spot: NodeSpot, _timing: Timing) -> 
             "names_source": _source(NAMES_SOURCE), "verified_dir": weights.VERIFIED_DIR}
 
 
+def _engine_values(settings: Settings, spot: NodeSpot) -> dict[str, Any]:
+    """What the launch and the kernel warm-up both get: the engine's container, its node and its snapshot."""
+    return {"private_ip": spot.private_ip, "engine": settings.engine_name, "nodes": settings.nodes,
+            "repo_folder": _repo_folder(settings), "revision": settings.model_revision,
+            "needs_nic": settings.engine_name == "sglang" and settings.nodes > 1,
+            "gpus_per_node": settings.gpus_per_node_count, "cache_mode": launch.cache_dir_mode(settings),
+            "engine_container": launch.CONTAINER_NAME, "warmup_container": warmup.CONTAINER_NAME,
+            "warmup_result": warmup.RESULT_FILE}
+
+
 def _launch(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
     argv = launch.docker_run_argv(settings, spot.rank, private_ip=spot.private_ip,
                                   head_private_ip=spot.head_private_ip, hf_dir=ShellExpr("${HF}"),
                                   cache_dir=ShellExpr("${CACHE}"))
-    return {"container": launch.CONTAINER_NAME, "private_ip": spot.private_ip, "engine": settings.engine_name,
-            "nodes": settings.nodes, "repo_folder": _repo_folder(settings), "revision": settings.model_revision,
-            "needs_nic": settings.engine_name == "sglang" and settings.nodes > 1,
-            "gpus_per_node": settings.gpus_per_node_count, "cache_mode": launch.cache_dir_mode(settings),
+    return {**_engine_values(settings, spot), "container": launch.CONTAINER_NAME,
             "fingerprint": launch.launch_fingerprint(settings, spot.rank, spot.private_ip, spot.head_private_ip),
             "fingerprint_label": launch.FINGERPRINT_LABEL, "docker_argv": argv,
-            "settle_seconds": timing.settle_seconds}
+            "settle_seconds": timing.settle_seconds, "warmup": settings.kernel_warmup}
+
+
+def _warmup(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+    argv = warmup.docker_run_argv(settings, spot.rank, private_ip=spot.private_ip,
+                                  head_private_ip=spot.head_private_ip, hf_dir=ShellExpr("${HF}"),
+                                  cache_dir=ShellExpr("${CACHE}"), timeout_s=timing.warmup_timeout_s)
+    # A chat request: the route all three engines' OpenAI servers answer.
+    request = {"model": settings.served_name, "messages": [{"role": "user", "content": "warm-up"}], "max_tokens": 8}
+    return {**_engine_values(settings, spot), "docker_argv": argv, "request_body": json.dumps(request),
+            "exits_by_itself": warmup.exits_by_itself(settings), "timeout_s": timing.warmup_timeout_s,
+            "engine_url": f"http://{launch.ENGINE_HOST}:{WARMUP_ENGINE_PORT}", "progress_file": weights.PROGRESS_FILE,
+            "verified_dir": weights.VERIFIED_DIR, "log_tail": timing.log_tail,
+            # What the cache-restore step records once it restored this configuration's kernels.
+            "cache_key": kernel_cache_key.cache_key(settings).id if settings.kernel_cache is not None else ""}
 
 
 def _kernel_cache(settings: Settings, step: str, _spot: NodeSpot, timing: Timing) -> dict[str, Any]:
@@ -270,7 +293,7 @@ def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) 
 
 VALUE_BUILDERS: dict[str, ValueBuilder] = {
     "ready": _ready, "storage": _storage, "image": _image, "weights": _weights, "check": _check,
-    "cache-restore": _kernel_cache, "launch": _launch, "proxy": _proxy, "readiness": _readiness,
+    "cache-restore": _kernel_cache, "warmup": _warmup, "launch": _launch, "proxy": _proxy, "readiness": _readiness,
     "cache-save": _kernel_cache, "engine-ready": _engine_ready, "front-ready": _front_ready,
     "caretaker": _caretaker,
 }

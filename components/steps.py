@@ -10,7 +10,8 @@ from __future__ import annotations
 STEPS = ("ready", "storage", "image", "weights", "check", "launch")
 HEAD_STEPS = ("proxy",)  # the head's own chain steps, besides every node's STEPS
 CACHE_STEPS = ("cache-restore", "cache-save")  # only with kimi-cluster:kernelCache
-ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", *CACHE_STEPS,  # every step that runs on a node;
+WARMUP_STEP = "warmup"  # only with kimi-cluster:kernelWarmup, on every node after the image (and any restore)
+ALL_STEPS = (*STEPS, *HEAD_STEPS, "readiness", *CACHE_STEPS, WARMUP_STEP,  # every step that runs on a node;
              "engine-ready", "front-ready",  # each has a deadline (Timing.deadline_s); these two: replicas >= 2
              "caretaker")  # only with kimi-cluster:idleStopMinutes or budgetUsd, where the endpoint is
 
@@ -27,6 +28,8 @@ SUMMARIES = {
                  "print the engine log and fail",
     "cache-restore": "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
     "cache-save": "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",
+    "warmup": "compile the engine's kernels from the model's shapes on random weights while the weights download; "
+              "on any failure the launch starts cold (only ever warns)",
     # replicas >= 2 (components/front.py): each replica's head answers the front, the front holds the endpoint.
     "engine-ready": "wait until this replica's engine serves the model on its private address, where the front "
                     "asks it, or print the engine log and fail",

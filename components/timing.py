@@ -70,6 +70,9 @@ class Timing:
     check_timeout_s: int = 3 * 3600  # reading (with verifySha256: hashing) 1.5 TB
     launch_timeout_s: int = 900  # removing the old container, starting the new one, the settle check
     proxy_timeout_s: int = 300  # writing a few files, starting the proxy container, its settle check
+    # The kernel warm-up's own deadline (kimi-cluster:kernelWarmup), its wait for config.json included: twice the
+    # 10-20 min of a cold compile (components/operator/bringup.py). Past it the launch starts cold.
+    warmup_timeout_s: int = 2400
     # Beyond a step's own waits: installing tools, writing files, printing the log tail on failure.
     deadline_slack_s: int = 300
 
@@ -105,6 +108,8 @@ class Timing:
             "cache-save": self._cache_minutes(settings, "save") * 60 + PIP_BUDGET_S + slack,
             "engine-ready": self.readiness_s(settings) + slack,
             "front-ready": self.cloud_init_timeout_s + self.docker_timeout_s + slack,
+            # The warm-up gives up at its own deadline, with a warning: it never fails, so this one must outlast it.
+            "warmup": self.warmup_timeout_s + self.docker_timeout_s + slack,
             "caretaker": self.proxy_timeout_s,  # writes a few files and starts (or leaves) one systemd unit
         }
         if step not in defaults:

@@ -17,9 +17,12 @@ from collections.abc import Iterable, Mapping, Sequence
 # The progress file the weights program keeps up to date on every node, relative to the storage path (STORAGE in the
 # node scripts, `storagePath` under `nodeRoot`), e.g. /ephemeral/kimi/progress/weights.json. One JSON object:
 #   {"bytes_done": int, "bytes_total": int, "files_done": int, "files_total": int,
-#    "updated_at": unix seconds (float), "hub_bytes": int, "peer_bytes": int}
+#    "updated_at": unix seconds (float), "hub_bytes": int, "peer_bytes": int, "revision": str,
+#    "metadata_done": bool}
 # bytes_done counts verified files plus the bytes of files in flight; hub_bytes and peer_bytes count what this run
-# received from the hub and from peers. Replaced atomically (write, then rename), so a reader never sees half of it.
+# received from the hub and from peers; metadata_done says every file but the shards (is_shard) of `revision` is
+# verified, which the kernel warm-up waits for. Replaced atomically (write, then rename), so a reader never sees half
+# of it.
 PROGRESS_FILE = "kimi/progress/weights.json"
 # What the weights program recorded about every file it verified (size, sha256, mtime), per revision: the check step
 # compares these with the hub's manifest instead of reading 1.56 TB a second time.
@@ -28,6 +31,12 @@ VERIFIED_DIR = "kimi/verified"
 # Peers serve finished files on their private address only, on this port. The peer firewall rules already let every
 # node's private /32 reach every port of the others, and no rule opens it to the operator or the internet.
 PEER_PORT = 20100  # the default of kimi-cluster:peerPort
+
+
+def is_shard(name: str) -> bool:
+    """A weight shard, the bulk of the checkpoint. Every other file (config.json, the tokenizer, the model's code) is
+    metadata: a few MB that the kernel warm-up needs (components/warmup.py), so the weights program fetches it first."""
+    return name.endswith(".safetensors")
 
 
 def progress_path(storage_dir: str) -> str:

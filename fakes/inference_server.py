@@ -905,6 +905,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prometheus-host", default="0.0.0.0", help="TokenSpeed's (smg's) metrics listener")
     parser.add_argument("--prometheus-port", type=int, default=None,
                         help="TokenSpeed's metrics port; a free one when not given, as `tokenspeed serve` picks")
+    parser.add_argument("--load-format", default="auto",
+                        help="the engines' loader; 'dummy' (random weights) compiles the same kernels, as they do")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the kernels, then exit 0 without serving (SGLang's compile_deep_gemm)")
     parser.add_argument("--fault", action="append", default=[],
                         help="break the server on purpose (repeatable or comma list): " + ", ".join(FAULTS))
     parser.add_argument("--slow-seconds", type=float, default=30.0, help="delay of the 'slow' fault")
@@ -1005,9 +1009,13 @@ def warm_up(engine: str, args: argparse.Namespace, ignored: Sequence[str], env: 
               flush=True)
         return
     seconds = compile_seconds * len(missing) / len(files)
+    weights = "random weights (--load-format dummy)" if args.load_format == "dummy" else "the checkpoint"
     print(f"fake-inference: compiling {len(missing)} of {len(files)} kernels ({seconds:.1f} s; the cache had "
-          f"{len(files) - len(missing)})", file=sys.stderr, flush=True)
-    stop.wait(seconds)
+          f"{len(files) - len(missing)}) on {weights}", file=sys.stderr, flush=True)
+    if stop.wait(seconds):
+        # Stopped mid-compile, as `docker rm -f` stops a warm-up: nothing half-built is left in the cache.
+        print("fake-inference: stopped while compiling; nothing written", file=sys.stderr, flush=True)
+        return
     for path in missing:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         seed = hashlib.sha256(os.path.basename(path).encode()).digest()
@@ -1027,6 +1035,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     warm_up(settings.engine, args, ignored, dict(os.environ),
             float(os.environ.get("FAKE_ENGINE_COMPILE_SECONDS") or 0), stop)
+    if args.compile_only:
+        if stop.is_set():
+            return 128 + signal.SIGTERM  # as a process ended by SIGTERM reports it
+        print("fake-inference: kernels compiled; exiting (compile only)", file=sys.stderr, flush=True)
+        return 0
     if args.node_rank > 0:
         print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang); idling", file=sys.stderr)
         while not stop.wait(1.0):

@@ -52,7 +52,7 @@ from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.utils import build_hf_headers
 
 from components.hub_names import UnsafeName, checked_etag, checked_name
-from components.weights import PEER_PORT, owners
+from components.weights import PEER_PORT, is_shard, owners
 
 CHUNK = 1024 * 1024
 HUB_ATTEMPTS = 5  # per file, for dropped connections and 5xx/429; each retry resumes where the last one stopped
@@ -679,7 +679,8 @@ class Node:
         write_json(self.args.progress_file, {
             "bytes_done": self.bytes_done(), "bytes_total": sum(e.size for e in self.manifest),
             "files_done": len(done), "files_total": len(self.manifest), "updated_at": time.time(),
-            "hub_bytes": self.counters.hub, "peer_bytes": self.counters.peer,
+            "hub_bytes": self.counters.hub, "peer_bytes": self.counters.peer, "revision": self.args.revision,
+            "metadata_done": all(e.name in done for e in self.manifest if not is_shard(e.name)),
         })
 
     # peers
@@ -809,8 +810,9 @@ class Node:
             own = self.owner_map()
             hub_n = sum(1 for _, src in inflight.values() if src is None)
             peer_n = len(inflight) - hub_n
+            # The metadata first (the kernel warm-up waits for it), then the biggest shards first.
             todo = sorted((e for e in self.manifest if e.name not in self.done and e.name not in names_inflight),
-                          key=lambda e: (-e.size, e.name))
+                          key=lambda e: (is_shard(e.name), -e.size, e.name))
             for e in todo:
                 holders = [p for p in self.peers.values() if p.reachable and not p.dead and e.name in p.done]
                 holders.sort(key=lambda p: (p.rank != own[e.name], p.rank))

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 # Every step components/step_scripts.py renders (its SUMMARIES; a test keeps the two in step).
-STEPS = ("ready", "storage", "image", "cache-restore", "weights", "check", "launch", "proxy", "readiness",
+STEPS = ("ready", "storage", "image", "cache-restore", "warmup", "weights", "check", "launch", "proxy", "readiness",
          "cache-save", "engine-ready", "front-ready", "caretaker")
 PROGRESS_FILE = "kimi/progress/weights.json"  # components/weights.py PROGRESS_FILE (this file runs without it)
 CONTAINER = "kimi-engine"

@@ -234,6 +234,11 @@ class CliStacks:
             self.cli().remove_stack(stack)
         stack.config_file.unlink(missing_ok=True)
 
+    def logged_out(self) -> None:
+        """The workdir's Pulumi home and backend were deleted (a destroy forgets them): the next command logs in
+        again, as a user would after removing ~/.pulumi."""
+        self._cli = None
+
     def _operation(self, run: Any) -> dict[str, Any]:
         interrupted: list[int] = []
 

@@ -615,6 +615,7 @@ class Sandbox:
             self.say(f"LEFT: {problem}")
         for name in ("state", "pulumi-home", "sshd"):
             shutil.rmtree(self.dir.root / name, ignore_errors=True)
+        self.cli.logged_out()  # an up by this same Sandbox (the kernel-cache bench's second) logs in again
         shutil.rmtree(self.dir.nodes, ignore_errors=True)
         shutil.rmtree(self.dir.secrets_dir, ignore_errors=True)
         self.dir.record_path.unlink(missing_ok=True)

@@ -5,8 +5,9 @@ measured one (`python -m scripts.timeline` draws what a real bring-up took). The
 
     T_endpoint = T_vm + max(T_image, T_weights) + T_check + T_load + T_warmup + T_ready
 
-(a first bring-up whose kernels are compiled from the model's shapes beside the download, modelled only, takes
-max(T_image + T_warmup_from_shapes, T_weights) there and the cached T_warmup after the load: docs/warm-up.md)
+(a first bring-up with kimi-cluster:kernelWarmup compiles the kernels from the model's shapes beside the download:
+max(T_image + T_warmup_from_shapes, T_weights) there, since the warm-up runs in the engine's image, and the cached
+T_warmup after the load: docs/warm-up.md)
 
 with the weights either pulled whole by every node (S / B_hub) or split between the nodes and fanned out over the
 private network, where the slowest of hub share, disk write and peer traffic decides:
@@ -50,9 +51,11 @@ WARMUP_SOURCE = ("DeepGEMM compiles its kernels just in time on first use (https
                  "https://github.com/sgl-project/sglang/pull/5580, https://github.com/vllm-project/vllm/issues/52330")
 WARMUP_FROM_SHAPES_SOURCE = (
     "the same JIT compiles and tuning as the cold warm-up, run from the model's config.json with random weights "
-    "(SGLang's and vLLM's --load-format dummy: https://docs.vllm.ai/en/latest/configuration/engine_args.html): "
-    "DeepGEMM's kernels depend on the shapes, not the values (https://github.com/deepseek-ai/DeepGEMM); it needs "
-    "the image, so it starts once the pull ends; the launch's own warm-up then reads the filled caches")
+    "(--load-format dummy: SGLang's own python -m sglang.compile_deep_gemm, "
+    "https://github.com/sgl-project/sglang/blob/v0.5.23/python/sglang/compile_deep_gemm.py; vLLM's and "
+    "TokenSpeed's servers started once: https://docs.vllm.ai/en/latest/configuration/engine_args.html): "
+    "DeepGEMM's kernels depend on the shapes, not the values (https://github.com/deepseek-ai/DeepGEMM); it runs in "
+    "the engine's image, so it starts once the pull ends; the launch's own warm-up then reads the filled caches")
 READY_S = (30.0, 120.0)
 READY_SOURCE = "the engine's /health and /v1/models answer, then the verifier's checks (seconds each)"
 
@@ -90,8 +93,8 @@ def phases(settings: Settings, sharded: bool = True, kernel_cache: bool = False,
     """The phases of one bring-up of this stack, in order.
 
     warmup_beside: a first bring-up whose kernels are compiled from the shapes alone while the weights download
-    (docs/warm-up.md); the image row then holds the pull followed by that warm-up, and the launch's warm-up finds
-    the caches filled. Modelled only: the warm-up step is not built yet (issue 35)."""
+    (kimi-cluster:kernelWarmup, docs/warm-up.md); the image row then holds the pull followed by that warm-up, and
+    the launch's warm-up finds the caches filled."""
     s = settings.model_spec.checkpoint_bytes
     n = settings.nodes
     gb = f"{s / 1e9:,.0f} GB"
@@ -149,7 +152,7 @@ def scenarios(settings: Settings) -> dict[str, tuple[float, float]]:
     if settings.nodes > 1:
         out["sharded weights, kernels cold"] = total_s(phases(settings, sharded=True, kernel_cache=False))
     weights = "sharded weights" if settings.nodes > 1 else "weights"
-    out[weights + ", first bring-up, kernels warmed beside the download (modelled, not built)"] = total_s(
+    out[weights + ", first bring-up, kernels warmed beside the download (kernelWarmup)"] = total_s(
         phases(settings, sharded=True, warmup_beside=True))
     out[weights + ", kernel caches restored"] = total_s(phases(settings, sharded=True, kernel_cache=True))
     return out

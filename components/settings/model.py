@@ -101,6 +101,8 @@ class Settings(DerivedValues, BaseModel):
     node_timing: dict[str, int | float] = Field(default_factory=dict, alias="nodeTiming")
     # Free since every file is hashed while it is written (scripts/fetch_weights.py): the check compares records.
     verify_sha256: bool = Field(True, alias="verifySha256")
+    # Compile the engine's kernels from the model's shapes while the weights download (components/warmup.py).
+    kernel_warmup: bool = Field(False, alias="kernelWarmup")
     # Where each node serves its finished weight files to its peers (private addresses only).
     peer_port: int = Field(20100, alias="peerPort", ge=1024, le=65535)
     hf_endpoint: str = Field("https://huggingface.co", alias="hfEndpoint")
@@ -344,6 +346,9 @@ class Settings(DerivedValues, BaseModel):
         if self.engine_port in (self.api_port, SSH_PORT, DIST_INIT_PORT):
             raise ValueError(f"{NAMESPACE}:enginePort {self.engine_port} collides with apiPort, SSH ({SSH_PORT}) or "
                              f"the rendezvous port {DIST_INIT_PORT}; pick another, e.g. {NAMESPACE}:enginePort 30000")
+        for key, port in (("peerPort", self.peer_port), ("enginePort", self.engine_port)):
+            if port in RESERVED_PORTS:  # the kernel warm-up's (the two above are checked with their own words)
+                raise ValueError(f"{NAMESPACE}:{key} {port} is taken by {RESERVED_PORTS[port]}; pick another")
         if (self.tls_certificate is not None) != self.tls_private_key_set:
             raise ValueError(f"{NAMESPACE}:tlsCertificate and {NAMESPACE}:tlsPrivateKey go together: set both (your "
                              "own certificate) or neither (the stack makes its own CA)")

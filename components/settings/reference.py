@@ -167,6 +167,11 @@ NOTES: dict[str, tuple[str, str]] = {
     'verifySha256': (
         '`true`',
         "check every file's sha256 against the hub's manifest (free: hashed while it streamed)"),
+    'kernelWarmup': (
+        '`false`',
+        "compile the engine's kernels from the model's shapes, on random weights, while the weights download; the "
+        'launch then finds them compiled, or starts cold if the warm-up failed (see [Kernel '
+        'warm-up](warm-up.md))'),
     'kernelCache': (
         '(off)',
         'where compiled kernels are kept between bring-ups: a JSON object, see [Kernel '

@@ -63,7 +63,13 @@ MAX_LIST_ITEMS = 256
 # Ports the program itself uses on the nodes; the inference API may not take one of them.
 SSH_PORT = 22
 DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
-RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)"}
+# The kernel warm-up's own (components/warmup.py): its rendezvous, and its engine on the node's loopback with the
+# two TokenSpeed's launcher takes above it. Apart from the launch's, so nothing reaches the warm-up by mistake.
+WARMUP_DIST_INIT_PORT = 20050
+WARMUP_ENGINE_PORT = 20060
+RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)",
+                  WARMUP_DIST_INIT_PORT: "the kernel warm-up's rendezvous",
+                  **{WARMUP_ENGINE_PORT + i: "the kernel warm-up's engine" for i in range(3)}}
 # Below it, only root may listen (Linux's default net.ipv4.ip_unprivileged_port_start).
 UNPRIVILEGED_PORT_MIN = 1024
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.

@@ -113,15 +113,21 @@ def engine_command(run: dict, env: dict[str, str]) -> list[str]:
     return ([entry] if entry else []) + command
 
 
+# SGLang's kernel compile tool (sglang/compile_deep_gemm.py): the server's flags, and it exits once compiled.
+COMPILE_TOOL = "sglang.compile_deep_gemm"
+
+
 def engine_shape(argv: list[str], image: str) -> tuple[str, list[str]]:
-    """(engine, its flags): from `sglang serve`/`vllm serve`/`tokenspeed serve`/`python -m sglang.launch_server`,
-    else the image name."""
+    """(engine, its flags): from `sglang serve`/`vllm serve`/`tokenspeed serve`/`python -m sglang.launch_server`
+    (or SGLang's compile tool, whose flags then carry the fake's --compile-only), else the image name."""
     head = os.path.basename(argv[0]) if argv else ""
     if head in ("sglang", "vllm", "tokenspeed"):
         rest = argv[1:]
         return head, rest[1:] if rest[:1] == ["serve"] else rest
     if head.startswith("python") and argv[1:3] == ["-m", "sglang.launch_server"]:
         return "sglang", argv[3:]
+    if head.startswith("python") and argv[1:3] == ["-m", COMPILE_TOOL]:
+        return "sglang", [*argv[3:], "--compile-only"]
     for engine in ("vllm", "sglang", "tokenspeed"):
         if engine in image.lower():
             return engine, argv
@@ -287,12 +293,18 @@ def main(args: list[str]) -> int:
     except (HookError, OSError) as exc:
         print(f"fake engine: {exc}", file=sys.stderr, flush=True)
         return 125
+    print(f"fake engine: {' '.join(shlex.quote(w) for w in argv[1:])}", flush=True)
+    if "--compile-only" in argv:
+        # A container that ends by itself: its exit code is what `docker inspect` reports (the fake docker reads
+        # it from here). `docker rm -f` signals this process group, the child with it.
+        code = subprocess.run(argv, env=env, check=False).returncode
+        (node_root() / "var/lib/fake-node/docker/containers" / f"{name}.exit").write_text(f"{code}\n")
+        return code
     # The pid file lets the sandbox find the engine; exec keeps that pid the one the fake docker recorded for the
     # container, so `docker rm -f` (which signals it) stops the server itself.
     pid_dir = node_root() / "var/lib/fake-node/engines"
     pid_dir.mkdir(parents=True, exist_ok=True)
     (pid_dir / f"{name}.pid").write_text(f"{os.getpid()}\n")
-    print(f"fake engine: {' '.join(shlex.quote(w) for w in argv[1:])}", flush=True)
     os.execve(argv[0], argv, env)
     return 0  # not reached
 

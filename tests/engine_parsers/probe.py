@@ -2,9 +2,10 @@
 
 Run by tests/engine_parsers/test_engine_parsers.py under the parsers' virtualenv (tests/engine_parsers/install.sh),
 never imported by the project: vLLM and TokenSpeed pin their own torch, pydantic and openai, which must not meet the
-project's pins. Reads a list of requests {"engine": "vllm" | "tokenspeed", "argv": [...flags after `<engine> serve`]}
-on stdin and prints one JSON list of answers in the same order, each {"ok": true, "values": {...}} or {"ok": false,
-"error": "..."}. One process answers them all: importing vLLM (torch with it) costs some 15 CPU-seconds.
+project's pins. Reads a list of requests {"engine": "vllm" | "tokenspeed" | "sglang" | "sglang-compile-tool",
+"argv": [...flags after `<engine> serve` or the tool's module]} on stdin and prints one JSON list of answers in the
+same order, each {"ok": true, "values": {...}} or {"ok": false, "error": "..."}. One process answers them all:
+importing vLLM (torch with it) costs some 15 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -96,9 +97,50 @@ def tokenspeed(argv: list[str]) -> dict[str, Any]:
                 "model_path", "api_key")}}
 
 
+_SGLANG_VALUES = ("model_path", "revision", "served_model_name", "tp_size", "ep_size", "nnodes", "node_rank",
+                  "dist_init_addr", "dist_timeout", "load_format", "model_loader_extra_config", "moe_runner_backend",
+                  "host", "port", "context_length")
+
+
+def _compile_tool_options(parser: argparse.ArgumentParser) -> None:
+    """What `python -m sglang.compile_deep_gemm` adds to the server's options (CompileArgs.add_cli_args), read from
+    the wheel's source: importing the tool starts importing the whole server, GPU packages included."""
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations
+    tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "compile_deep_gemm.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CompileArgs")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args")
+    for call in ast.walk(fn):
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument":
+            names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            kinds = {"int": int, "float": float, "str": str}
+            kind = next((kinds[k.value.id] for k in call.keywords
+                         if k.arg == "type" and isinstance(k.value, ast.Name) and k.value.id in kinds), str)
+            parser.add_argument(*names, type=kind)
+
+
+def sglang(argv: list[str], tool: bool = False) -> dict[str, Any]:
+    """`sglang serve`'s parser (ServerArgs.add_cli_args) and ServerArgs built from it; with `tool`, the compile
+    tool's (the same options and its --timeout)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    if tool:
+        _compile_tool_options(parser)
+    args = parser.parse_args(argv)
+    server = ServerArgs.from_cli_args(args)
+    values = {k: getattr(server, k, None) for k in _SGLANG_VALUES}
+    if tool:
+        values["timeout"] = args.timeout
+    return values
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
+    engines = {"vllm": vllm, "tokenspeed": tokenspeed, "sglang": sglang,
+               "sglang-compile-tool": lambda argv: sglang(argv, tool=True)}
     try:
-        values = {"vllm": vllm, "tokenspeed": tokenspeed}[request["engine"]](list(request["argv"]))
+        values = engines[request["engine"]](list(request["argv"]))
     # Any refusal is the answer asked for: argparse exits, the validators raise their own types.
     except (SystemExit, Exception) as exc:  # noqa: BLE001 - every refusal, of whatever type, is the answer
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -1,6 +1,8 @@
 """Every engine flag the program renders parses with the engine's own parser, from pinned wheels: vLLM's three
 layouts with `vllm serve`'s parser and validator, TokenSpeed's command line with its splitter, its ServerArgs'
-options and the smg gateway's parser. The parsers live in their own virtualenv (install.sh); see probe.py.
+options and the smg gateway's parser, SGLang's four ranks with its ServerArgs; and the kernel warm-up's command
+lines too (SGLang's through its compile tool's parser). The parsers live in their own virtualenv (install.sh); see
+probe.py.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components import launch
+from components import launch, warmup
 from components.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -32,14 +34,29 @@ if not PYTHON.exists():
     pytest.skip(reason, allow_module_level=True)
 
 
-def _rendered(raw: dict) -> list[str]:
+def _node_words(items: list) -> list[str]:
+    """Words as the node's shell hands them to the engine: launch.sh.j2 and warmup.sh.j2 set ${OMP_THREADS} (its
+    cores over its GPUs) and ${LOADER_CONFIG} (SGLang's loader JSON, with that share) before `docker run`."""
+    loader = '{"enable_multithread_load": true, "num_threads": 28}'
+    return [str(w).replace(str(launch.PLACEHOLDER_THREADS), "28").replace(str(launch.PLACEHOLDER_LOADER_CONFIG),
+                                                                            loader)
+            for w in launch.flatten(items)]
+
+
+def _rendered(raw: dict, rank: int = 0) -> list[str]:
     """The engine's flags as the launch step renders them, after `<engine> serve`."""
     settings = load_settings({**BASE, **raw}, "dev")
-    # The node's shell expands ${OMP_THREADS} (launch.sh.j2: its cores over its GPUs) before the engine parses it.
-    words = [str(w).replace(str(launch.PLACEHOLDER_THREADS), "28")
-             for w in launch.flatten(launch.engine_argv(settings, 0, "<head>"))]
+    words = _node_words(launch.engine_argv(settings, rank, "10.0.0.1"))
     assert words[1] == "serve"
     return words[2:]
+
+
+def _warmup(raw: dict, rank: int = 0) -> list[str]:
+    """The kernel warm-up's flags as warmup.sh.j2 renders them: after `<engine> serve`, or after SGLang's tool."""
+    settings = load_settings({**BASE, **raw, "kernelWarmup": True}, "dev")
+    words = _node_words(warmup.engine_argv(settings, rank, "10.0.0.1", 2400))
+    skip = len(warmup.SGLANG_COMPILE_TOOL) if warmup.exits_by_itself(settings) else 2
+    return words[skip:]
 
 
 def _vllm_raw(layout: str | None) -> dict:
@@ -55,6 +72,8 @@ VLLM_LAYOUTS = [
                   "enable_expert_parallel": False, "max_model_len": 1048576}),
 ]
 TOKENSPEED = {"topology": "b300x1-tokenspeed", "image": "lightseekorg/tokenspeed:0.1.1"}
+SGLANG = {"topology": "h100x4-sglang"}
+SGLANG_RANKS = range(4)
 REFUSED = [
     ("tokenspeed", ["m", "--tool-call-parser", "not_a_parser"]),   # smg knows its parsers
     ("tokenspeed", ["m", "--enable-auto-tool-choice"]),            # vLLM's flag: smg refuses it
@@ -62,6 +81,9 @@ REFUSED = [
     ("tokenspeed", ["m", "--kv-cache-dtype", "fp9"]),              # ServerArgs' choices
     ("vllm", ["m", "--decode-context-parallel-size", "eight"]),
     ("vllm", ["m", "--tp-size", "8"]),
+    ("sglang", ["--model-path", "m", "--load-format", "not_a_format"]),
+    ("sglang", ["--model-path", "m", "--tp-size", "eight"]),
+    ("sglang-compile-tool", ["--model-path", "m", "--timeout", "an hour"]),
 ]
 
 
@@ -83,6 +105,10 @@ def answers(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[st
     answers (pytest-xdist's recipe for a fixture that runs once: a file and a lock in the run's shared temp dir)."""
     asked = [("vllm", _rendered(_vllm_raw(layout))) for layout, _ in VLLM_LAYOUTS]
     asked += [("tokenspeed", _rendered(TOKENSPEED)), *REFUSED]
+    asked += [("sglang", _rendered(SGLANG, rank)) for rank in SGLANG_RANKS]
+    asked += [("sglang-compile-tool", _warmup(SGLANG, rank)) for rank in SGLANG_RANKS]
+    asked += [("vllm", _warmup(_vllm_raw(layout))) for layout, _ in VLLM_LAYOUTS]
+    asked += [("tokenspeed", _warmup(TOKENSPEED))]
     base = tmp_path_factory.getbasetemp()
     shared = base if worker_id == "master" else base.parent  # this run's directory, never an earlier run's
     # Named by what was asked and with which probe, so no other request set can read these answers.
@@ -126,3 +152,45 @@ def test_tokenspeeds_command_line_parses_with_its_splitter_serverargs_and_the_ga
 @pytest.mark.parametrize("engine,argv", REFUSED)
 def test_the_parsers_refuse_what_the_engines_refuse(answers, engine, argv):
     assert not answers[_key(engine, argv)]["ok"]
+
+
+@pytest.mark.parametrize("rank", SGLANG_RANKS)
+def test_every_sglang_rank_parses_with_sglangs_own_parser_loader_threads_included(answers, rank):
+    answer = answers[_key("sglang", _rendered(SGLANG, rank))]
+    assert answer["ok"], answer
+    values = answer["values"]
+    assert (values["tp_size"], values["ep_size"], values["nnodes"], values["node_rank"]) == (32, 32, 4, rank)
+    assert values["dist_init_addr"] == "10.0.0.1:20000" and values["load_format"] == "auto"
+    # The loader's share of the node's cores, as SGLang's DefaultModelLoader reads it.
+    assert json.loads(values["model_loader_extra_config"]) == {"enable_multithread_load": True, "num_threads": 28}
+    assert values["moe_runner_backend"] == "marlin" and values["host"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("rank", SGLANG_RANKS)
+def test_every_sglang_ranks_warmup_parses_with_the_compile_tools_parser(answers, rank):
+    answer = answers[_key("sglang-compile-tool", _warmup(SGLANG, rank))]
+    assert answer["ok"], answer
+    values = answer["values"]
+    assert (values["tp_size"], values["nnodes"], values["node_rank"]) == (32, 4, rank)
+    # Random weights, no loader config (the dummy loader refuses one), the warm-up's own ports, its own deadline.
+    assert values["load_format"] == "dummy" and values["model_loader_extra_config"] == "{}"
+    assert values["dist_init_addr"] == "10.0.0.1:20050" and (values["host"], values["port"]) == ("127.0.0.1", 20060)
+    assert values["timeout"] == 2400
+
+
+@pytest.mark.parametrize("layout,expected", VLLM_LAYOUTS)
+def test_each_vllm_layouts_warmup_parses_with_vllms_own_parser(answers, layout, expected):
+    answer = answers[_key("vllm", _warmup(_vllm_raw(layout)))]
+    assert answer["ok"], answer
+    values = answer["values"]
+    assert {k: values[k] for k in expected} == expected  # the same layout as the launch compiles for
+    assert values["load_format"] == "dummy" and (values["host"], values["port"]) == ("127.0.0.1", 20060)
+
+
+def test_tokenspeeds_warmup_parses_with_its_splitter_serverargs_and_the_gateway(answers):
+    answer = answers[_key("tokenspeed", _warmup(TOKENSPEED))]
+    assert answer["ok"], answer
+    engine, gateway = answer["values"]["engine"], answer["values"]["gateway"]
+    assert engine["--load-format"] == "dummy" and engine["--tensor-parallel-size"] == "8"
+    assert (gateway["host"], gateway["port"]) == ("127.0.0.1", 20060)
+    assert (gateway["prometheus_host"], gateway["prometheus_port"]) == ("127.0.0.1", 20062)

@@ -173,7 +173,7 @@ def test_one_node_has_no_sharded_weights_phase(capsys):
     b = json.loads(capsys.readouterr().out)["time_to_endpoint"]
     assert not any("sharded" in p["phase"] for p in b["phases"])
     assert set(b["totals"]) == {"every node pulls all, kernels cold", "weights, kernel caches restored",
-                                "weights, first bring-up, kernels warmed beside the download (modelled, not built)"}
+                                "weights, first bring-up, kernels warmed beside the download (kernelWarmup)"}
 
 
 def test_a_warm_up_beside_the_download_waits_for_the_image_and_leaves_the_restored_bring_up_alone():
