@@ -240,6 +240,8 @@ def _opt(args: list[str], *names: str) -> str | None:
 
 def _docker_ps(args: list[str]) -> None:
     filters, fmt, quiet, show_all = [], None, False, False
+    # docker takes combined short flags (`-aq`) as its CLI library does.
+    args = [w for a in args for w in ([f"-{c}" for c in a[1:]] if re.fullmatch(r"-[aq]{2,}", a) else [a])]
     i = 0
     while i < len(args):
         a = args[i]
