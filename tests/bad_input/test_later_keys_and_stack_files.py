@@ -73,6 +73,10 @@ REFUSED = [
     ({"enginePort": 20100}, "kimi-cluster:peerPort 20100 collides"),
     ({"apiPort": 20100}, "kimi-cluster:peerPort 20100 collides"),
     ({"apiPort": 30000}, "kimi-cluster:enginePort 30000 collides"),
+    # the kernel warm-up's own ports (components/warmup.py), taken whether or not it is on
+    ({"enginePort": 20060}, "kimi-cluster:enginePort 20060 is taken by the kernel warm-up's engine"),
+    ({"peerPort": 20050}, "kimi-cluster:peerPort 20050 is taken by the kernel warm-up's rendezvous"),
+    ({"apiPort": 20062}, "port 20062 is taken by the kernel warm-up's engine"),
     # 5. one image rule for image and proxyImage
     ({"proxyImage": "caddy:2\n"}, "kimi-cluster:proxyImage"),
     ({"proxyImage": "caddy@sha256:abc"}, "kimi-cluster:proxyImage"),

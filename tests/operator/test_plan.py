@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -196,3 +197,23 @@ def test_a_warm_up_beside_the_download_waits_for_the_image_and_leaves_the_restor
     assert first[1] == bringup.total_s(beside[:1] + [max(off_path, key=lambda p: p.high_s)] + beside[3:])[1]
     assert bringup.total_s(restored) < first < bringup.total_s(cold)
     assert bringup.phases(s, sharded=True, kernel_cache=True, warmup_beside=True) == restored
+
+
+def test_a_stack_with_the_warm_up_prints_its_first_and_later_bring_ups_side_by_side(tmp_path, capsys):
+    cfg = write_stack(tmp_path, f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n"
+                                "  kimi-cluster:kernelWarmup: true\n")
+    assert plan.main(["--config", cfg, "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["time_to_endpoint"]
+    assert b["formula"].startswith("T_vm + max(T_image + T_warmup_from_shapes, T_weights)")
+    warmed = b["totals"]["sharded weights, first bring-up, kernels warmed beside the download (kernelWarmup)"]
+    assert b["this_stack"] == warmed and b["this_stack_later"] == warmed  # no kernel cache: every bring-up warms
+    assert warmed < b["totals"]["sharded weights, kernels cold"]
+    rows = {p["phase"]: p for p in b["phases"]}
+    beside = rows["image pull, then kernel warm-up from shapes (alongside the weights)"]
+    assert "sglang/blob/v0.5.23/python/sglang/compile_deep_gemm.py" in beside["source"]
+    assert not rows["kernel warm-up, cold"]["on_critical_path"]
+    assert rows["kernel warm-up, caches restored"]["on_critical_path"]
+    assert plan.main(["--config", cfg]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"this stack, first bring-up +[\d.]+-[\d.]+ min +\(kernels warmed beside the download\)", text)
+    assert re.search(r"this stack, later bring-ups +[\d.]+-[\d.]+ min", text)
