@@ -135,7 +135,9 @@ def test_three_nodes_take_each_file_from_the_hub_once_and_end_complete(cluster):
             assert p["files_done"] == p["files_total"] == len(files) and p["bytes_done"] == p["bytes_total"]
             assert p["hub_bytes"] + p["peer_bytes"] == p["bytes_total"] and p["peer_bytes"] > 0
             assert isinstance(p["updated_at"], float) and set(p) == {
-                "bytes_done", "bytes_total", "files_done", "files_total", "updated_at", "hub_bytes", "peer_bytes"}
+                "bytes_done", "bytes_total", "files_done", "files_total", "updated_at", "hub_bytes", "peer_bytes",
+                "revision", "metadata_done"}
+            assert p["metadata_done"] is True and p["revision"] == REVISION
         assert all(hub.downloads(f) == 1 for f in hub.files), "a file came from the hub more than once"
         checkpoint = sum(len(f.data) for f in files)
         shares = [hub_bytes(hub, h) for h in c.hosts]
@@ -308,3 +310,17 @@ def test_a_complete_node_with_serve_complete_feeds_a_new_twin_with_no_hub_bytes(
         assert c.progress(1)["peer_bytes"] == c.progress(1)["bytes_total"] and c.progress(1)["hub_bytes"] == 0
         assert "serving them until every peer has them" in c.log(0)
         assert not any(listening(h, c.port) for h in c.hosts)
+
+
+def test_a_lone_node_takes_the_metadata_before_any_shard_for_the_kernel_warm_up(cluster):
+    # The kernel warm-up (templates/warmup.sh.j2) waits for config.json and the rest of the small files only.
+    files = synthetic_repo(6, 20_000)
+    with FakeHub(REPO, REVISION, files) as hub:
+        c = cluster(hub, 1, **{"--workers": "1"})
+        c.start_all()
+        assert c.wait() == {0: 0}
+        served = [p for _, m, p, status, _ in hub.answers if m == "GET" and status in (200, 206)]
+        bodies = [f.path for p in served for f in files if p.endswith("/" + f.path) or p.endswith(f.sha256)]
+        metadata = [f.path for f in files if not f.path.endswith(".safetensors")]
+        assert sorted(bodies[:len(metadata)]) == sorted(metadata), bodies
+        assert c.progress(0)["metadata_done"] is True
