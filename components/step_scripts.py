@@ -27,10 +27,12 @@ WEIGHTS_UNIT = "kimi-weights"
 BOTO3_VERSION = "1.44.5"  # the S3 client the kernel-cache program runs with; the project pins the same
 _ROOT = Path(__file__).resolve().parents[1]
 CHECK_SOURCE = _ROOT / "node_programs" / "check_download.py"
-KERNEL_CACHE_SOURCE = _ROOT / "node_programs" / "kernel_cache.py"
-FETCH_SOURCE = _ROOT / "node_programs" / "fetch_weights.py"
-SPLIT_SOURCE = _ROOT / "components" / "weights.py"  # the split, shipped beside the program
-NAMES_SOURCE = _ROOT / "components" / "hub_names.py"  # the manifest's name rules, shipped beside both
+NAMES_SOURCE = _ROOT / "components" / "hub_names.py"  # the manifest's name rules, shipped beside the check
+# The node programs made of several modules, each shipped with what it imports, at their paths in this repository.
+WEIGHTS_PROGRAM = ("node_programs/fetch_weights.py", "node_programs/weights_files.py",
+                   "node_programs/weights_peers.py", "components/weights.py", "components/hub_names.py")
+KERNEL_CACHE_PROGRAM = ("node_programs/kernel_cache.py", "node_programs/kernel_files.py",
+                        "node_programs/kernel_store.py", "components/printable.py")
 PRINTABLE_SOURCE = _ROOT / "components" / "printable.py"  # status's escape, for what engines print
 CARETAKER_SOURCE = _ROOT / "node_programs" / "caretaker.py"
 SPEND_SOURCE = _ROOT / "components" / "caretaker_spend.py"  # the billing history's reading, shipped beside it
@@ -87,6 +89,35 @@ def _source(path: Path) -> Verbatim:
     """A program of this repository, as the body of a quoted heredoc (its delimiter never appears in it)."""
     text = path.read_text(encoding="utf-8")
     return Verbatim(text if text.endswith("\n") else text + "\n")
+
+
+@dataclass(frozen=True)
+class ShippedFile:
+    """A file of this repository a node program needs: where it lands under the program's folder (its path here),
+    its bytes, and the quoted heredoc's delimiter that carries them (templates/_ship.sh.j2)."""
+
+    path: str
+    body: Verbatim
+    delimiter: str
+
+
+def shipped(paths: Sequence[str]) -> list[ShippedFile]:
+    """The files a node program is made of, laid out as in this repository, so that `python -m node_programs.X`
+    imports its siblings on the node as it does in the tests."""
+    out = []
+    for path in paths:
+        body = _source(_ROOT / path)
+        delimiter = "KIMI_" + "".join(c if c.isalnum() else "_" for c in path.upper())
+        if delimiter in body:
+            raise ValueError(f"{path} contains its own heredoc delimiter {delimiter}")
+        out.append(ShippedFile(path, body, delimiter))
+    return out
+
+
+def shipped_packages(paths: Sequence[str]) -> list[str]:
+    """The package folders the shipped files sit in; each gets an empty __init__.py on the node, so no package's
+    own imports run there."""
+    return sorted({path.rpartition("/")[0] for path in paths if "/" in path})
 
 
 def common_values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
@@ -183,8 +214,8 @@ def _weights(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> 
             "peer_rank": spot.rank if spot.peer_rank is None else spot.peer_rank,
             "serve_complete": settings.has_front, "peer_timeout_s": timing.peer_timeout_s,
             "stall_seconds": timing.stall_seconds, "progress_file": weights.PROGRESS_FILE,
-            "verified_dir": weights.VERIFIED_DIR, "plan_source": _source(SPLIT_SOURCE),
-            "program_source": _source(FETCH_SOURCE), "names_source": _source(NAMES_SOURCE)}
+            "verified_dir": weights.VERIFIED_DIR, "ship_files": shipped(WEIGHTS_PROGRAM),
+            "ship_packages": shipped_packages(WEIGHTS_PROGRAM)}
 
 
 def _check(settings: Settings, _step: str, _spot: NodeSpot, _timing: Timing) -> dict[str, Any]:
@@ -237,7 +268,7 @@ def _kernel_cache(settings: Settings, step: str, _spot: NodeSpot, timing: Timing
         "engine": settings.engine_name, "key": key.id, "key_fields": key.fields_json, "location": cfg.location,
         "bucket": cfg.bucket, "prefix": cfg.prefix, "endpoint_url": cfg.endpoint_url or "", "region": cfg.region,
         "addressing_style": cfg.addressing_style, "boto3_version": BOTO3_VERSION,
-        "program_source": Verbatim(_source(KERNEL_CACHE_SOURCE)),  # the body of a quoted heredoc
+        "ship_files": shipped(KERNEL_CACHE_PROGRAM), "ship_packages": shipped_packages(KERNEL_CACHE_PROGRAM),
         "give_up": "starting cold" if restoring else "WARNING: not saved",
         "timeout_s": timing.kernel_cache_transfer_s(step, settings), "pip_timeout_s": PIP_BUDGET_S // 2,
         "timeout_key": "restoreTimeoutMinutes" if restoring else "saveTimeoutMinutes",

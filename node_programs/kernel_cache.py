@@ -17,411 +17,40 @@ no more than the manifest records (archive size, unpacked bytes, entries) and ne
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import hashlib
 import io
 import json
 import os
 import shutil
-import stat
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 # status's escape: shipped beside this program on the node (templates/_printable.sh.j2); the names it prints are
 # the engine's to choose.
 from components.printable import printable
-
-ARCHIVE_NAME = "cache.tar.gz"
-MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
-CHUNK = 8 * 1024 * 1024
-
-# The kernel caches under the container's /root/.cache (components/launch.py sets the first three; SGLang puts
-# DeepGEMM's under sglang/deep_gemm whatever DG_JIT_CACHE_DIR says, vLLM its torch.compile artifacts under
-# VLLM_CACHE_ROOT; TokenSpeed's kernel package its autotune results and MSA FMHA builds where launch.py points
-# TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR and MINFER_FMHA_CACHE_DIR). Nothing else in that folder travels: not the
-# Hugging Face folder, not pip's cache.
-ALLOWED_ROOTS = ("triton", "torchinductor", "deep_gemm", "sglang/deep_gemm", "vllm/torch_compile_cache",
-                 "vllm/torch_aot_compile", "flashinfer", "torch_extensions", "autotune/flashinfer",
-                 "minfer/fmha_sm100")
-# Names that are never a kernel, wherever they are: tokens, env files, keys, credentials.
-DENIED_NAMES = ("token", "stored_tokens", "*.env", ".env", ".env.*", "*.netrc", ".netrc", "netrc", "credentials",
-                "credentials.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.header", "*secret*",
-                "*token*", ".git-credentials", "*.p12")
-MIN_SECRET_LEN = 8
-# What a restore may unpack, whatever the manifest says: the archive lands on the disk that holds the weights and
-# Docker's data, and a bucket writer (or anyone with the bucket's key) chooses its content.
-MAX_ARCHIVE_BYTES = 64 * 10**9
-MAX_UNPACKED_BYTES = 128 * 10**9
-MAX_MEMBERS = 200_000
-# Open flags for every path under the cache folder: the engine container writes there as root, so any component
-# may have been swapped for a link (or a FIFO) since it was last looked at.
-_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-# A file is first opened with O_PATH, which runs no open of its own: a device node planted there (its driver's open
-# may act, a tape rewinds, a watchdog starts) or a FIFO (its writer wakes) is refused by type before anything opens
-# it. The regular file is then read through that descriptor, never by its name again.
-_PATH_ONLY = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_REOPEN = os.O_RDONLY | os.O_CLOEXEC
-
-
-class CacheError(Exception):
-    """Why a restore starts cold or a save is skipped; one line."""
-
-
-# ---- paths the container can reach -----------------------------------------------------------------------------------
-
-
-def _open_root(cache_dir: str) -> int:
-    """The cache folder itself, refused if it is a link (the host made it; the container can only write inside)."""
-    try:
-        return os.open(cache_dir, _NOFOLLOW_DIR)
-    except OSError as exc:
-        raise CacheError(f"cannot open the cache folder {cache_dir} without following links: {exc}") from None
-
-
-def _open_dirs(root_fd: int, parts: list[str], create: bool) -> int:
-    """The folder `parts` below root_fd, one component at a time with O_NOFOLLOW, so no component is ever a link.
-
-    Returns a new descriptor (the caller closes it). Each component is opened relative to the one before, so a link
-    swapped in after a check cannot redirect a later step: the descriptors stay on the folders that were checked.
-    """
-    fd = os.dup(root_fd)
-    try:
-        for part in parts:
-            if part in ("", ".", "..") or "/" in part:
-                raise CacheError(f"refusing the path component {part!r}")
-            if create:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nxt = os.open(part, _NOFOLLOW_DIR, dir_fd=fd)
-            except OSError as exc:
-                raise CacheError(f"refusing {'/'.join(parts)}: the component {part!r} is not a plain folder "
-                                 f"({os.strerror(exc.errno or 0)}), perhaps a link planted in the cache") from None
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _inside(fd: int, root: str) -> bool:
-    """Where the kernel says this descriptor's folder is (Linux's /proc), checked to lie inside `root`."""
-    where = f"/proc/self/fd/{fd}"
-    if not os.path.exists(where):
-        return True  # no /proc: the O_NOFOLLOW walk alone has to do
-    real = os.path.realpath(where)
-    return real == root or real.startswith(root.rstrip("/") + "/")
-
-
-def open_file_beneath(root_fd: int, rel: str) -> int:
-    """A file below root_fd opened once, with no link followed in any component; refused unless a regular file."""
-    *dirs, name = rel.split("/")
-    dfd = _open_dirs(root_fd, dirs, create=False)
-    try:
-        pfd = os.open(name, _PATH_ONLY, dir_fd=dfd)
-    except OSError as exc:
-        raise CacheError(f"{rel} cannot be opened without following a link ({os.strerror(exc.errno or 0)})") from None
-    finally:
-        os.close(dfd)
-    try:
-        mode = os.fstat(pfd).st_mode
-        if stat.S_ISLNK(mode):
-            raise CacheError(f"{rel} cannot be opened without following a link (it is one)")
-        if not stat.S_ISREG(mode):
-            raise CacheError(f"{rel} is not a regular file")
-        return os.open(f"/proc/self/fd/{pfd}", _REOPEN)  # the very file just checked (Linux's /proc)
-    finally:
-        os.close(pfd)
-
-
-# ---- what may travel -----------------------------------------------------------------------------------------------
-
-
-def allowed_path(rel: str) -> bool:
-    """A path inside the cache folder that is under one of the kernel caches and has no denied name."""
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        return False
-    if not any(rel == root or rel.startswith(root + "/") for root in ALLOWED_ROOTS):
-        return False
-    return not any(fnmatch.fnmatch(p.lower(), pat) for p in parts for pat in DENIED_NAMES)
-
-
-def secret_values(paths: list[str]) -> list[bytes]:
-    """The secrets in the node's root-only files (an env file's values, a header's token, an ID:SECRET pair)."""
-    found: set[str] = set()
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                lines = fh.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            line = line.strip()
-            candidates = {line, line.partition("=")[2], line.rpartition("Bearer ")[2], *line.split(":")}
-            found.update(c.strip() for c in candidates if len(c.strip()) >= MIN_SECRET_LEN)
-    return sorted((s.encode() for s in found), key=len, reverse=True)
-
-
-class SecretScanner:
-    """Looks for any of the node's secrets in a stream of blocks, also across block boundaries."""
-
-    def __init__(self, secrets: list[bytes]) -> None:
-        self.secrets = secrets
-        self.overlap = max((len(s) for s in secrets), default=0)
-        self.tail = b""
-
-    def feed(self, block: bytes) -> bool:
-        if not self.secrets:
-            return False
-        window = self.tail + block
-        self.tail = window[-self.overlap:]
-        return any(s in window for s in self.secrets)
-
-
-def _holds_secret(fd: int, secrets: list[bytes]) -> bool:
-    scanner = SecretScanner(secrets)
-    if not secrets:
-        return False
-    os.lseek(fd, 0, os.SEEK_SET)
-    for block in iter(lambda: os.read(fd, CHUNK), b""):
-        if scanner.feed(block):
-            return True
-    return False
-
-
-@dataclass
-class Selection:
-    """The files a save packs, and what it left behind and why."""
-
-    files: list[tuple[str, os.stat_result]] = field(default_factory=list)
-    stripped: list[str] = field(default_factory=list)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(st.st_size for _, st in self.files)
-
-    def tree_digest(self) -> str:
-        """Names, sizes and whole-second mtimes (what tar keeps): equal after a restore that nothing changed."""
-        h = hashlib.sha256()
-        for rel, st in self.files:
-            h.update(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
-        return h.hexdigest()
-
-
-def select(cache_dir: str, secrets: list[bytes]) -> Selection:
-    """Walk the cache folder without following links; keep regular files that may travel.
-
-    Each file is opened once with no link followed (open_file_beneath) and its secret scan reads that descriptor;
-    the stat kept is the descriptor's, so `pack` can tell if the path names another file by the time it packs.
-    """
-    sel = Selection()
-    if not os.path.lexists(cache_dir):
-        return sel  # the engine has not started yet: nothing compiled
-    root_fd = _open_root(cache_dir)
-    try:
-        for dirpath, dirnames, filenames in os.walk(cache_dir):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, cache_dir).replace(os.sep, "/")
-                if not allowed_path(rel):
-                    if any(rel.startswith(root + "/") for root in ALLOWED_ROOTS):
-                        sel.stripped.append(f"{rel} (a name kernels never have)")
-                    continue
-                try:
-                    fd = open_file_beneath(root_fd, rel)
-                except CacheError:
-                    sel.stripped.append(f"{rel} (not a regular file)")
-                    continue
-                try:
-                    if _holds_secret(fd, secrets):
-                        sel.stripped.append(f"{rel} (holds a secret of this node)")
-                        continue
-                    sel.files.append((rel, os.fstat(fd)))
-                finally:
-                    os.close(fd)
-    finally:
-        os.close(root_fd)
-    return sel
-
-
-def kernel_file_count(cache_dir: str) -> int:
-    if not os.path.isdir(cache_dir):
-        return 0
-    count = 0
-    for dirpath, _, filenames in os.walk(cache_dir):
-        for name in filenames:
-            rel = os.path.relpath(os.path.join(dirpath, name), cache_dir).replace(os.sep, "/")
-            count += allowed_path(rel)
-    return count
-
-
-# ---- the store -----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Store:
-    """One bucket and prefix through boto3; errors become one-line CacheErrors that name the setting to check."""
-
-    bucket: str
-    prefix: str
-    endpoint_url: str | None
-    region: str
-    addressing_style: str
-    credentials_file: str
-    client: Any = None
-
-    @property
-    def where(self) -> str:
-        return self.place("")
-
-    def place(self, key: str) -> str:
-        at = f" at {self.endpoint_url}" if self.endpoint_url else ""
-        return f"s3://{self.bucket}/{self.prefix}{key + '/' if key else ''}{at}"
-
-    def connect(self) -> None:
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError as exc:
-            raise CacheError(f"boto3 is not installed on this node ({exc})") from None
-        try:
-            with open(self.credentials_file, encoding="utf-8") as fh:
-                value = fh.read().strip()
-        except OSError:
-            value = ""
-        key_id, sep, secret = value.partition(":")
-        if not sep or not key_id or not secret:
-            raise CacheError("no usable credentials: kimi-cluster:kernelCacheCredentials must be "
-                             "ACCESS_KEY_ID:SECRET_ACCESS_KEY")
-        config = Config(connect_timeout=5, read_timeout=60, retries={"max_attempts": 4, "mode": "standard"},
-                        s3={"addressing_style": self.addressing_style})
-        self.client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
-                                   aws_access_key_id=key_id, aws_secret_access_key=secret, config=config)
-
-    def object_key(self, key: str, name: str) -> str:
-        return f"{self.prefix}{key}/{name}"
-
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
-
-        try:
-            return fn()
-        except ClientError as exc:
-            err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("NoSuchKey", "404", "NotFound"):
-                raise _Missing(what) from None
-            if code == "NoSuchBucket":
-                raise CacheError(f"bucket {self.bucket} does not exist at {self.where} "
-                                 "(kimi-cluster:kernelCache.bucket)") from None
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidClientTokenId",
-                        "403", "Forbidden") or status == 403:
-                raise CacheError(f"the store refused the credentials ({code or status}) for {what} at {self.where}; "
-                                 "check kimi-cluster:kernelCacheCredentials and the key's permissions") from None
-            raise CacheError(f"the store answered {code or status} to {what} at {self.where}: "
-                             f"{err.get('Message', '')}".rstrip(": ")) from None
-        except EndpointConnectionError as exc:
-            raise CacheError(f"the store at {self.where} is unreachable: {exc}") from None
-        except BotoCoreError as exc:
-            raise CacheError(f"{what} at {self.where} failed: {type(exc).__name__}: {exc}") from None
-
-    def get_manifest(self, key: str) -> dict[str, Any] | None:
-        name = self.object_key(key, MANIFEST_NAME)
-        try:
-            body = self._call(f"reading {name}", lambda: self.client.get_object(Bucket=self.bucket, Key=name))
-        except _Missing:
-            return None
-        try:
-            manifest = json.loads(body["Body"].read())
-        except ValueError:
-            raise CacheError(f"the manifest {name} is not JSON") from None
-        if not isinstance(manifest, dict):
-            raise CacheError(f"the manifest {name} is not a JSON object")
-        return manifest
-
-    def download(self, key: str, dest: str, progress: Callable[[int], None], size: int | None = None) -> None:
-        """Fetch the archive; with `size`, refused before a byte is fetched if the object is of another size."""
-        name = self.object_key(key, ARCHIVE_NAME)
-        if size is not None:
-            try:
-                head = self._call(f"reading the size of {name}",
-                                  lambda: self.client.head_object(Bucket=self.bucket, Key=name))
-            except _Missing:
-                raise CacheError(f"the manifest names {name}, but the archive is missing") from None
-            length = head.get("ContentLength")
-            if length != size:
-                raise CacheError(f"the archive is {length:,} bytes, the manifest recorded {size:,}"
-                                 if isinstance(length, int) else "the store gives no size for the archive")
-        try:
-            self._call(f"downloading {name}",
-                       lambda: self.client.download_file(self.bucket, name, dest, Callback=progress))
-        except _Missing:
-            raise CacheError(f"the manifest names {name}, but the archive is missing") from None
-
-    def upload(self, key: str, path: str, manifest: dict[str, Any], progress: Callable[[int], None]) -> None:
-        name = self.object_key(key, ARCHIVE_NAME)
-        self._call(f"uploading {name}", lambda: self.client.upload_file(
-            path, self.bucket, name, Callback=progress, ExtraArgs={"ContentType": "application/gzip"}))
-        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        mname = self.object_key(key, MANIFEST_NAME)
-        self._call(f"writing {mname}", lambda: self.client.put_object(
-            Bucket=self.bucket, Key=mname, Body=body, ContentType="application/json"))
-
-
-class _Missing(Exception):
-    pass
-
-
-# ---- progress --------------------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """Counts bytes from boto3's callbacks (several threads) and prints a line every `every` seconds."""
-
-    def __init__(self, verb: str, total: int, every: float, limit: int | None = None) -> None:
-        self.verb, self.total, self.every, self.limit = verb, total, every, limit
-        self.done = 0
-        self.last = time.monotonic()
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        if self.limit is not None and self.done > self.limit:
-            # The object grew after its size was read: stop before it fills the disk.
-            raise CacheError(f"the archive is more than the {self.limit:,} bytes the manifest recorded")
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            of = f" of {_mb(self.total)}" if self.total else ""
-            say(f"{self.verb}: {_mb(self.done)}{of}")
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
-def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] kernel cache: {text}", flush=True)
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
+from node_programs.kernel_files import (
+    ALLOWED_ROOTS,
+    ARCHIVE_NAME,
+    FORMAT_VERSION,
+    MAX_ARCHIVE_BYTES,
+    MAX_MEMBERS,
+    MAX_UNPACKED_BYTES,
+    CacheError,
+    SecretScanner,
+    Selection,
+    allowed_path,
+    inside,
+    kernel_file_count,
+    open_dirs,
+    open_file_beneath,
+    open_root,
+    secret_values,
+    select,
+)
+from node_programs.kernel_store import Progress, Store, mb, say, sha256_file
 
 # ---- node state (what this VM already did, for zero-cost re-runs) -----------------------------------------------
 
@@ -465,7 +94,7 @@ def safe_members(tar: tarfile.TarFile, max_bytes: int = MAX_UNPACKED_BYTES,
             raise CacheError(f"the archive holds more than {max_members:,} entries; refusing it")
         total += max(m.size, 0)
         if total > max_bytes:
-            raise CacheError(f"the archive unpacks to more than {_mb(max_bytes)}; refusing it")
+            raise CacheError(f"the archive unpacks to more than {mb(max_bytes)}; refusing it")
         members.append(m)
         name = m.name.removeprefix("./")
         if not (m.isfile() or m.isdir()):
@@ -500,7 +129,7 @@ def unpack_limits(manifest: dict[str, Any]) -> tuple[int, int, int]:
     if not size:
         raise CacheError("the manifest records no size for the archive")
     if size > MAX_ARCHIVE_BYTES:
-        raise CacheError(f"the manifest records an archive of {_mb(size)}, more than the {_mb(MAX_ARCHIVE_BYTES)} "
+        raise CacheError(f"the manifest records an archive of {mb(size)}, more than the {mb(MAX_ARCHIVE_BYTES)} "
                          "a restore accepts")
     unpacked = _manifest_int(manifest, "bytes")
     files = _manifest_int(manifest, "files")
@@ -554,7 +183,7 @@ def _restore(args: argparse.Namespace) -> str:
     try:
         archive = os.path.join(work, ARCHIVE_NAME)
         started = time.monotonic()
-        say(f"downloading {_mb(size)} from {store.place(args.key)}")
+        say(f"downloading {mb(size)} from {store.place(args.key)}")
         store.download(args.key, archive, Progress("downloaded", size, args.progress_seconds, limit=size), size)
         got = os.path.getsize(archive)
         if got != size:
@@ -575,7 +204,7 @@ def _restore(args: argparse.Namespace) -> str:
         os.makedirs(args.cache_dir, exist_ok=True)
         count = _merge(staging, args.cache_dir)
         write_state(state_file, restored=args.key)
-        return (f"restored {count} kernel files ({_mb(size)}) for key {args.key} from {store.where} in "
+        return (f"restored {count} kernel files ({mb(size)}) for key {args.key} from {store.where} in "
                 f"{time.monotonic() - started:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -591,14 +220,14 @@ def _merge(src: str, dest: str) -> int:
     """
     count = 0
     real_dest = os.path.realpath(dest)
-    root_fd = _open_root(dest)
+    root_fd = open_root(dest)
     try:
         for dirpath, _, filenames in os.walk(src):
             rel_dir = os.path.relpath(dirpath, src).replace(os.sep, "/")
             parts = [] if rel_dir == "." else rel_dir.split("/")
-            dfd = _open_dirs(root_fd, parts, create=True)
+            dfd = open_dirs(root_fd, parts, create=True)
             try:
-                if not _inside(dfd, real_dest):
+                if not inside(dfd, real_dest):
                     raise CacheError(f"refusing {rel_dir}: it resolves outside the cache folder")
                 for name in filenames:
                     try:
@@ -625,7 +254,7 @@ def pack(cache_dir: str, sel: Selection, dest: str, secrets: list[bytes] | None 
     Returns what was packed.
     """
     packed = Selection(stripped=list(sel.stripped))
-    root_fd = _open_root(cache_dir)
+    root_fd = open_root(cache_dir)
     try:
         with open(dest, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
             for rel, st in sel.files:
@@ -697,7 +326,7 @@ def save(args: argparse.Namespace) -> str:
     try:
         archive = os.path.join(work, ARCHIVE_NAME)
         started = time.monotonic()
-        say(f"packing {len(sel.files)} kernel files ({_mb(sel.total_bytes)})")
+        say(f"packing {len(sel.files)} kernel files ({mb(sel.total_bytes)})")
         sel = pack(args.cache_dir, sel, archive, secrets)
         if not sel.files:
             raise CacheError("every kernel file changed during the save; nothing uploaded")
@@ -707,10 +336,10 @@ def save(args: argparse.Namespace) -> str:
             "size": size, "files": len(sel.files), "bytes": sel.total_bytes, "tree_digest": digest,
             "left_out": len(sel.stripped), "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        say(f"uploading {_mb(size)} to {store.place(args.key)}")
+        say(f"uploading {mb(size)} to {store.place(args.key)}")
         store.upload(args.key, archive, manifest, Progress("uploaded", size, args.progress_seconds))
         write_state(state_file, saved={"key": args.key, "tree": digest})
-        return (f"saved {len(sel.files)} kernel files ({_mb(size)} packed, sha256 {manifest['sha256'][:16]}...) "
+        return (f"saved {len(sel.files)} kernel files ({mb(size)} packed, sha256 {manifest['sha256'][:16]}...) "
                 f"as key {args.key} in {store.where} in {time.monotonic() - started:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)

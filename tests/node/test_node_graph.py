@@ -253,5 +253,6 @@ def test_every_node_shares_the_download_with_all_nodes_in_rank_order():
 def test_one_node_downloads_alone_and_reads_no_peer_token():
     _, (res, _) = build_cluster("b300x1-vllm")
     weights = res["kimi-node0-weights"]
-    assert "--peers" not in script_of(weights).split("KIMI_FETCH_WEIGHTS_PY")[-1]
+    # The unit's command line, after the last shipped file.
+    assert "--peers" not in script_of(weights).split("KIMI_COMPONENTS_HUB_NAMES_PY")[-1]
     assert weights.values()["stdin"] == CANARY_HF + "\n"

@@ -5,6 +5,7 @@ a step's command, and a step re-runs only when its program's bytes change."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,31 +16,38 @@ from components.operator.stack_state import Connection, NodeRecord
 from components.step_scripts import render_node_scripts
 from tests.node.conftest import make_settings
 
-PROGRAMS = Path(__file__).resolve().parents[2] / "node_programs"
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = ROOT / "node_programs"
 CACHE = json.dumps({"bucket": "my-team-kimi-kernels", "region": "eu-central-1"})
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"
 
 
 def test_the_node_side_programs_are_read_from_node_programs():
-    assert step_scripts.FETCH_SOURCE == PROGRAMS / "fetch_weights.py"
     assert step_scripts.CHECK_SOURCE == PROGRAMS / "check_download.py"
-    assert step_scripts.KERNEL_CACHE_SOURCE == PROGRAMS / "kernel_cache.py"
     assert status_gather.PROBE == PROGRAMS / "node_status.py"
+    for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
+        assert program[0].startswith("node_programs/") and all((ROOT / path).is_file() for path in program)
+    # Every module of this repository a shipped module imports is shipped beside it.
+    for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
+        for path in program:
+            for module in re.findall(r"^from ((?:components|node_programs)\.\w+) import", (ROOT / path).read_text(),
+                                     re.M):
+                assert module.replace(".", "/") + ".py" in program, f"{path} imports {module}, not shipped"
 
 
 @pytest.mark.parametrize("topology", ["h100x4-sglang", "b300x1-vllm"])
 def test_each_step_embeds_its_programs_exact_bytes(topology):
     settings = make_settings(topology, kernelCache=CACHE, kernelCacheCredentials=CREDS)
-    fetch = (PROGRAMS / "fetch_weights.py").read_text(encoding="utf-8")
     check = (PROGRAMS / "check_download.py").read_text(encoding="utf-8")
-    cache = (PROGRAMS / "kernel_cache.py").read_text(encoding="utf-8")
     for rank in range(settings.nodes):
         scripts = render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10")
-        assert fetch in scripts["weights"]
+        for path in step_scripts.WEIGHTS_PROGRAM:
+            assert (ROOT / path).read_text(encoding="utf-8") in scripts["weights"], path
         assert check in scripts["check"]
-        assert cache in scripts["cache-restore"]
-        if rank == 0:
-            assert cache in scripts["cache-save"]
+        steps = ["cache-restore", *(["cache-save"] if rank == 0 else [])]
+        for step in steps:
+            for path in step_scripts.KERNEL_CACHE_PROGRAM:
+                assert (ROOT / path).read_text(encoding="utf-8") in scripts[step], (step, path)
 
 
 def test_the_status_probe_sends_node_status_exactly():

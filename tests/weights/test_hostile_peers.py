@@ -23,6 +23,7 @@ from fakes.hub import FakeHub, HubFile, tiny_repo
 from fakes.sandbox_services import free_port
 from node_programs import check_download
 from node_programs import fetch_weights as fw
+from node_programs import weights_peers
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -112,8 +113,8 @@ def signed(url: str, path: str) -> dict[str, str]:
 @pytest.fixture
 def peer_server(tmp_path, monkeypatch):
     """A real peer Server of the program (in this process) holding one verified file, with a 1 s request deadline."""
-    monkeypatch.setattr(fw, "PEER_REQUEST_DEADLINE_S", 1.0)
-    monkeypatch.setattr(fw, "PEER_LOG_EVERY_S", 60.0)
+    monkeypatch.setattr(weights_peers, "PEER_REQUEST_DEADLINE_S", 1.0)
+    monkeypatch.setattr(weights_peers, "PEER_LOG_EVERY_S", 60.0)
     (tmp_path / "peer_token").write_text(TOKEN)
     port = free_port("127.0.0.1")
     args = fw.parse_args(["--repo", REPO, "--revision", REVISION, "--cache-dir", str(tmp_path / "hub"),
