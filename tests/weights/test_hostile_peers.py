@@ -21,9 +21,8 @@ import pytest
 from components.hub_names import UnsafeName, checked_etag, checked_name
 from fakes.hub import FakeHub, HubFile, tiny_repo
 from fakes.sandbox_services import free_port
-from node_programs import check_download
+from node_programs import check_download, weights_peers
 from node_programs import fetch_weights as fw
-from node_programs import weights_peers
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
