@@ -244,14 +244,17 @@ def _launch(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> d
             "settle_seconds": timing.settle_seconds, "warmup": settings.kernel_warmup}
 
 
-def _warmup(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def _warmup(settings: Settings, step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+    # The warm-up gives up (and the launch starts cold) before its step's deadline, stepDeadlineMinutes.warmup
+    # included, could stop it: a stopped step would fail `pulumi up`, which the warm-up must never do.
+    timeout_s = max(1, min(timing.warmup_timeout_s, timing.deadline_s(step, settings) - timing.docker_timeout_s))
     argv = warmup.docker_run_argv(settings, spot.rank, private_ip=spot.private_ip,
                                   head_private_ip=spot.head_private_ip, hf_dir=ShellExpr("${HF}"),
-                                  cache_dir=ShellExpr("${CACHE}"), timeout_s=timing.warmup_timeout_s)
+                                  cache_dir=ShellExpr("${CACHE}"), timeout_s=timeout_s)
     # A chat request: the route all three engines' OpenAI servers answer.
     request = {"model": settings.served_name, "messages": [{"role": "user", "content": "warm-up"}], "max_tokens": 8}
     return {**_engine_values(settings, spot), "docker_argv": argv, "request_body": json.dumps(request),
-            "exits_by_itself": warmup.exits_by_itself(settings), "timeout_s": timing.warmup_timeout_s,
+            "exits_by_itself": warmup.exits_by_itself(settings), "timeout_s": timeout_s,
             "engine_url": f"http://{launch.ENGINE_HOST}:{WARMUP_ENGINE_PORT}", "progress_file": weights.PROGRESS_FILE,
             "verified_dir": weights.VERIFIED_DIR, "log_tail": timing.log_tail,
             # What the cache-restore step records once it restored this configuration's kernels.

@@ -252,3 +252,14 @@ def test_the_warm_up_is_off_by_default_and_changes_no_launch_it_precedes():
             launch.launch_fingerprint(warmed, rank, "10.0.0.10", "10.0.0.10")
     script = render_node_scripts(warmed, 0, "10.0.0.10", "10.0.0.10")["launch"]
     assert "this is a cold launch" in script and 'docker rm -f "$WARMUP"' in script
+
+
+def test_the_warm_up_gives_up_inside_a_shortened_step_deadline():
+    from components.timing import Timing
+
+    settings = _warmup_settings("b300x1-vllm", stepDeadlineMinutes={"warmup": 10})
+    script = render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")["warmup"]
+    # 600 s of step deadline, less the docker allowance for removing the container afterwards.
+    assert f"DEADLINE=$(( SECONDS + {600 - Timing().docker_timeout_s} ))" in script
+    default = render_node_scripts(_warmup_settings("b300x1-vllm"), 0, "10.0.0.10", "10.0.0.10")["warmup"]
+    assert f"DEADLINE=$(( SECONDS + {Timing().warmup_timeout_s} ))" in default
