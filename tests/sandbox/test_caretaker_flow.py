@@ -157,7 +157,8 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     assert "emulator: nothing left" in ok(destroy)
     assert leftover_processes(run.workdir) == []
     report(f"caretaker idle flow (b300x1-vllm): up {up.seconds:.1f} s; idle stop {waited:.1f} s after the last "
-           f"request (idle time 15 two-second minutes, polls every 1 s); up again {again.seconds:.1f} s; verify {verify.seconds:.1f} s")
+           f"request (idle time 15 two-second minutes, polls every 1 s); up again {again.seconds:.1f} s; "
+           f"verify {verify.seconds:.1f} s")
 
 
 def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
