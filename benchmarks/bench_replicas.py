@@ -16,8 +16,9 @@ prints:
 - streams started, completed and cut (a cut stream ends with an error; one still open when the load stops hangs);
 - tool-call round trips completed of those started;
 - seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
-  replica's address and engine port the moment its VM is gone and records every request line that reaches it; the
-  front's active health probes (GET /health) are counted apart. A silent replica has no observer: the front's own
+  replica's address and engine port the moment its VM is gone and records every request line that reaches it from
+  the front's private address (any other sender is listed apart); the front's active health probes (GET /health)
+  are counted apart. A silent replica has no observer: the front's own
   log of failed tries says when it stopped trying.
 """
 
@@ -73,32 +74,44 @@ class Tally:
 
 
 # The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
-# its arrival time (CLOCK_MONOTONIC, the same clock in every process of this machine) and its request line.
+# its arrival time (CLOCK_MONOTONIC, the same clock in every process of this machine), the peer's address and its
+# request line. A thread per connection, so one slow client cannot hold the others in the backlog until they give up
+# (which would show as a connection with no request line at a late time).
 _LISTENER = """
-import socket, sys, time
+import socket, sys, threading, time
+lock = threading.Lock()
+def serve(conn, peer, at):
+    data = b""
+    with conn:
+        conn.settimeout(5)
+        try:
+            while b"\\r\\n" not in data and len(data) < 4096:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+    line = data.split(b"\\r\\n", 1)[0].decode(errors="replace") or "(no request line)"
+    with lock:
+        print(at, peer[0], line, flush=True)
 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 sock.bind((sys.argv[1], int(sys.argv[2])))
 sock.listen(64)
 print("listening", flush=True)
 while True:
-    conn, _ = sock.accept()
-    with conn:
-        conn.settimeout(1)
-        try:
-            line = conn.recv(4096).split(b"\\r\\n", 1)[0].decode(errors="replace")
-        except OSError:
-            line = "(nothing read)"
-        print(time.monotonic(), line, flush=True)
+    conn, peer = sock.accept()
+    threading.Thread(target=serve, args=(conn, peer, time.monotonic()), daemon=True).start()
 """
 
 
 class Observer:
     """Takes the lost replica's address (a bare namespace on the fake nodes' bridge, once its VM's is gone) and its
-    engine port, records each request line that reaches it with its time, and hangs up."""
+    engine port, records each request line that reaches it with its time and its sender, and hangs up."""
 
     def __init__(self, fabric: Fabric, host: str, port: int) -> None:
-        self.seen: list[tuple[float, str]] = []
+        self.seen: list[tuple[float, str, str]] = []
         self.fabric = fabric
         self.namespace = fabric.attach(host)
         self.proc = subprocess.Popen(["ip", "netns", "exec", self.namespace, sys.executable, "-c", _LISTENER, host,
@@ -113,8 +126,8 @@ class Observer:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            at, _, request = line.rstrip("\n").partition(" ")
-            self.seen.append((float(at), request))
+            at, peer, request = line.rstrip("\n").split(" ", 2)
+            self.seen.append((float(at), peer, request))
 
     def close(self) -> None:
         self.proc.kill()
@@ -285,8 +298,12 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     if observer:
         observer.close()
     os.unlink(ca)
-    proxied = [(t - reclaimed_at, line) for t, line in seen if not line.startswith(("GET /health", "HEAD /health"))]
-    probes = [t - reclaimed_at for t, line in seen if line.startswith(("GET /health", "HEAD /health"))]
+    # Only what the front sends counts: the observer's address is a bare namespace, with no firewall of its own.
+    from_front = [(t - reclaimed_at, line) for t, peer, line in seen if peer == outputs["front_private_ip"]]
+    proxied = [(t, line) for t, line in from_front if not line.startswith(("GET /health", "HEAD /health"))]
+    probes = [t for t, line in from_front if line.startswith(("GET /health", "HEAD /health"))]
+    elsewhere = [f"{t - reclaimed_at:.2f} s from {peer}: {line[:80]}" for t, peer, line in seen
+                 if peer != outputs["front_private_ip"]]
     tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
     return {
         "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
@@ -302,6 +319,8 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
         "health_probes_to_lost_replica": len(probes),
+        "reaching_lost_replica": [f"{t:.2f} s: {line[:80]}" for t, line in proxied[:10]],
+        "connections_from_elsewhere": elsewhere[:10],
     }
 
 
@@ -352,6 +371,8 @@ def format_rolling(f: dict[str, Any]) -> str:
               for label, step, start, end in f["restart_order"]]
     lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
+    lines += [f"  reached the lost replica at {x}" for x in f.get("reaching_lost_replica", [])]
+    lines += [f"  not from the front, at {x}" for x in f.get("connections_from_elsewhere", [])]
     return "\n".join(lines)
 
 
@@ -391,6 +412,8 @@ def format_figures(f: dict[str, Any]) -> str:
     lines += [f"  failed: {x}" for x in f["failures"]]
     lines += [f"  cut: {x}" for x in f["cut"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
+    lines += [f"  reached the lost replica at {x}" for x in f.get("reaching_lost_replica", [])]
+    lines += [f"  not from the front, at {x}" for x in f.get("connections_from_elsewhere", [])]
     return "\n".join(lines)
 
 

@@ -234,6 +234,14 @@ class Fabric:
         _run("ip", "-n", namespace, "addr", "add", f"{address}/{c.network.prefixlen}", "dev", "eth0")
         _run("ip", "-n", namespace, "link", "set", "eth0", "up")
         _run("ip", "-n", namespace, "link", "set", "lo", "up")
+        # The address may have been another interface's a moment ago (a deleted VM's, re-created or taken over by a
+        # test's observer). The host and every other namespace on the bridge forget their neighbour entry for it, as
+        # a booting VM's gratuitous ARP makes its neighbours do; else they keep sending to the old interface's MAC
+        # until the entry goes stale, about 30 s (the kernel's base_reachable_time).
+        _run("ip", "neigh", "flush", "to", address, "dev", c.bridge, check=False)
+        for other in self.namespaces():
+            if other != namespace:
+                _run("ip", "-n", other, "neigh", "flush", "to", address, check=False)
         return namespace
 
     def _start_sshd(self, address: str, namespace: str, host_key: Path) -> None:
