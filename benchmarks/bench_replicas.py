@@ -299,11 +299,10 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         observer.close()
     os.unlink(ca)
     # Only what the front sends counts: the observer's address is a bare namespace, with no firewall of its own.
-    from_front = [(t - reclaimed_at, line) for t, peer, line in seen if peer == outputs["front_private_ip"]]
-    proxied = [(t, line) for t, line in from_front if not line.startswith(("GET /health", "HEAD /health"))]
-    probes = [t for t, line in from_front if line.startswith(("GET /health", "HEAD /health"))]
-    elsewhere = [f"{t - reclaimed_at:.2f} s from {peer}: {line[:80]}" for t, peer, line in seen
-                 if peer != outputs["front_private_ip"]]
+    front, health = outputs["front_private_ip"], ("GET /health", "HEAD /health")
+    proxied = [(t - reclaimed_at, line) for t, peer, line in seen if peer == front and not line.startswith(health)]
+    probes = [t - reclaimed_at for t, peer, line in seen if peer == front and line.startswith(health)]
+    elsewhere = [f"{t - reclaimed_at:.2f} s from {peer}: {line[:80]}" for t, peer, line in seen if peer != front]
     tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
     return {
         "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
@@ -371,8 +370,6 @@ def format_rolling(f: dict[str, Any]) -> str:
               for label, step, start, end in f["restart_order"]]
     lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
-    lines += [f"  reached the lost replica at {x}" for x in f.get("reaching_lost_replica", [])]
-    lines += [f"  not from the front, at {x}" for x in f.get("connections_from_elsewhere", [])]
     return "\n".join(lines)
 
 
@@ -412,8 +409,8 @@ def format_figures(f: dict[str, Any]) -> str:
     lines += [f"  failed: {x}" for x in f["failures"]]
     lines += [f"  cut: {x}" for x in f["cut"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
-    lines += [f"  reached the lost replica at {x}" for x in f.get("reaching_lost_replica", [])]
-    lines += [f"  not from the front, at {x}" for x in f.get("connections_from_elsewhere", [])]
+    lines += [f"  reached the lost replica at {x}" for x in f["reaching_lost_replica"]]
+    lines += [f"  not from the front, at {x}" for x in f["connections_from_elsewhere"]]
     return "\n".join(lines)
 
 
