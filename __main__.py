@@ -1,55 +1,5 @@
-"""The Pulumi program: validated settings -> InferenceCluster -> the stack outputs other teams consume.
+"""The Pulumi program (the CLI runs this file): kimi_cluster/deploy/program.py."""
 
-Everything is validated before the first resource is registered, so bad config costs nothing.
-"""
+from kimi_cluster.deploy.program import main
 
-import os
-from typing import Any
-
-import pulumi
-
-from components.cluster import InferenceCluster
-from components.pricing import program_quote
-from components.settings import NAMESPACE, Settings, SettingsError
-from components.settings.loader import placeholders, settings_from_pulumi
-from components.ssh_agent import dead_agent_socket
-
-
-def _validated() -> tuple[Settings, dict[str, Any]]:
-    """The stack's settings and secrets, or a SettingsError naming each bad key."""
-    settings, secrets = settings_from_pulumi()
-    problems = placeholders(settings)
-    if (dead_agent := dead_agent_socket(os.environ)) is not None:
-        problems.append(dead_agent)
-    if secrets["sshPrivateKey"] is None:
-        problems.append(f"{NAMESPACE}:sshPrivateKey is required to run the node commands; set it with: "
-                        f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < ~/.ssh/kimi-deploy (README, "
-                        "\"Real use\")")
-    if not problems and settings.budget_usd is not None:
-        from components.caretaker_guard import budget_problem  # reads the billing history: only with a budget
-
-        keys = ("hyperstack:apiUrl", "hyperstack:apiKey", "hyperstack:retryBaseSeconds")
-        if (spent := budget_problem(settings, {k: pulumi.runtime.get_config(k) for k in keys})) is not None:
-            problems.append(spent)
-    if problems:
-        raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
-    return settings, secrets
-
-
-try:
-    settings, secrets = _validated()
-except SettingsError as err:
-    # pulumi.RunError is the one exception the language host reports by its message alone: a bad key is the
-    # user's to fix, and a traceback would bury the key's name.
-    raise pulumi.RunError(str(err)) from None
-
-for warning in settings.warnings():
-    pulumi.warn(warning)
-
-quote = program_quote(settings)
-pulumi.log.info(f"cost: {quote.summary()}")
-cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"],
-                           kernel_cache_credentials=secrets["kernelCacheCredentials"], quote=quote,
-                           tls_private_key=secrets["tlsPrivateKey"], caretaker_api_key=secrets["caretakerApiKey"])
-for key, value in cluster.outputs.items():
-    pulumi.export(key, value)
+main()

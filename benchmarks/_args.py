@@ -20,8 +20,8 @@ def number_problem(flag: str, value: float, low: float, high: float, *, low_open
 def workdir_problem(workdir: Path) -> str | None:
     """Why the sandbox cannot be brought up in `workdir`, or None: a file, a directory the sandbox did not create,
     a record it cannot read, or a sandbox that is still deployed there."""
-    from sandbox.kimi import Sandbox
-    from sandbox.workdir import SandboxUsageError, Workdir
+    from kimi_cluster.sandbox.kimi import Sandbox
+    from kimi_cluster.sandbox.workdir import SandboxUsageError, Workdir
 
     if workdir.exists() and not workdir.is_dir():
         return f"--workdir {workdir} is a file; give a directory (it is created if missing)"

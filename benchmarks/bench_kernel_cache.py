@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from benchmarks._args import workdir_problem
-from components.operator.timeline_report import bars_from_state
-from sandbox.kimi import TOPOLOGIES, Sandbox
-from sandbox.nodes import FAKE_COMPILE_SECONDS
+from kimi_cluster.operator.timeline_report import bars_from_state
+from kimi_cluster.sandbox.kimi import TOPOLOGIES, Sandbox
+from kimi_cluster.sandbox.nodes import FAKE_COMPILE_SECONDS
 
 READY_RESOURCE = "kimi-ready-wait"
 SAVE_RESOURCE = "kimi-kernel-cache-save"
@@ -48,7 +48,8 @@ def _landed(state: Path, name: str) -> bool:
     return any(str(r.get("urn", "")).endswith(f"::{name}") for r in resources)
 
 
-# The sandbox's fake checkpoint (fakes/hub.py tiny_repo): three shards of 4096 float32 values, each read as its own
+# The sandbox's fake checkpoint (kimi_cluster/fakes/hub.py tiny_repo): three shards of 4096 float32 values, each read as
+# its own
 # throttled stream, so one shard's bytes over the rate is the download's length.
 SHARD_BYTES = 4096 * 4
 

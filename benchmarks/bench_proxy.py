@@ -1,11 +1,12 @@
 """What the head's TLS proxy adds, measured side by side in one run against a deployed sandbox:
 
-    python -m scripts.sandbox up && python -m benchmarks.bench_proxy [--workdir .sandbox] [--requests 200] \
+    kimi-cluster sandbox up && python -m benchmarks.bench_proxy [--workdir .sandbox] [--requests 200] \
         [--streams 20]
 
 The same requests go to the engine directly (plain HTTP on the head's loopback, as only the head can reach it) and
 through the proxy (TLS verified against the stack's CA, with the key), interleaved so both see the same machine load.
-Both are sent from the head itself: the client runs inside the head VM's network namespace (fakes/node_fabric.py),
+Both are sent from the head itself: the client runs inside the head VM's network namespace
+(kimi_cluster/fakes/node_fabric.py),
 where the engine's port is reachable.
 It prints the p50 and p90 latency of a small chat completion each way and their difference, and the streamed tokens
 per second each way and their ratio. Each client keeps its connection open, as the official SDKs do.
@@ -26,8 +27,8 @@ from typing import Any
 
 import requests
 
-from fakes.node_fabric import FabricConfig
-from sandbox.kimi import DEFAULT_WORKDIR, Sandbox
+from kimi_cluster.fakes.node_fabric import FabricConfig
+from kimi_cluster.sandbox.kimi import DEFAULT_WORKDIR, Sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = _plan(Path(args.workdir).resolve())
     except (OSError, ValueError, AttributeError, KeyError, RuntimeError) as exc:  # a missing or foreign workdir
         print(f"error: no usable sandbox in {args.workdir} ({type(exc).__name__}: {str(exc)[:200]}): run "
-              "python -m scripts.sandbox up first", file=sys.stderr)
+              "kimi-cluster sandbox up first", file=sys.stderr)
         return 2
     result = _on_the_head(plan, args.requests, args.streams)
     if args.json:

@@ -41,9 +41,9 @@ from typing import Any
 import openai
 
 from benchmarks._args import number_problem, workdir_problem
-from components.endpoint_checks.tools import TOOL_IMPLS, TOOLS
-from fakes.node_fabric import Fabric, FabricConfig
-from sandbox.kimi import TOPOLOGIES, Sandbox
+from kimi_cluster.checks.tools import TOOL_IMPLS, TOOLS
+from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig
+from kimi_cluster.sandbox.kimi import TOPOLOGIES, Sandbox
 
 TOOL_TASK = "What is the weather in Tokyo? Use the tool."
 
@@ -326,7 +326,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
 def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
     """Load through the front while `up` rolls a new image over the replicas; what failed, and in which order the
     replicas restarted (from the steps' own marks in the state)."""
-    from components.operator.timeline_report import bars_from_state
+    from kimi_cluster.operator.timeline_report import bars_from_state
 
     outputs, _ = sandbox.outputs()
     ca, tally, stop, threads = start_load(outputs, args)

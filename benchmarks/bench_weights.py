@@ -2,8 +2,9 @@
 
     python -m benchmarks.bench_weights [--nodes 4] [--shards 96] [--shard-bytes 2500000] [--cap 4e6] [--json]
 
-One run, on loopback: a fake hub (fakes/hub.py) serving a synthetic repository with a bandwidth cap per client
-address, and `node_programs/fetch_weights.py` as each node's program, each node on its own loopback address
+One run, on loopback: a fake hub (kimi_cluster/fakes/hub.py) serving a synthetic repository with a bandwidth cap per
+client
+address, and `kimi_cluster/node/fetch_weights.py` as each node's program, each node on its own loopback address
 (127.0.0.2, .3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after
 the other: naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub.
 Hub bytes are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the
@@ -24,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fakes.hub import FakeHub, Faults, synthetic_repo
-from fakes.sandbox_services import free_port
+from kimi_cluster.fakes.hub import FakeHub, Faults, synthetic_repo
+from kimi_cluster.fakes.sandbox_services import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]
 REPO = "moonshotai/Kimi-K3.1-Pro"
@@ -43,7 +44,7 @@ class Outcome:
 
 def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float) -> list[str]:
     d = work / f"node{rank}"
-    return [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    return [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "kimi/verified" / f"{REVISION}.json"),
             "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "16", "--rank", str(rank), "--peers", peers,

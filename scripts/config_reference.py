@@ -1,43 +1,9 @@
-"""Write or check the configuration reference in docs/configuration.md, generated from the settings model.
+"""Old door, kept for one release from the checkout: `python -m scripts.config_reference` is now
+`kimi-cluster config-reference`."""
 
-    .venv/bin/python -m scripts.config_reference --write   # rewrite the table between the file's markers
-    .venv/bin/python -m scripts.config_reference           # exit 1, naming the file, when it is out of date
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from components.settings.reference import missing_notes, with_reference
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.config_reference", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help="rewrite the generated table in docs/configuration.md")
-    args = parser.parse_args(argv)
-    missing = missing_notes()
-    if missing:
-        print(f"error: components/settings/reference.py NOTES lacks {', '.join(missing)}", file=sys.stderr)
-        return 1
-    text = DOC.read_text(encoding="utf-8")
-    fresh = with_reference(text)
-    if args.write:
-        if fresh != text:
-            DOC.write_text(fresh, encoding="utf-8")
-        print(f"{DOC.relative_to(DOC.parents[1])}: up to date")
-        return 0
-    if fresh != text:
-        print(f"error: {DOC.relative_to(DOC.parents[1])} is out of date with the settings model; "
-              "run .venv/bin/python -m scripts.config_reference --write", file=sys.stderr)
-        return 1
-    print(f"{DOC.relative_to(DOC.parents[1])}: up to date")
-    return 0
-
+from kimi_cluster.cli.main import old_door
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(old_door("config_reference"))

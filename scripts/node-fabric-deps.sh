@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the sandbox's fake nodes need on this machine (fakes/node_fabric.py): iproute2 for the network namespaces,
+# What the sandbox's fake nodes need on this machine (kimi_cluster/fakes/node_fabric.py): iproute2 for the network namespaces,
 # Debian's OpenSSH server in each of them, nftables for their security rules. Installed with apt-get when missing
 # and run as root; the packages' own sshd service is never started (policy-rc.d says no while they install).
 set -euo pipefail

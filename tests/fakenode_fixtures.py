@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.node import FakeNode, make_fake_node
+from kimi_cluster.fakes.node import FakeNode, make_fake_node
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ SKIP_DIRS = {"tests", "templates"}
 
 # Modules of verification/ are imported by their top-level names, as Pulumi imports that directory.
 FLAT_PACKAGES = {"verification"}
+# The one package whose rooms are its sub-packages: each room is a "package" of the layer table.
+ROOMED = "kimi_cluster"
 
 
 @dataclass
@@ -34,6 +36,8 @@ def _module_name(rel: Path) -> tuple[str, str]:
     if len(parts) == 1:
         return parts[0], parts[0]  # a top-level file: __main__.py is its own "package"
     package = parts[0]
+    if package == ROOMED and len(parts) > 2:
+        package = f"{parts[0]}.{parts[1]}"
     if package in FLAT_PACKAGES and parts[-1] != "__main__":
         return ".".join(parts[1:]), package
     if parts[-1] == "__init__":

@@ -86,7 +86,7 @@ class Res:
         return [k for k, v in self.raw.items() if _is_secret(v)]
 
     def script(self) -> str:
-        """The node script a remote command carries base64-encoded (see components.node.remote_command_text)."""
+        """The node script a remote command carries base64-encoded (see kimi_cluster.deploy.vm.remote_command_text)."""
         blob = re.search(r"printf %s '([^']+)'", self.values()["create"])
         assert blob, f"{self.name} carries no script"
         return base64.b64decode(blob.group(1)).decode()

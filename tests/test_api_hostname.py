@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from components import tls
+from kimi_cluster.deploy import tls
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import config, outputs_for
 

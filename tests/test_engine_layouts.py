@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from components import catalog, kernel_cache_key, launch
-from components.settings import SettingsError
-from components.settings.loader import load_settings
+from kimi_cluster.plan import kernel_cache_key, launch
+from kimi_cluster.plan.admission import admit
+from kimi_cluster.settings import SettingsError, catalog
+from kimi_cluster.settings.loader import load_settings
 from tests.pulumi_harness import run_program
 from tests.test_program import CANARY_API, config, outputs_for
 
@@ -90,11 +91,11 @@ def test_a_layout_on_another_engine_or_shape_is_refused_naming_the_key():
                                  "--tensor-parallel-size"])
 def test_extra_engine_args_cannot_change_the_layout(arg):
     with pytest.raises(SettingsError, match="extraEngineArgs may not set"):
-        load_settings({**BASE, "extraEngineArgs": json.dumps([arg, "2"])}, "dev")
+        admit(load_settings({**BASE, "extraEngineArgs": json.dumps([arg, "2"])}, "dev"))
 
 
 def test_the_plan_prints_what_each_layout_trades_and_its_source(capsys, tmp_path, monkeypatch):
-    from scripts import plan
+    from kimi_cluster.cli import plan
 
     monkeypatch.delenv("HYPERSTACK_API_KEY", raising=False)
     cfg = tmp_path / "Pulumi.l.yaml"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from components import tls
+from kimi_cluster.deploy import tls
 from tests.pulumi_harness import Recording, dumps, run_program
 
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
@@ -294,7 +294,7 @@ def test_region_and_regions_together_are_refused_naming_both():
 
 
 def test_hourly_cost_uses_the_pricebook_when_a_key_is_set_and_says_so():
-    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
 
     with Emulator() as emu:
         emu.set_price("H100-80G-PCIe-NVLink", 2.25)

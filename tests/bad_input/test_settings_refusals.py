@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from components.settings import Settings, SettingsError
-from components.settings.loader import load_settings
+from kimi_cluster.settings import Settings, SettingsError
+from kimi_cluster.plan.admission import admit
+from kimi_cluster.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 CUSTOM = {"topology": "custom", "flavor": "n3-H100x8-NVLink", "nodeCount": 4, "gpusPerNode": 8, "gpuMemoryGb": 80,
@@ -50,7 +51,7 @@ def taken(settings: Settings, raw: dict) -> Settings:
 def load(stack: str = "dev", **raw):
     raw.setdefault("operatorCidr", "198.18.0.7/32")
     raw.setdefault("sshPublicKey", KEY)
-    return load_settings(raw, stack)
+    return admit(load_settings(raw, stack))  # the settings' rules, then the plan's (the program runs both)
 
 
 REFUSED = [

@@ -1,4 +1,5 @@
-"""The caretaker (node_programs/caretaker.py) against the Hyperstack emulator: its idle clock, its request count, the
+"""The caretaker (kimi_cluster/node/caretaker.py) against the Hyperstack emulator: its idle clock, its request count,
+the
 budget from the billing history, the order it deletes in, the 503 and the warning it writes, and its state across a
 restart. Each poll is one `--once` run, a fresh process state read from disk, as after a kill and systemd's restart.
 """
@@ -16,9 +17,9 @@ from typing import Any
 import pytest
 import requests
 
-from components.caretaker_spend import spent_usd
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
-from node_programs import caretaker
+from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+from kimi_cluster.node import caretaker
+from kimi_cluster.node.caretaker_spend import spent_usd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from components import caretaker, front_config, proxy
-from components.settings.loader import load_settings
-from components.step_scripts import node_steps, render_node_scripts, render_step
+from kimi_cluster.plan import caretaker, front_config, proxy
+from kimi_cluster.plan.step_scripts import node_steps, render_node_scripts, render_step
+from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # shellcheck and Caddy
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from components.operator.caretaker_status import caretaker_view, checked_state, format_caretaker
-from components.operator.stack_state import Connection, NodeRecord, StackState
-from components.settings.loader import load_settings
+from kimi_cluster.operator.caretaker_status import caretaker_view, checked_state, format_caretaker
+from kimi_cluster.operator.stack_state import Connection, NodeRecord, StackState
+from kimi_cluster.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtpbWktY2x1c3Rlci10ZXN0LWtleS1ub3QtcmVhbCEh t"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from components import launch, warmup
-from components.settings.loader import load_settings
+from kimi_cluster.plan import launch, warmup
+from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from components.hyperstack import providers
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+from kimi_cluster.deploy.hyperstack import providers
+from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
 
 FAST = Lifecycle(creating_seconds=0.05, build_seconds=0.05, floating_ip_seconds=0.03, deleting_seconds=0.05)
 REGION = "CANADA-1"

@@ -14,9 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.hyperstack import api
-from components.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, RateLimit, ServerError
+from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, RateLimit, ServerError
+from kimi_cluster.hyperstack import api
+from kimi_cluster.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -1,5 +1,5 @@
 """The emulator's read-only VM billing history against the vendor SDK's model and client, and the deploying side's
-refusal of a budget already spent (components/caretaker_guard.py), which reads it."""
+refusal of a budget already spent (kimi_cluster/deploy/caretaker_guard.py), which reads it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from components.caretaker_guard import budget_problem
-from components.caretaker_spend import spent_usd
-from components.settings.loader import load_settings
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.deploy.caretaker_guard import budget_problem
+from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.node.caretaker_spend import spent_usd
+from kimi_cluster.settings.loader import load_settings
 from tests.hyperstack.conftest import FAST, IMAGE, PUBLIC_KEY, REGION
 from tests.hyperstack.test_emulator_contract import _lost_keys, sdk
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 from pulumi.output import Unknown
 
-from components.generated_secret import _GeneratedSecretProvider
-from components.hyperstack.placement import PlacementProvider
-from components.hyperstack.providers import (
+from kimi_cluster.deploy.generated_secret import _GeneratedSecretProvider
+from kimi_cluster.deploy.hyperstack.placement import PlacementProvider
+from kimi_cluster.deploy.hyperstack.providers import (
     EnvironmentProvider,
     KeypairProvider,
     SecurityRuleProvider,
     VirtualMachineProvider,
 )
-from components.tls import _ServerCertProvider
-from components.unknowns import is_unknown
+from kimi_cluster.deploy.tls import _ServerCertProvider
+from kimi_cluster.deploy.unknowns import is_unknown
 
 CHECKED = {
     "environment": (EnvironmentProvider, ("name", "region")),

@@ -15,16 +15,15 @@ import pytest
 from pulumi.dynamic import Config, ConfigureRequest
 from pulumi.runtime.rpc import UNKNOWN
 
-from components.hyperstack import providers
-from components.hyperstack.api import HyperstackClient, HyperstackError
-from components.hyperstack.providers import (
+from kimi_cluster.deploy.hyperstack import providers
+from kimi_cluster.deploy.hyperstack.providers import (
     EnvironmentProvider,
     KeypairProvider,
     ProvisioningError,
     SecurityRuleProvider,
     VirtualMachineProvider,
 )
-from fakes.hyperstack_emulator import (
+from kimi_cluster.fakes.hyperstack_emulator import (
     DEFAULT_API_KEY,
     LostCreateResponse,
     OutOfStock,
@@ -34,6 +33,7 @@ from fakes.hyperstack_emulator import (
     StuckInBuild,
     VmError,
 )
+from kimi_cluster.hyperstack.api import HyperstackClient, HyperstackError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, env_props, keypair_props, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(20)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.s3_store import S3Store
+from kimi_cluster.fakes.s3_store import S3Store
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "kimi-test-kernels"
@@ -29,7 +29,8 @@ class _Proc:
 
 
 def start_store(tmp: Path, bucket: str = BUCKET) -> S3Store:
-    """`python -m fakes.s3_store` in its own process (moto's auth setting is per process), as the sandbox runs it."""
+    """`python -m kimi_cluster.fakes.s3_store` in its own process (moto's auth setting is per process), as the sandbox
+    runs it."""
     creds = tmp / "s3-credentials"
     log = open(tmp / "s3.log", "w")
     port_file = tmp / "s3.port"
@@ -39,7 +40,8 @@ def start_store(tmp: Path, bucket: str = BUCKET) -> S3Store:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     port_file.write_text(str(port))
-    proc = subprocess.Popen([sys.executable, "-m", "fakes.s3_store", "--port", str(port), "--bucket", bucket,
+    proc = subprocess.Popen([sys.executable, "-m", "kimi_cluster.fakes.s3_store", "--port", str(port), "--bucket",
+                             bucket,
                              "--credentials-file", str(creds)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     deadline = time.monotonic() + 60

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from components import kernel_cache_key
-from components.settings import SettingsError
-from components.step_scripts import render_node_scripts
-from components.steps import STEPS
+from kimi_cluster.plan import kernel_cache_key
+from kimi_cluster.plan.step_scripts import render_node_scripts
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
@@ -132,7 +132,7 @@ def test_kernel_cache_scripts_pass_shellcheck_and_carry_no_secret(tmp_path):
 
 
 def test_the_documented_stack_file_example_is_what_the_plan_reads(tmp_path, capsys):
-    from scripts import plan
+    from kimi_cluster.cli import plan
 
     operations = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     section = operations.split("## Kernel cache across destroy and up", 1)[1]

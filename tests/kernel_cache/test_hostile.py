@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from components import kernel_cache_key
-from node_programs import kernel_cache as program
+from kimi_cluster.node import kernel_cache as program
+from kimi_cluster.plan import kernel_cache_key
 from tests.kernel_cache.conftest import BUCKET
 from tests.kernel_cache.test_restore_save import cache_dir, compiled, files_under, run_step, settings_for
 

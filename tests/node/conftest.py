@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.settings import Settings
-from components.settings.loader import load_settings
-from components.timing import Timing
-from fakes.hub import FakeHub, Faults
+from kimi_cluster.fakes.hub import FakeHub, Faults
+from kimi_cluster.settings import Settings
+from kimi_cluster.settings.loader import load_settings
+from kimi_cluster.settings.timing import Timing
 
 REPO = "moonshotai/Kimi-K3.1-Pro"
 REVISION = "6d0a0202956796543364d666ab19c6ad1a494ee1"

@@ -1,4 +1,5 @@
-"""node_programs/check_download.py against the fake hub: a complete snapshot passes; each kind of damage is named."""
+"""kimi_cluster/node/check_download.py against the fake hub: a complete snapshot passes; each kind of damage is
+named."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import snapshot_download
 
-from node_programs import check_download
+from kimi_cluster.node import check_download
 from tests.node.conftest import REPO, REVISION, hub_with
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

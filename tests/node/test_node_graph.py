@@ -6,11 +6,11 @@ import base64
 
 import pulumi
 
-from components.blueprint import blueprint
-from components.node import host_key_cloud_config, host_key_user_data
-from components.node_chain import EndpointKeys, GpuNode, NodeSecrets, Readiness
-from components.remote_step import DIAL_ERROR_LIMIT
-from components.steps import STEPS
+from kimi_cluster.deploy.node_chain import EndpointKeys, GpuNode, NodeSecrets, Readiness
+from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT
+from kimi_cluster.deploy.vm import host_key_cloud_config, host_key_user_data
+from kimi_cluster.plan.blueprint import blueprint
+from kimi_cluster.settings.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 
@@ -198,7 +198,7 @@ def test_host_key_provider_makes_a_real_ed25519_key_pair():
 
     import pytest
 
-    from components.node import _HostKeyProvider
+    from kimi_cluster.deploy.vm import _HostKeyProvider
 
     if shutil.which("ssh-keygen") is None:
         pytest.skip("ssh-keygen is not installed")
@@ -213,7 +213,7 @@ def test_host_key_provider_makes_a_real_ed25519_key_pair():
 def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_from_it():
     import re
 
-    from components.timing import DIAL_ALLOWANCE_S, Timing
+    from kimi_cluster.settings.timing import DIAL_ALLOWANCE_S, Timing
 
     settings, (res, _) = build_cluster()
     commands = [r for r in res.values() if r.typ == "command:remote:Command"]
@@ -234,7 +234,7 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
 def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():
     import pytest
 
-    from components.settings import SettingsError
+    from kimi_cluster.settings import SettingsError
 
     with pytest.raises(SettingsError, match=r"kimi-cluster:stepDeadlineMinutes: 'imgae' is not a node step"):
         make_settings(stepDeadlineMinutes='{"imgae": 10}')
@@ -254,5 +254,5 @@ def test_one_node_downloads_alone_and_reads_no_peer_token():
     _, (res, _) = build_cluster("b300x1-vllm")
     weights = res["kimi-node0-weights"]
     # The unit's command line, after the last shipped file.
-    assert "--peers" not in script_of(weights).split("KIMI_COMPONENTS_HUB_NAMES_PY")[-1]
+    assert "--peers" not in script_of(weights).split("KIMI_KIMI_CLUSTER_NODE_HUB_NAMES_PY")[-1]
     assert weights.values()["stdin"] == CANARY_HF + "\n"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 def test_no_engine_container_runs_privileged():
     """A compromised engine must not be root on the host: neither engine's `docker run` has --privileged."""
-    from components.launch import docker_run_argv
-    from components.render import shell_words
+    from kimi_cluster.plan.launch import docker_run_argv
+    from kimi_cluster.plan.render import shell_words
     from tests.node.conftest import make_settings
 
     for topology in ("h100x4-sglang", "b300x1-vllm"):
@@ -21,7 +21,7 @@ def test_every_engine_gets_the_weights_read_only_and_a_writable_place_for_remote
     """Issue 34, security 1: an engine that could write the Hugging Face cache could swap a verified blob for a link
     to a host secret, which the peer server then sent to the next node. The cache is mounted read-only into every
     engine; transformers' --trust-remote-code modules go to the writable kernel-cache folder instead."""
-    from components.launch import container_cache, container_hf_home, docker_run_argv, flatten
+    from kimi_cluster.plan.launch import container_cache, container_hf_home, docker_run_argv, flatten
     from tests.node.conftest import make_settings
 
     image = "lightseekorg/tokenspeed:0.1.1@sha256:" + "ab" * 32

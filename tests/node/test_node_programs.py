@@ -1,4 +1,4 @@
-"""The programs in node_programs/ reach the nodes byte for byte: each step that ships one carries its file's exact
+"""The programs in kimi_cluster/node/ reach the nodes byte for byte: each step that ships one carries its file's exact
 text, and the status probe sends node_status.py's exact text. So moving a program (and not changing it) cannot change
 a step's command, and a step re-runs only when its program's bytes change."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from components import step_scripts
-from components.operator import status_gather
-from components.operator.stack_state import Connection, NodeRecord
-from components.step_scripts import render_node_scripts
+from kimi_cluster.operator import status_gather
+from kimi_cluster.operator.stack_state import Connection, NodeRecord
+from kimi_cluster.plan import step_scripts
+from kimi_cluster.plan.step_scripts import render_node_scripts
 from tests.node.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ROOT / "node_programs"
+PROGRAMS = ROOT / "kimi_cluster" / "node"
 CACHE = json.dumps({"bucket": "my-team-kimi-kernels", "region": "eu-central-1"})
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"
 
@@ -26,7 +26,7 @@ def test_the_node_side_programs_are_read_from_node_programs():
     assert step_scripts.CHECK_SOURCE == PROGRAMS / "check_download.py"
     assert status_gather.PROBE == PROGRAMS / "node_status.py"
     for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
-        assert program[0].startswith("node_programs/") and all((ROOT / path).is_file() for path in program)
+        assert program[0].startswith("kimi_cluster/node/") and all((ROOT / path).is_file() for path in program)
     # Every module of this repository a shipped module imports is shipped beside it.
     for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
         for path in program:

@@ -1,7 +1,8 @@
 """The packages the nodes pip-install run the versions this project pins: step_scripts.py's constants match
 
 The weights step installs huggingface_hub==HF_HUB_VERSION, the kernel-cache steps boto3==BOTO3_VERSION
-(templates/weights.sh.j2, templates/_kernel_cache.sh.j2); the project's own pins are in requirements.txt or a
+(kimi_cluster/plan/templates/weights.sh.j2, kimi_cluster/plan/templates/_kernel_cache.sh.j2); the project's own pins are
+in requirements.txt or a
 sibling requirements-*.txt. Either side changing alone fails here.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components import step_scripts
+from kimi_cluster.plan import step_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 # Node-side package (as pip names it) -> step_scripts.py's constant that the templates install.
@@ -56,8 +57,8 @@ def test_the_nodes_install_the_versions_the_project_pins():
 
 def test_the_templates_install_the_constants_they_are_given():
     # The version reaches the node through these template values, not a literal of their own.
-    weights = (ROOT / "templates" / "weights.sh.j2").read_text(encoding="utf-8")
-    cache = (ROOT / "templates" / "_kernel_cache.sh.j2").read_text(encoding="utf-8")
+    weights = (ROOT / "kimi_cluster" / "plan" / "templates" / "weights.sh.j2").read_text(encoding="utf-8")
+    cache = (ROOT / "kimi_cluster" / "plan" / "templates" / "_kernel_cache.sh.j2").read_text(encoding="utf-8")
     assert '"huggingface_hub=={{ hf_hub_version }}"' in weights
     assert '"boto3=={{ boto3_version }}"' in cache
 

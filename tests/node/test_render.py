@@ -10,11 +10,11 @@ import sys
 import pytest
 from jinja2 import UndefinedError
 
-from components import launch
-from components.remote_step import remote_command_text
-from components.render import ShellExpr, render, shell_quote, shell_words
-from components.step_scripts import render_node_scripts
-from components.steps import STEPS
+from kimi_cluster.deploy.remote_step import remote_command_text
+from kimi_cluster.plan import launch
+from kimi_cluster.plan.render import ShellExpr, render, shell_quote, shell_words
+from kimi_cluster.plan.step_scripts import render_node_scripts
+from kimi_cluster.settings.steps import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -215,7 +215,7 @@ def test_the_warm_up_and_its_launch_pass_shellcheck_for_every_engine_and_rank(tm
 
 
 def test_the_warm_up_runs_the_launchs_container_on_random_weights_on_ports_of_its_own():
-    from components import warmup
+    from kimi_cluster.plan import warmup
 
     for topology in ("h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed"):
         settings = _warmup_settings(topology)
@@ -255,7 +255,7 @@ def test_the_warm_up_is_off_by_default_and_changes_no_launch_it_precedes():
 
 
 def test_the_warm_up_gives_up_inside_a_shortened_step_deadline():
-    from components.timing import Timing
+    from kimi_cluster.settings.timing import Timing
 
     settings = _warmup_settings("b300x1-vllm", stepDeadlineMinutes={"warmup": 10})
     script = render_node_scripts(settings, 0, "10.0.0.10", "10.0.0.10")["warmup"]

@@ -1,6 +1,6 @@
 """The sandbox's short settle check (kimi-cluster:nodeTiming in Pulumi.sandbox.yaml) still catches an engine that
 dies at start-up: the launch step, rendered with the sandbox stack's own settings, against a fake node whose docker
-stub starts the sandbox's real fake engine (fakes/node/engine_hook.py), as `sandbox up` runs it."""
+stub starts the sandbox's real fake engine (kimi_cluster/fakes/node/engine_hook.py), as `sandbox up` runs it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.step_scripts import render_step
-from fakes.node import BIN, make_fake_node
-from sandbox.nodes import ENGINE_HOOK, stack_settings
+from kimi_cluster.fakes.node import BIN, make_fake_node
+from kimi_cluster.plan.step_scripts import render_step
+from kimi_cluster.sandbox.nodes import ENGINE_HOOK, stack_settings
 from tests.node.conftest import REVISION
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

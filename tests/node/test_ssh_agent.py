@@ -8,7 +8,7 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from components.ssh_agent import dead_agent_socket
+from kimi_cluster.deploy.ssh_agent import dead_agent_socket
 from tests.pulumi_harness import Recording, run_program
 from tests.test_program import config, outputs_for
 

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from components.remote_step import remote_command_text
-from components.step_scripts import render_node_scripts, render_step
+from kimi_cluster.deploy.remote_step import remote_command_text
+from kimi_cluster.plan.step_scripts import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -259,7 +259,8 @@ def test_engine_dying_at_start_up_fails_with_its_log_and_never_the_key(node_fact
 
 def test_a_dying_engines_log_reaches_the_output_escaped(node_factory):
     """Issue 34: the engine's log tail reached `pulumi up`'s output raw, so an engine could write the operator's
-    clipboard (OSC 52) or the terminal's title. It is printed through status's escape (components/printable.py)."""
+    clipboard (OSC 52) or the terminal's title. It is printed through status's escape
+    (kimi_cluster/node/printable.py)."""
     osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
     node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": f"Traceback {osc52}\x9b2J end\n"})
     _weights_on_disk(node)
@@ -359,7 +360,7 @@ def _tls_server(tmp_path, handler, ip=PUBLIC_IP, ca=None):
     """An https server on loopback with a certificate for the head's public address, signed by `ca` (made here)."""
     import ssl
 
-    from components import tls
+    from kimi_cluster.deploy import tls
     ca_pem, ca_key = ca or tls.make_ca("readiness test CA")
     cert, key = tls.make_server_certificate(ca_pem, ca_key, [ip])
     (tmp_path / "cert.pem").write_text(cert)
@@ -461,7 +462,7 @@ def _engine_ready(node, health):
 def test_engine_ready_holds_until_the_front_can_have_taken_the_replica_back(node):
     """The next replica restarts once this step passes, so it passes only after the run of good /health checks the
     front needs to take this replica back (FrontTuning.readmit_checks, one health_interval apart)."""
-    from components.front_tuning import FrontTuning
+    from kimi_cluster.plan.front_tuning import FrontTuning
 
     _running_container(node)
     result, handler = _engine_ready(node, (200,))
@@ -472,7 +473,7 @@ def test_engine_ready_holds_until_the_front_can_have_taken_the_replica_back(node
 
 @needs_curl
 def test_engine_ready_starts_over_when_the_engine_drops_right_after_it_first_serves(node):
-    from components.front_tuning import FrontTuning
+    from kimi_cluster.plan.front_tuning import FrontTuning
 
     _running_container(node)
     result, handler = _engine_ready(node, (200, 502, 200))
@@ -502,7 +503,7 @@ def test_readiness_fails_when_the_models_list_answers_without_the_key(node, prox
 
 @needs_curl
 def test_readiness_never_accepts_a_certificate_from_another_ca(node, proxy_server):
-    from components import tls
+    from kimi_cluster.deploy import tls
 
     _running_container(node)
     server, _ = proxy_server()
@@ -513,7 +514,7 @@ def test_readiness_never_accepts_a_certificate_from_another_ca(node, proxy_serve
 
 @needs_curl
 def test_readiness_gives_up_at_its_deadline_and_prints_the_log(node):
-    from components import tls
+    from kimi_cluster.deploy import tls
 
     _running_container(node)
     _trust(node, tls.make_ca("readiness test CA")[0])

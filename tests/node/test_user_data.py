@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components.node import _HostKeyProvider
+from kimi_cluster.deploy.vm import _HostKeyProvider
 from tests.pulumi_harness import run_program
 from tests.test_program import config, outputs_for
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import plan
+from kimi_cluster.cli import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 _CONNECT = socket.socket.connect
@@ -102,14 +102,15 @@ def test_render_dir_writes_every_nodes_scripts(tmp_path, capsys):
 
 
 def test_cli_entry_point_runs():
-    proc = subprocess.run([sys.executable, "-m", "scripts.plan", "--stack", "dev"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kimi_cluster.cli.plan", "--stack", "dev"], cwd=ROOT,
+                          capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "$83.20 per hour" in proc.stdout
 
 
 def test_a_set_key_makes_the_plan_use_the_pricebook_and_show_the_difference(tmp_path, capsys, monkeypatch):
-    from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
 
     monkeypatch.setattr(socket.socket, "connect", _CONNECT)  # this plan is allowed to ask the (local) API
     with Emulator() as emu:
@@ -180,8 +181,8 @@ def test_one_node_has_no_sharded_weights_phase(capsys):
 def test_a_warm_up_beside_the_download_waits_for_the_image_and_leaves_the_restored_bring_up_alone():
     from dataclasses import replace as with_
 
-    from components.operator import bringup
-    from components.settings.loader import load_settings
+    from kimi_cluster.operator import bringup
+    from kimi_cluster.settings.loader import load_settings
 
     s = load_settings({"topology": "h100x4-sglang", "operatorCidr": "203.0.113.7/32",
                        "sshPublicKey": "ssh-ed25519 AAAAC3Nza test"}, "dev")

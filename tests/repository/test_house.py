@@ -1,5 +1,5 @@
-"""The house rules, on this repository: no import circle, dependencies point down the layers, components/ modules
-stay short (450 lines), and the README's Layout table names the tree as it is.
+"""The house rules, on this repository: no import circle, dependencies point down the rooms of kimi_cluster/ and the
+folders beside it, no module of the package passes 450 lines, and the README's Layout table names the tree as it is.
 
 The graph functions live in tests/house.py; the planted-tree tests below prove they catch what they look for.
 """
@@ -18,14 +18,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Lowest first: a package may import its own layer and the ones below it, never one above. Every top-level package
 # (and top-level module, such as __main__.py) must have a row, so that a new one gets placed.
+# kimi_cluster's rooms are placed one by one (tests/house.py ROOMED); `kimi_cluster` itself is its __init__.py.
 LAYERS = {
-    "components": 0,
-    "node_programs": 1, "fakes": 1, "verification": 1,
-    "sandbox": 2,
-    "scripts": 3,
-    "benchmarks": 4, "__main__": 4,
+    "kimi_cluster": 0, "kimi_cluster.node": 0,
+    "kimi_cluster.hyperstack": 1,
+    "kimi_cluster.settings": 2,
+    "kimi_cluster.plan": 3,
+    "kimi_cluster.deploy": 4, "kimi_cluster.checks": 4,
+    "kimi_cluster.operator": 5, "components": 5, "verification": 5,
+    "kimi_cluster.fakes": 6,
+    "kimi_cluster.sandbox": 7,
+    "kimi_cluster.cli": 8,
+    "scripts": 9,
+    "benchmarks": 10, "__main__": 10,
 }
-COMPONENTS_MAX_LINES = 450
+MAX_LINES = 450
 
 
 # ---- the rules on the planted tree ---------------------------------------------------------------------------------
@@ -61,30 +68,32 @@ def test_the_graph_finds_a_planted_cycle_through_local_relative_and_type_checkin
 
 def test_the_graph_finds_a_planted_layer_break_and_an_unplaced_package(tmp_path: Path) -> None:
     root = _plant(tmp_path, {
-        "components/__init__.py": "",
-        "components/low.py": "def f():\n    import sandbox.high\n",
-        "sandbox/__init__.py": "",
-        "sandbox/high.py": "from components import low\nimport checks_resource\n",
-        "verification/checks_resource.py": "from components.low import f\n",
+        "kimi_cluster/__init__.py": "",
+        "kimi_cluster/plan/__init__.py": "",
+        "kimi_cluster/plan/low.py": "def f():\n    import kimi_cluster.sandbox.high\n",
+        "kimi_cluster/sandbox/__init__.py": "",
+        "kimi_cluster/sandbox/high.py": "from kimi_cluster.plan import low\nimport checks_resource\n",
+        "verification/checks_resource.py": "from kimi_cluster.plan.low import f\n",
         "verification/__main__.py": "import checks_resource\n",
         "newpkg/__init__.py": "",
-        "__main__.py": "import sandbox.high\n",
+        "__main__.py": "import kimi_cluster.sandbox.high\n",
     })
     graph = build_graph(root)
     assert graph.packages["checks_resource"] == "verification"
     assert graph.packages["verification.__main__"] == "verification"
+    assert graph.packages["kimi_cluster.plan.low"] == "kimi_cluster.plan"  # a room of the package
     assert layer_breaks(graph, LAYERS) == [
         "package 'newpkg' is not in the layer table: place it",
-        "components.low (components) imports sandbox.high (sandbox)",
+        "kimi_cluster.plan.low (kimi_cluster.plan) imports kimi_cluster.sandbox.high (kimi_cluster.sandbox)",
     ]
-    assert cycles(graph) == [["checks_resource", "components.low", "sandbox.high"]]
+    assert cycles(graph) == [["checks_resource", "kimi_cluster.plan.low", "kimi_cluster.sandbox.high"]]
 
 
 def test_long_modules_are_reported(tmp_path: Path) -> None:
-    _plant(tmp_path, {"components/big.py": "x = 1\n" * (COMPONENTS_MAX_LINES + 1),
-                      "components/ok.py": "x = 1\n" * COMPONENTS_MAX_LINES})
-    assert long_modules(tmp_path, "components", COMPONENTS_MAX_LINES) == [
-        f"components/big.py: {COMPONENTS_MAX_LINES + 1} lines"]
+    _plant(tmp_path, {"components/big.py": "x = 1\n" * (MAX_LINES + 1),
+                      "components/ok.py": "x = 1\n" * MAX_LINES})
+    assert long_modules(tmp_path, "components", MAX_LINES) == [
+        f"components/big.py: {MAX_LINES + 1} lines"]
 
 
 # ---- the rules on this repository ----------------------------------------------------------------------------------
@@ -106,9 +115,9 @@ def test_no_import_circle() -> None:
 
 
 def test_pulumi_up_imports_none_of_the_operators_tools() -> None:
-    # The program's own room at a glance: what `pulumi up` runs never reaches components/operator/.
+    # The program's own room at a glance: what `pulumi up` runs never reaches kimi_cluster/operator/.
     found = _on_the_repo("sorted(m for m in __import__('tests.house', fromlist=['x']).reachable(graph, '__main__') "
-                         "if m.startswith('components.operator'))")
+                         "if m.startswith('kimi_cluster.operator'))")
     assert found == []
 
 
@@ -116,13 +125,9 @@ def test_dependencies_point_down_the_layers() -> None:
     assert _on_the_repo("layer_breaks(graph, layers)") == []
 
 
-def test_no_components_module_over_450_lines() -> None:
-    assert long_modules(REPO, "components", COMPONENTS_MAX_LINES) == []
-
-
-def test_no_node_program_over_450_lines() -> None:
-    # A program past it ships as several modules (components/step_scripts.py, shipped()).
-    assert long_modules(REPO, "node_programs", COMPONENTS_MAX_LINES) == []
+def test_no_module_of_the_package_over_450_lines() -> None:
+    # A node program past it ships as several modules (kimi_cluster/plan/step_scripts.py, shipped()).
+    assert long_modules(REPO, "kimi_cluster", MAX_LINES) == []
 
 
 # ---- the README's Layout table --------------------------------------------------------------------------------------
@@ -143,15 +148,15 @@ def layout_paths(readme: str) -> list[str]:
 
 
 def tree_entries(root: Path) -> set[str]:
-    """What the table must name: each top-level folder and module, each components/ module and subpackage."""
+    """What the table must name: each top-level folder and module, and each room (sub-package) of kimi_cluster/."""
     entries = {f"{p.name}/" for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                and not p.name.startswith("venv") and p.name != "__pycache__"}
     entries |= {p.name for p in root.glob("*.py")}
-    for p in (root / "components").iterdir():
+    for p in (root / "kimi_cluster").iterdir():
         if p.is_dir() and (p / "__init__.py").exists():
-            entries.add(f"components/{p.name}/")
+            entries.add(f"kimi_cluster/{p.name}/")
         elif p.suffix == ".py" and p.name != "__init__.py":
-            entries.add(f"components/{p.name}")
+            entries.add(f"kimi_cluster/{p.name}")
     return entries
 
 
@@ -170,15 +175,18 @@ def layout_problems(root: Path, readme: str) -> list[str]:
 
 
 def test_the_layout_check_catches_a_missing_path_and_an_unnamed_module(tmp_path: Path) -> None:
-    _plant(tmp_path, {"components/__init__.py": "", "components/node.py": "", "components/launch.py": "",
-                      "components/extra.py": "", "components/sub/__init__.py": "", "__main__.py": ""})
+    _plant(tmp_path, {"kimi_cluster/__init__.py": "", "kimi_cluster/plan/__init__.py": "",
+                      "kimi_cluster/plan/launch.py": "", "kimi_cluster/extra/__init__.py": "",
+                      "kimi_cluster/sub/__init__.py": "", "__main__.py": ""})
     readme = ("# x\n\n## Layout\n\n| place | holds |\n|---|---|\n| `__main__.py` | m |\n"
-              "| `components/node.py`, `launch.py`, `gone.py` | n |\n| `components/sub/` | s |\n"
-              "| `components/` | c |\n\n## Next\n| `components/extra.py` | not in the table |\n")
-    assert layout_paths(readme) == ["__main__.py", "components/node.py", "components/launch.py",
-                                    "components/gone.py", "components/sub/", "components/"]
-    assert layout_problems(tmp_path, readme) == ["the Layout table names components/gone.py, which does not exist",
-                                                 "components/extra.py is in no row of the Layout table"]
+              "| `kimi_cluster/plan/`, `launch.py`, `gone.py` | n |\n| `kimi_cluster/sub/` | s |\n"
+              "\n## Next\n| `kimi_cluster/extra/` | not in the table |\n")
+    assert layout_paths(readme) == ["__main__.py", "kimi_cluster/plan/", "kimi_cluster/launch.py",
+                                    "kimi_cluster/gone.py", "kimi_cluster/sub/"]
+    assert layout_problems(tmp_path, readme) == [
+        "the Layout table names kimi_cluster/launch.py, which does not exist",
+        "the Layout table names kimi_cluster/gone.py, which does not exist",
+        "kimi_cluster/extra/ is in no row of the Layout table"]
 
 
 def test_the_readme_layout_table_names_the_tree() -> None:

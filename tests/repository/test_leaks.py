@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fakes.hub import FakeHub
+from kimi_cluster.fakes.hub import FakeHub
 from tests import leaks
 
 

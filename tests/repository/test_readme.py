@@ -49,7 +49,7 @@ def test_real_use_is_one_fenced_sequence_in_a_pasteable_order():
     assert 0 <= passphrase < init, "the passphrase is set before the stack exists"
     assert 0 <= login < init < config < up < destroy
     assert first(lines, r"pulumi stack select") == -1
-    assert first(lines, r"\.venv/bin/pip install") < first(lines, r"\.venv/bin/python -m scripts\.plan") < up
+    assert first(lines, r"\.venv/bin/pip install") < first(lines, r"\.venv/bin/kimi-cluster plan") < up
     assert first(lines, r"ssh-keygen -t ed25519 -N ''") < first(lines, r"sshPrivateKey <")
 
 

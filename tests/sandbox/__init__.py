@@ -1,1 +1,1 @@
-"""Tests of the local sandbox: scripts.sandbox up | verify | destroy end to end."""
+"""Tests of the local sandbox: kimi_cluster.cli.sandbox up | verify | destroy end to end."""

@@ -1,5 +1,6 @@
-"""Fixtures for the sandbox tests: `python -m scripts.sandbox` as a user runs it, under the real Pulumi CLI with each
-VM a network namespace with sshd (fakes/node_fabric.py); the sandbox's own emulator through its test-only admin
+"""Fixtures for the sandbox tests: `kimi-cluster sandbox` as a user runs it, under the real Pulumi CLI with each
+VM a network namespace with sshd (kimi_cluster/fakes/node_fabric.py); the sandbox's own emulator through its test-only
+admin
 routes; and a teardown that ends every process, namespace and bridge a test started.
 """
 
@@ -19,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from fakes import sandbox_services as services
-from fakes.node_fabric import Fabric, FabricConfig, missing
-from sandbox.kimi import EMULATOR_ARGS_VARIABLE
-from sandbox.nodes import COMPILE_SECONDS_KNOB, FAKE_COMPILE_SECONDS
-from sandbox.pulumi_cli import TOOLCHAIN, end_session
+from kimi_cluster.fakes import sandbox_services as services
+from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
+from kimi_cluster.sandbox.kimi import EMULATOR_ARGS_VARIABLE
+from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB, FAKE_COMPILE_SECONDS
+from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, end_session
 from tests.wall_times import report
 
 __all__ = ["report"]  # the flows import report from here; tests/conftest.py prints what it collected
@@ -41,7 +42,7 @@ COMPILING = {COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS)}
 @pytest.fixture(autouse=True)
 def _not_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same for the flows that drive a Sandbox (or a benchmark) in this process: the nodes' knobs come from
-    os.environ there (sandbox.kimi.node_env)."""
+    os.environ there (kimi_cluster.sandbox.kimi.node_env)."""
     for knob, value in NOT_COMPILING.items():
         monkeypatch.setenv(knob, value)
 
@@ -111,7 +112,7 @@ class Result:
 
 @dataclass
 class SandboxRunner:
-    """Runs `python -m scripts.sandbox ...` on one workdir, under the real Pulumi CLI."""
+    """Runs `kimi-cluster sandbox ...` on one workdir, under the real Pulumi CLI."""
 
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
@@ -132,7 +133,8 @@ class SandboxRunner:
         if command == "up":
             up_options += [] if self.timeline else ["--no-timeline"]
             up_options += [] if self.kernel_cache else ["--no-kernel-cache"]
-        return [sys.executable, "-m", "scripts.sandbox", command, "--workdir", str(self.workdir), *args, *up_options]
+        return [sys.executable, "-m", "kimi_cluster.cli.sandbox", command, "--workdir", str(self.workdir), *args,
+                *up_options]
 
     def __call__(self, command: str, *args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
         started = time.monotonic()
@@ -170,14 +172,14 @@ class SandboxRunner:
     def exported_resources(self) -> list[dict[str, Any]]:
         """The cluster stack's resources with their secrets in plain text (`pulumi stack export --show-secrets`):
         the checkpoint's ciphertexts change on every write, plain values only when they do."""
-        from sandbox.kimi import Sandbox
+        from kimi_cluster.sandbox.kimi import Sandbox
 
         with Sandbox(self.workdir, out=io.StringIO()).state_document() as path:
             return list(json.loads(path.read_text())["deployment"].get("resources") or [])
 
     def outputs(self) -> dict[str, Any]:
         """The cluster stack's outputs, secrets in plain text (`pulumi stack output --show-secrets`)."""
-        from sandbox.kimi import Sandbox
+        from kimi_cluster.sandbox.kimi import Sandbox
 
         return Sandbox(self.workdir, out=io.StringIO()).outputs()[0]
 
@@ -197,10 +199,10 @@ class SandboxRunner:
 
 
 def hub_stats(workdir: Path) -> dict[str, Any]:
-    """The fake hub's counters (fakes/hub.py STATS_PATH), over its https with the sandbox's hub CA."""
+    """The fake hub's counters (kimi_cluster/fakes/hub.py STATS_PATH), over its https with the sandbox's hub CA."""
     import ssl
 
-    from fakes.hub import STATS_PATH
+    from kimi_cluster.fakes.hub import STATS_PATH
 
     url = json.loads((workdir / "sandbox.json").read_text())["hub_url"]
     context = ssl.create_default_context(cafile=str(next((workdir / "secrets" / "hub-tls").glob("*-ca.crt"))))
@@ -240,7 +242,7 @@ def kill_everything(workdir: Path, record: dict) -> None:
 def sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
     """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="") -> SandboxRunner on a fresh workdir;
     everything it started is ended at teardown. `emulator_args`: more arguments for the sandbox's own emulator
-    (scripts.emulator's --fault, --capacity), from its start."""
+    (kimi_cluster.cli.emulator's --fault, --capacity), from its start."""
     made: list[SandboxRunner] = []
 
     def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False,

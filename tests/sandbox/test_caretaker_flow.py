@@ -1,5 +1,6 @@
 """The caretaker in the sandbox, under the real Pulumi CLI: idleStopMinutes and budgetUsd on b300x1-vllm (one node,
-so the caretaker runs on the head and deletes itself last). The sandbox's minute is a second (sandbox/kimi.py
+so the caretaker runs on the head and deletes itself last). The sandbox's minute is a second
+(kimi_cluster/sandbox/kimi.py
 SANDBOX_MINUTE_SECONDS, kimi-cluster:caretakerTiming): idleStopMinutes 15 is 15 s, and the emulator bills the
 b300's $59.20 an hour as $0.99 a (one-second) minute.
 

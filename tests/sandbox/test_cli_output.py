@@ -3,7 +3,7 @@ and the update's counts. The texts are the CLI's own (v3.259.0), as it printed t
 
 from __future__ import annotations
 
-from sandbox.cli_stacks import _counts, failures
+from kimi_cluster.sandbox.cli_stacks import _counts, failures
 
 COMMAND_FAILED = '''Updating (sandbox):
  +  command:remote:Command kimi-node0-ready creating (6s) error: Process exited with status 124: running "\\"x\\"":
@@ -37,7 +37,7 @@ PROVIDER_RAISED = '''Diagnostics:
       File "/x/pulumi/dynamic/__main__.py", line 84, in wrapper
         return fn(self, request, context)
                ^^^^^^^^^^^^^^^^^^^^^^^^^^
-    components.endpoint_checks.results.VerificationFailed: verification of https://10.213.1.2 failed; models: HTTP 502
+    kimi_cluster.checks.results.VerificationFailed: verification of https://10.213.1.2 failed; models: HTTP 502
 
 Resources:
     + 1 created

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from components import launch
-from components.settings.loader import load_settings
-from fakes import sandbox_services as services
-from fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
-from fakes.node import BIN, make_fake_node
-from sandbox.nodes import ENGINE_HOOK, node_env, stack_settings
-from sandbox.printing import format_outputs, format_report
-from scripts.emulator import parse_fault
+from kimi_cluster.cli.emulator import parse_fault
+from kimi_cluster.fakes import sandbox_services as services
+from kimi_cluster.fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
+from kimi_cluster.fakes.node import BIN, make_fake_node
+from kimi_cluster.plan import launch
+from kimi_cluster.sandbox.nodes import ENGINE_HOOK, node_env, stack_settings
+from kimi_cluster.sandbox.printing import format_outputs, format_report
+from kimi_cluster.settings.loader import load_settings
 
 from .conftest import wait_for
 
@@ -74,7 +74,7 @@ def test_hook_serves_what_the_launch_asks_on_loopback_only_and_without_a_key(mon
     assert argv[:2] == ["docker", "run"]
     server_argv, env, name = engine_hook.plan(argv[2:])
     assert name == "kimi-engine"
-    assert server_argv[1:3] == ["-m", "fakes.inference_server"]
+    assert server_argv[1:3] == ["-m", "kimi_cluster.fakes.inference_server"]
     assert server_argv[server_argv.index("--engine") + 1] == engine
     listen = [server_argv[i + 1] for i, w in enumerate(server_argv) if w == "--listen"]
     # The engine binds the head's loopback only: not the node's private or public address.
@@ -92,7 +92,8 @@ def test_hook_passes_the_rank_and_refuses_an_unknown_engine() -> None:
 
 
 def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(tmp_path) -> None:
-    from components import proxy, tls
+    from kimi_cluster.deploy import tls
+    from kimi_cluster.plan import proxy
 
     port = services.free_port()
     api_port = services.free_port(avoid={port})  # two draws could meet
@@ -205,8 +206,9 @@ def test_outputs_show_secrets_masked_and_big_values_summarised() -> None:
 def test_services_start_and_stop_by_pid(tmp_path) -> None:
     port = services.free_port()
     started = time.monotonic()
-    service = services.start("hub", services.python_module("fakes.hub", "--port", str(port)), host="127.0.0.1",
-                             port=port, marker="fakes.hub", log_dir=tmp_path)
+    service = services.start("hub", services.python_module("kimi_cluster.fakes.hub", "--port", str(port)),
+                             host="127.0.0.1",
+                             port=port, marker="kimi_cluster.fakes.hub", log_dir=tmp_path)
     try:
         assert service.running()
         assert time.monotonic() - started < 30
@@ -259,8 +261,8 @@ def test_a_chosen_port_with_a_span_keeps_its_neighbours_free_and_out_of_avoid(mo
 
 
 def test_the_sandbox_draws_ports_the_settings_accept_even_when_the_draws_clash(monkeypatch) -> None:
-    from components.settings.cross_rules import tokenspeed_problem
-    from sandbox.kimi import _choose_ports
+    from kimi_cluster.sandbox.kimi import _choose_ports
+    from kimi_cluster.settings.cross_rules import tokenspeed_problem
 
     engine = services.PORT_FLOOR + 500
     # The draws the CI run met (apiPort on enginePort + 2), then apiPort's own port again for peerPort.
@@ -283,8 +285,8 @@ def test_the_sandbox_draws_ports_the_settings_accept_even_when_the_draws_clash(m
 
 
 def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
-    from components.settings.loader import read_stack_file
-    from sandbox.kimi import REPO_ROOT
+    from kimi_cluster.sandbox.kimi import REPO_ROOT
+    from kimi_cluster.settings.loader import read_stack_file
 
     ours, others = read_stack_file(str(REPO_ROOT / "Pulumi.sandbox.yaml"))
     assert others["hyperstack:apiUrl"].startswith("http://127.0.0.1:")

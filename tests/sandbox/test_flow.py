@@ -1,7 +1,8 @@
 """The whole sandbox flow per topology, as a user runs it: up (with its preview), verify through a real
 StackReference, destroy, and nothing left: not in the emulator, the stacks, the namespaces or the bridge.
 
-Each VM is a network namespace with Debian's sshd (fakes/node_fabric.py): pulumi-command reaches it with the
+Each VM is a network namespace with Debian's sshd (kimi_cluster/fakes/node_fabric.py): pulumi-command reaches it with
+the
 connection the program builds, pinned to the host key the program put in the VM's user_data. The h100x4-sglang flow
 also checks the firewall the program built (nftables in each namespace, default drop) and the real CLI's checkpoint;
 b300x1-vllm runs exactly the README's commands (the sandbox line of "Two commands for a newcomer").
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes import sandbox_services as services
+from kimi_cluster.fakes import sandbox_services as services
 
 from .conftest import CHECKPOINT, REPO_ROOT, leftover_processes, ok, report
 

@@ -6,7 +6,7 @@
   laptop): the checkpoint keeps the creates it had begun as pending operations and the stack stays locked; the next up
   runs `pulumi cancel`, `pulumi refresh --clear-pending-creates`, then `pulumi up`, whose VM
   provider adopts each VM a lost create made, by name. A provider host that outlived pulumi must not delete the VM
-  it was waiting for (components/hyperstack/progress.py): that would cost a second VM.
+  it was waiting for (kimi_cluster/deploy/hyperstack/progress.py): that would cost a second VM.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from fakes import sandbox_services as services
-from sandbox.pulumi_cli import end_session
+from kimi_cluster.fakes import sandbox_services as services
+from kimi_cluster.sandbox.pulumi_cli import end_session
 
 from .conftest import leftover_processes, ok, report, wait_for
 

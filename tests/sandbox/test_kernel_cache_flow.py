@@ -94,7 +94,7 @@ def test_tokenspeeds_kernel_folders_travel_across_destroy_and_up(sandbox) -> Non
     image = ("--config", "image=lightseekorg/tokenspeed:0.1.1")
     first = run("up", "--topology", "b300x1-tokenspeed", *image)
     ok(first)
-    # Triton x3, inductor, DeepGEMM, and TokenSpeed's autotune and MSA FMHA folders (components/launch.py).
+    # Triton x3, inductor, DeepGEMM, and TokenSpeed's autotune and MSA FMHA folders (kimi_cluster/plan/launch.py).
     assert "compiling 7 of 7 kernels" in engine_log(run.workdir)
     assert re.search(r"saved 7 kernel files .* as key [0-9a-f]{32}", run.step_output("kimi-kernel-cache-save"))
     ok(run("destroy"))

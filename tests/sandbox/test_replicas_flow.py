@@ -55,7 +55,7 @@ def _hub_bytes(sandbox) -> int:
 def test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes(tmp_path: Path):
     """First bring-up of 2 replicas: each file from the hub once (1.0x). Reclaim replica 1's head, `up` again: the VM
     is re-created, its weights come from replica 0's node over the fan-out (0 hub bytes), the front serves again."""
-    from sandbox.kimi import Sandbox
+    from kimi_cluster.sandbox.kimi import Sandbox
 
     log = io.StringIO()
     sandbox = Sandbox(tmp_path / "sb", out=log)

@@ -4,7 +4,8 @@ pulumi-command counts a changed `connection` (here: a rotated sshPrivateKey) as 
 and an update re-runs `create`: the whole chain runs again on every node. On a healthy cluster that must cost
 nothing: the same engine container and process, not one byte from the hub, no image pull.
 
-A step whose tool never returns fails through the deadline the step enforces on the node (components/timing.py),
+A step whose tool never returns fails through the deadline the step enforces on the node
+(kimi_cluster/settings/timing.py),
 whatever the engine's own timeouts do.
 """
 
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from components.steps import STEPS
-from sandbox.workdir import new_ssh_private_key, ssh_public_key_of
+from kimi_cluster.sandbox.workdir import new_ssh_private_key, ssh_public_key_of
+from kimi_cluster.settings.steps import STEPS
 
 from .conftest import hub_stats, leftover_processes, ok, report
 

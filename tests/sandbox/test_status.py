@@ -2,7 +2,7 @@
 percentage), after it (serving), and with a node whose download stalled or whose engine is crash-looping.
 
 The nodes are read over OpenSSH with the stack's pinned host keys, as on a real cluster, from the stack's export
-(`pulumi stack export --show-secrets`). The progress file is the weights step's contract (components/weights.py
+(`pulumi stack export --show-secrets`). The progress file is the weights step's contract (kimi_cluster/node/weights.py
 PROGRESS_FILE); this test writes one where the node's weights program keeps it.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from components.weights import PROGRESS_FILE
-from sandbox.kimi import Sandbox
+from kimi_cluster.node.weights import PROGRESS_FILE
+from kimi_cluster.sandbox.kimi import Sandbox
 
 from .conftest import ok, report, wait_for
 
@@ -95,7 +95,8 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert "restarting (7 restarts)" in looping
     assert "advice: kimi-sandbox-node0: the engine is restarting in a loop (7 restarts)" in looping
 
-    # The same, through scripts.status itself, as a user runs it on a real stack's export: the state file and the
+    # The same, through kimi_cluster.cli.status itself, as a user runs it on a real stack's export: the state file and
+    # the
     # stack config (its emulator's URL) as options, the nodes over SSH.
     key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
     repo = Path(__file__).resolve().parents[2]
@@ -104,7 +105,8 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
         "hyperstack:apiUrl: http://127.0.0.1:8700/v1", f"hyperstack:apiUrl: {run.record()['emulator_url']}"))
     with Sandbox(run.workdir, out=io.StringIO()).state_document() as export:
         direct = subprocess.run(
-            [sys.executable, "-m", "scripts.status", "--stack", "sandbox", "--json", "--config", str(stack_file),
+            [sys.executable, "-m", "kimi_cluster.cli.status", "--stack", "sandbox", "--json", "--config",
+             str(stack_file),
              "--state", str(export)],
             cwd=repo, capture_output=True, text=True, timeout=120,
             env={**run.environment(), "HYPERSTACK_API_KEY": key})

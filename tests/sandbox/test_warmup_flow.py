@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from components.operator.timeline_report import bars_from_state
-from sandbox.nodes import COMPILE_SECONDS_KNOB
+from kimi_cluster.operator.timeline_report import bars_from_state
+from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB
 
 from .conftest import engine_log, leftover_processes, ok, report
 
@@ -35,7 +35,7 @@ def containers(run, name: str) -> list[str]:
 
 def marks(run) -> dict[tuple[int, str], tuple[float, float]]:
     """(rank, step) -> (start, end) in seconds, from the steps' KIMI-STEP marks in the stack's export."""
-    from sandbox.kimi import Sandbox
+    from kimi_cluster.sandbox.kimi import Sandbox
 
     with Sandbox(run.workdir, out=io.StringIO()).state_document() as path:
         bars = bars_from_state(json.loads(path.read_text()))

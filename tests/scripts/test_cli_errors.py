@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.workdir import MARKER, Workdir
-from scripts import emulator as emulator_cli
-from scripts import plan as plan_cli
-from scripts import sandbox as sandbox_cli
+from kimi_cluster.cli import emulator as emulator_cli
+from kimi_cluster.cli import plan as plan_cli
+from kimi_cluster.cli import sandbox as sandbox_cli
+from kimi_cluster.sandbox.workdir import MARKER, Workdir
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -103,7 +103,7 @@ def test_sandbox_reports_a_broken_record_in_one_line(tmp_path, capsys):
 
 
 def test_a_two_line_key_file_is_refused_without_printing_it(tmp_path, capsys):
-    from scripts import verify_endpoint
+    from kimi_cluster.cli import verify as verify_endpoint
 
     key_file = tmp_path / "key.txt"
     key_file.write_text("sk-first-line-secret\nsk-second-line-secret\n")

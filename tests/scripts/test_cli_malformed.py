@@ -1,5 +1,6 @@
 """Malformed input to each command-line tool ends in exactly one `error:` line and exit code 2, never a traceback:
-scripts.status, scripts.timeline, scripts.verify_endpoint, benchmarks.bench_weights and benchmarks.bench_proxy."""
+kimi_cluster.cli.status, kimi_cluster.cli.timeline, kimi_cluster.cli.verify, benchmarks.bench_weights and
+benchmarks.bench_proxy."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_proxy, bench_weights
-from scripts import status, timeline, verify_endpoint
+from kimi_cluster.cli import status, timeline
+from kimi_cluster.cli import verify as verify_endpoint
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 T0 = "2026-01-01T00:00:00Z"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from components.settings import SettingsError
-from components.settings.loader import load_settings, read_stack_file
-from components.settings.node_timing import FIELDS
-from components.step_scripts import render_step
-from components.timing import Timing
+from kimi_cluster.plan.step_scripts import render_step
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings, read_stack_file
+from kimi_cluster.settings.node_timing import FIELDS
+from kimi_cluster.settings.timing import Timing
 from tests.node.conftest import BASE
 
 ROOT = Path(__file__).resolve().parents[2]

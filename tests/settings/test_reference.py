@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.settings.loader import config_keys
-from components.settings.reference import BEGIN, END, missing_notes, reference, rows, with_reference
-from scripts import config_reference
+from kimi_cluster.cli import config_reference
+from kimi_cluster.settings.loader import config_keys
+from kimi_cluster.settings.reference import BEGIN, END, missing_notes, reference, rows, with_reference
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 def test_the_document_holds_todays_reference():
     text = DOC.read_text(encoding="utf-8")
     assert text.count(BEGIN) == 1 and text.count(END) == 1
-    assert with_reference(text) == text, "run .venv/bin/python -m scripts.config_reference --write"
+    assert with_reference(text) == text, "run kimi-cluster config-reference --write"
 
 
 def test_every_key_has_a_row_and_a_note():
@@ -35,7 +35,7 @@ def test_the_rows_carry_the_models_defaults_bounds_and_choices():
 
 
 def test_a_changed_default_makes_the_document_stale(monkeypatch, tmp_path, capsys):
-    from components.settings.model import Settings
+    from kimi_cluster.settings.model import Settings
 
     field = Settings.model_fields["api_port"]
     monkeypatch.setattr(field, "default", 8443)

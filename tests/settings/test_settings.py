@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from components.settings import SettingsError
-from components.settings.loader import config_keys, load_settings, placeholders, read_stack_file
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import config_keys, load_settings, placeholders, read_stack_file
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
@@ -194,7 +194,7 @@ def test_ssh_private_key_mistakes_refused_without_echoing_it(value, reason):
 
 
 def test_how_to_set_puts_secret_before_the_key_for_secrets_only():
-    from components import settings as s
+    from kimi_cluster import settings as s
 
     assert s.how_to_set("hfToken") == "set it with: pulumi config set --secret kimi-cluster:hfToken hf_..."
     assert s.how_to_set("region") == "set it with: pulumi config set kimi-cluster:region CANADA-1"

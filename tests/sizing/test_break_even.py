@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from components import catalog, pricing
-from components.settings import SettingsError
-from components.settings.loader import load_settings
-from scripts import plan
+from kimi_cluster.cli import plan
+from kimi_cluster.plan import pricing
+from kimi_cluster.settings import SettingsError, catalog
+from kimi_cluster.settings.loader import load_settings
 
 API = catalog.ApiPrice("test API", 2.00, 10.00, "a test", "2026-11-10")
 BASE = {"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza test"}

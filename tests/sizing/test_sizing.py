@@ -3,8 +3,8 @@ about 25 GB short) and the H100 arithmetic (32 x 79.19 GiB against 1,454 GiB of 
 
 import pytest
 
-from components import catalog, sizing
-from components.catalog import GB, GIB
+from kimi_cluster.settings import catalog, sizing
+from kimi_cluster.settings.catalog import GB, GIB
 
 MODEL = catalog.KIMI_K31_PRO
 

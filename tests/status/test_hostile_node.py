@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from components.operator import status_gather, status_replicas
-from components.operator.stack_state import parse_state
-from components.operator.status_report import format_report
+from kimi_cluster.operator import status_gather, status_replicas
+from kimi_cluster.operator.stack_state import parse_state
+from kimi_cluster.operator.status_report import format_report
 from tests.node.conftest import make_settings
 from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
 
@@ -145,7 +145,7 @@ def test_printable_escapes_every_control_and_separator():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_the_private_key_is_removed_when_status_is_killed_or_its_terminal_closes(tmp_path, sig):
-    """The real `python -m scripts.status --watch` with an `ssh` that hangs: the signal arrives while the key file
+    """The real `kimi-cluster status --watch` with an `ssh` that hangs: the signal arrives while the key file
     exists, and the process leaves nothing behind."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -165,7 +165,7 @@ def test_the_private_key_is_removed_when_status_is_killed_or_its_terminal_closes
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TMPDIR": str(tmp), "PYTHONPATH": str(root)}
     env.pop("HYPERSTACK_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "scripts.status", "--stack", "dev", "--state", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "kimi_cluster.cli.status", "--stack", "dev", "--state", str(state),
                              "--watch", "5"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
@@ -188,7 +188,7 @@ def test_the_private_key_is_removed_when_status_is_killed_or_its_terminal_closes
 _SIGNAL_ON_A_WORKER = """
 import signal, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from components.operator.status_gather import _result
+from kimi_cluster.operator.status_gather import _result
 
 stopped = threading.Event()
 

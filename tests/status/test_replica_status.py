@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from components.operator.stack_state import Connection, NodeRecord, StackState
-from components.operator.status_replicas import format_replicas, front_view, replicas_view
+from kimi_cluster.operator.stack_state import Connection, NodeRecord, StackState
+from kimi_cluster.operator.status_replicas import format_replicas, front_view, replicas_view
 
 METRICS = 'vllm:request_success_total{finished_reason="stop"} 7\nvllm:prompt_tokens_total 120\n' \
           "vllm:generation_tokens_total 340\n"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from components.operator import status_gather
-from components.operator.node_exec import SshRunner, probe_command
-from components.operator.stack_state import SECRET_SIG, SIG_KEY, Connection, parse_state
+from kimi_cluster.operator import status_gather
+from kimi_cluster.operator.node_exec import SshRunner, probe_command
+from kimi_cluster.operator.stack_state import SECRET_SIG, SIG_KEY, Connection, parse_state
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyPinnedByTheStack0000000000000000"
@@ -131,10 +131,10 @@ def test_the_probe_reads_a_node_before_any_progress_file_exists(tmp_path):
     (blobs / "a").write_bytes(b"x" * 250)
     bin_dir = tmp_path / "bin"  # no docker, no systemctl: the probe still answers
     bin_dir.mkdir()
-    env = {"HOME": str(home), "PATH": f"{bin_dir}:{ROOT / 'fakes/node/bin'}:{os.environ['PATH']}",
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:{ROOT / 'kimi_cluster/fakes/node/bin'}:{os.environ['PATH']}",
            "FAKE_NODE_ROOT": str(home)}
     argv = ["bash", "-c", probe_command(".", "/ephemeral", "models--org--m", 1000).replace("python3", sys.executable)]
-    done = subprocess.run(argv, cwd=home, env=env, input=(ROOT / "node_programs/node_status.py").read_text(),
+    done = subprocess.run(argv, cwd=home, env=env, input=(ROOT / "kimi_cluster/node/node_status.py").read_text(),
                           capture_output=True, text=True, timeout=60)
     report = json.loads(done.stdout)
     assert report["weights"]["bytes_done"] == 250 and report["weights"]["source"] == "size of the hub cache"
@@ -191,7 +191,7 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
 def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
     import requests
 
-    from fakes.inference_server import FakeInferenceServer, FakeSettings
+    from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
 
     settings = FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))
     with FakeInferenceServer(settings) as fake:
@@ -206,16 +206,16 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 
 
 def test_the_probe_knows_every_step_the_nodes_run():
-    from components.steps import SUMMARIES
-    from components.weights import PROGRESS_FILE
-    from node_programs import node_status
+    from kimi_cluster.node import node_status
+    from kimi_cluster.node.weights import PROGRESS_FILE
+    from kimi_cluster.settings.steps import SUMMARIES
 
     assert set(node_status.STEPS) == set(SUMMARIES)
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package
 
 
 def test_without_an_api_key_the_screen_says_what_it_cannot_know():
-    from components.operator.status_report import format_report
+    from kimi_cluster.operator.status_report import format_report
 
     report = {"stack": "dev", "topology": "h100x4-sglang", "region": "CANADA-1", "uptime_s": None,
               "hourly_cost_usd": 83.2, "cost_so_far_usd": None, "hourly_cost_source": None, "advice": None,
@@ -243,7 +243,7 @@ def _api() -> Any:
 
 
 def _one_node_state(url: str):
-    from components.operator.stack_state import NodeRecord, StackState
+    from kimi_cluster.operator.stack_state import NodeRecord, StackState
 
     node = NodeRecord(rank=0, name="kimi-dev-node0", vm_id="1001", public_ip="127.0.0.1", private_ip=None,
                       connection=None)
@@ -252,7 +252,7 @@ def _one_node_state(url: str):
 
 
 def _settings():
-    from components.settings.loader import load_settings
+    from kimi_cluster.settings.loader import load_settings
 
     return load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza test",
                           "servedModelName": "m"}, "dev")
@@ -261,8 +261,8 @@ def _settings():
 def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_shows_no_cost_per_token_yet():
     import requests
 
-    from components.operator.status_report import format_report
-    from fakes.inference_server import FakeInferenceServer, FakeSettings
+    from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+    from kimi_cluster.operator.status_report import format_report
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
         fresh = status_gather.gather(_one_node_state(fake.url), _settings(), None, _api())

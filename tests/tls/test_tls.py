@@ -1,4 +1,4 @@
-"""The stack's CA and server certificate (components/tls.py) and the settings that shape the endpoint's access:
+"""The stack's CA and server certificate (kimi_cluster/deploy/tls.py) and the settings that shape the endpoint's access:
 apiAllowedCidrs, apiKeyVersion, enginePort and your own tlsCertificate."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import ipaddress
 import pytest
 from cryptography import x509
 
-from components import tls
-from components.settings import SettingsError
-from components.settings.loader import load_settings
+from kimi_cluster.deploy import tls
+from kimi_cluster.settings import SettingsError
+from kimi_cluster.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"
 
@@ -80,7 +80,7 @@ def test_key_version_engine_port_and_own_certificate_are_checked_naming_their_ke
         settings(tlsCertificate="hello", tlsPrivateKey="x")
     with pytest.raises(SettingsError, match="tlsCertificate and kimi-cluster:tlsPrivateKey go together"):
         settings(tlsCertificate=tls.make_ca("own")[0])
-    # A whole chain (leaf, then its CA) for apiHostname, with the leaf's own key (components/tls_check.py).
+    # A whole chain (leaf, then its CA) for apiHostname, with the leaf's own key (kimi_cluster/settings/tls_check.py).
     ca, ca_key = tls.make_ca("own")
     leaf, leaf_key = tls.make_server_certificate(ca, ca_key, [], ["api.example.com"])
     own = settings(tlsCertificate=leaf + ca, tlsPrivateKey=leaf_key, apiHostname="api.example.com")

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from components import tls
-from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.deploy import tls
+from kimi_cluster.fakes.head import ProxiedEngine
+from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERIFICATION_DIR = os.path.join(REPO, "verification")
@@ -27,7 +27,8 @@ _TLS: dict[str, str] = {}
 
 
 def tls_material() -> dict[str, str]:
-    """One CA and a certificate for 127.0.0.1 per test session, as the cluster makes them (components/tls.py)."""
+    """One CA and a certificate for 127.0.0.1 per test session, as the cluster makes them
+    (kimi_cluster/deploy/tls.py)."""
     if not _TLS:
         import tempfile
 

@@ -1,4 +1,4 @@
-"""Tests of `python -m scripts.verify_endpoint` as a subprocess: exit codes, output lines, --json,
+"""Tests of `kimi-cluster verify` as a subprocess: exit codes, output lines, --json,
 key sources, and that the key never appears in anything it prints.
 """
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from components.endpoint_checks import CHECK_NAMES
+from kimi_cluster.checks import CHECK_NAMES
 from tests.verification.conftest import KEY, MODEL, REPO, tls_material
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -23,7 +23,7 @@ def _run(args, env_key=KEY, stdin=None, timeout=60):
     if env_key is not None:
         env["KIMI_API_KEY"] = env_key
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.verify_endpoint", *args],
+        [sys.executable, "-m", "kimi_cluster.cli.verify", *args],
         cwd=REPO, env=env, input=stdin, capture_output=True, text=True, timeout=timeout,
     )
     assert KEY not in proc.stdout and KEY not in proc.stderr, "the key was printed"

@@ -1,4 +1,4 @@
-"""Tests of components/client_configs.py: model ids and URLs match the endpoint, and the key is
+"""Tests of kimi_cluster/plan/client_configs.py: model ids and URLs match the endpoint, and the key is
 only ever a reference to an environment variable.
 """
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from components.client_configs import GET_KEY_COMMAND, build_client_configs
+from kimi_cluster.plan.client_configs import GET_KEY_COMMAND, build_client_configs
 
 MODEL = "moonshotai/Kimi-K3.1-Pro"
 URL = "http://203.0.113.7:8000"

@@ -1,4 +1,5 @@
-"""components/client_configs.py on its own, without the settings' name rule: a served name carrying a line separator
+"""kimi_cluster/plan/client_configs.py on its own, without the settings' name rule: a served name carrying a line
+separator
 or a control character is refused for every snippet, and TOML strings escape them anyway. The attack: U+2028 in the
 name closed the Kimi Code heredoc when an editor or clipboard turned it into a newline, and the rest ran."""
 
@@ -9,7 +10,7 @@ import subprocess
 
 import pytest
 
-from components.client_configs import build_client_configs, toml_string
+from kimi_cluster.plan.client_configs import build_client_configs, toml_string
 
 URL = "http://203.0.113.7:8000"
 PAYLOAD = "touch \"$PWNED\""

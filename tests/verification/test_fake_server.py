@@ -1,4 +1,4 @@
-"""Tests of fakes/inference_server.py: its answers come from the request (pixels, tool results,
+"""Tests of kimi_cluster/fakes/inference_server.py: its answers come from the request (pixels, tool results,
 prior reasoning), it enforces the key like SGLang/vLLM, and it accepts the real engines' flags.
 """
 
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from components.endpoint_checks import make_split_png
-from fakes import inference_server as fs
+from kimi_cluster.checks import make_split_png
+from kimi_cluster.fakes import inference_server as fs
 from tests.verification.conftest import KEY, MODEL, REPO
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -159,7 +159,7 @@ def test_runs_as_a_module_and_stops_on_sigterm(tmp_path, session):
     key_file.write_text(KEY)
     env = dict(os.environ, PYTHONPATH=REPO)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fakes.inference_server", "--engine", "vllm", "--port", "0",
+        [sys.executable, "-m", "kimi_cluster.fakes.inference_server", "--engine", "vllm", "--port", "0",
          "--api-key-file", str(key_file), "--served-model-name", MODEL, "--some-future-flag", "x"],
         cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
     )

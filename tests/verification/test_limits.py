@@ -18,8 +18,8 @@ from urllib.parse import quote
 import pytest
 from requests.adapters import HTTPAdapter
 
-from components import endpoint_checks as v
-from components.endpoint_checks.client import MAX_ANSWER_BYTES
+from kimi_cluster import checks as v
+from kimi_cluster.checks.client import MAX_ANSWER_BYTES
 from tests.verification.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

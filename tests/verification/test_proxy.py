@@ -11,10 +11,10 @@ import ssl
 import pytest
 import requests
 
-from components import endpoint_checks as v
-from components import tls
-from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster import checks as v
+from kimi_cluster.deploy import tls
+from kimi_cluster.fakes.head import ProxiedEngine
+from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
 from tests.verification.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from components import proxy
-from components.front_config import caddyfile as front_caddyfile
-from components.settings.loader import load_settings
-from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeSettings
+from kimi_cluster.fakes.head import ProxiedEngine
+from kimi_cluster.fakes.inference_server import FakeSettings
+from kimi_cluster.plan import proxy
+from kimi_cluster.plan.front_config import caddyfile as front_caddyfile
+from kimi_cluster.settings.loader import load_settings
 
 # curl speaks both HTTP/1.1 and HTTP/2 to the proxy, as the readiness wait does.
 pytestmark = [pytest.mark.integration,

@@ -20,9 +20,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.settings import SETTINGS
 
-import checks_resource
-import verification_stack
-from components.endpoint_checks import CHECK_NAMES, VerificationFailed
+from kimi_cluster.checks import CHECK_NAMES, VerificationFailed, verification_resource, verification_stack
 from tests.verification.conftest import KEY, MODEL, VERIFICATION_DIR, tls_material
 
 CLUSTER = "organization/kimi-cluster/dev"
@@ -230,7 +228,7 @@ def _props(url, **extra):
 
 def test_provider_create_against_the_fake(fake):
     with fake(engine="vllm", proxied=True) as server:
-        result = checks_resource.VerificationProvider().create(
+        result = verification_resource.VerificationProvider().create(
             _props(server.url, ca_certificate=server.ca_certificate))
     assert result.id.startswith("verification-")
     assert result.outs["verified"] is True and result.outs["verified_endpoint_url"] == server.url
@@ -240,11 +238,11 @@ def test_provider_create_against_the_fake(fake):
 def test_provider_create_raises_for_a_failed_required_check(fake):
     with fake(faults=["bad_tool_args"]) as server:
         with pytest.raises(VerificationFailed, match="required checks failed: tool_calls"):
-            checks_resource.VerificationProvider().create(_props(server.url))
+            verification_resource.VerificationProvider().create(_props(server.url))
 
 
 def test_provider_diff():
-    provider = checks_resource.VerificationProvider()
+    provider = verification_resource.VerificationProvider()
     olds = _props("http://10.0.0.1:8000")
     del olds["api_key"]  # recorded outputs never hold it
     same = provider.diff("id", olds, _props("http://10.0.0.1:8000"))
@@ -261,13 +259,13 @@ def test_provider_diff():
 
 
 def test_provider_check_names_bad_inputs():
-    result = checks_resource.VerificationProvider().check({}, _props("", only=["models", "astrology"]))
+    result = verification_resource.VerificationProvider().check({}, _props("", only=["models", "astrology"]))
     assert sorted(f.property for f in result.failures) == ["endpoint_url", "only"]
 
 
 def test_provider_unpickles_and_runs_in_a_fresh_provider_host_process(fake):
     # Pulumi starts the dynamic provider host in the project directory with no PYTHONPATH of ours.
-    serialized = serialize_provider(checks_resource.VerificationProvider())
+    serialized = serialize_provider(verification_resource.VerificationProvider())
     script = (
         "import base64, json, sys, dill\n"
         "provider = dill.loads(base64.b64decode(sys.argv[1]))\n"
@@ -283,5 +281,5 @@ def test_provider_unpickles_and_runs_in_a_fresh_provider_host_process(fake):
         )
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
-    assert answer["module"] == "checks_resource"
+    assert answer["module"] == "kimi_cluster.checks.verification_resource"
     assert answer["outs"]["verified"] is True and KEY not in proc.stdout

@@ -1,4 +1,4 @@
-"""Tests of components/endpoint_checks/ against the fake server: both good shapes pass, each broken
+"""Tests of kimi_cluster/checks/ against the fake server: both good shapes pass, each broken
 variant fails and names the check that caught it, and nothing ever prints or stores the key.
 """
 
@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components import endpoint_checks as v
+from kimi_cluster import checks as v
 from tests.verification.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

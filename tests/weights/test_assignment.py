@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from components import catalog
-from components.weights import PROGRESS_FILE, assign, imbalance, owners, progress_path, shares
+from kimi_cluster.node.weights import PROGRESS_FILE, assign, imbalance, owners, progress_path, shares
+from kimi_cluster.settings import catalog
 
 
 def kimi_manifest() -> list[tuple[str, int]]:

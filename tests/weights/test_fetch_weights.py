@@ -1,4 +1,4 @@
-"""node_programs/fetch_weights.py on several loopback "nodes" (127.0.0.2, .3, ...) against the fake hub.
+"""kimi_cluster/node/fetch_weights.py on several loopback "nodes" (127.0.0.2, .3, ...) against the fake hub.
 
 Each node is the real program in its own process with its own cache, exactly as the weights unit runs it; the hub
 sees each node as its own client address. No test here asserts a time.
@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from components.weights import assign
-from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
-from fakes.sandbox_services import free_port
-from node_programs.fetch_weights import peer_authorization
+from kimi_cluster.fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
+from kimi_cluster.fakes.sandbox_services import free_port
+from kimi_cluster.node.fetch_weights import peer_authorization
+from kimi_cluster.node.weights import assign
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 
@@ -49,7 +49,7 @@ class Cluster:
     def argv(self, r: int) -> list[str]:
         d = self.dir(r)
         peers = ",".join(f"{h}:{self.port}" for h in self.hosts) if self.n > 1 else ""
-        argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
+        argv = [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
                 "--cache-dir", str(d / "hf/hub"), "--record", str(d / f"kimi/verified/{REVISION}.json"),
                 "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
                 "--endpoint", self.hub.url, "--rank", str(r), "--peers", peers,
@@ -163,7 +163,7 @@ def test_the_peer_server_refuses_a_wrong_token_and_unfinished_files(cluster):
             time.sleep(0.1)
         assert httpx2.get(f"{url}/status").status_code == 401
         assert httpx2.get(f"{url}/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        # The token signs each request (node_programs/fetch_weights.py peer_authorization); sent as itself it opens
+        # The token signs each request (kimi_cluster/node/fetch_weights.py peer_authorization); sent as itself it opens
         # nothing.
         assert httpx2.get(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
         ok = httpx2.get(f"{url}/status", headers={"Authorization": peer_authorization(TOKEN, "GET", dest, "/status")})
@@ -313,7 +313,8 @@ def test_a_complete_node_with_serve_complete_feeds_a_new_twin_with_no_hub_bytes(
 
 
 def test_a_lone_node_takes_the_metadata_before_any_shard_for_the_kernel_warm_up(cluster):
-    # The kernel warm-up (templates/warmup.sh.j2) waits for config.json and the rest of the small files only.
+    # The kernel warm-up (kimi_cluster/plan/templates/warmup.sh.j2) waits for config.json and the rest of the small
+    # files only.
     files = synthetic_repo(6, 20_000)
     with FakeHub(REPO, REVISION, files) as hub:
         c = cluster(hub, 1, **{"--workers": "1"})

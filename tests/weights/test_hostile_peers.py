@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from components.hub_names import UnsafeName, checked_etag, checked_name
-from fakes.hub import FakeHub, HubFile, tiny_repo
-from fakes.sandbox_services import free_port
-from node_programs import check_download, weights_peers
-from node_programs import fetch_weights as fw
+from kimi_cluster.fakes.hub import FakeHub, HubFile, tiny_repo
+from kimi_cluster.fakes.sandbox_services import free_port
+from kimi_cluster.node import check_download, weights_peers
+from kimi_cluster.node import fetch_weights as fw
+from kimi_cluster.node.hub_names import UnsafeName, checked_etag, checked_name
 from tests.weights.test_fetch_weights import PROJECT, REPO, REVISION, TOKEN
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -52,7 +52,7 @@ def test_etags_must_be_40_or_64_lower_hex(etag):
 
 def run_single(tmp: Path, hub: FakeHub) -> tuple[int, str, str]:
     d = tmp / "node"
-    argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    argv = [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "verified.json"),
             "--progress-file", str(d / "progress.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "2", "--poll-seconds", "0.2"]
@@ -367,7 +367,7 @@ def run_beside(tmp: Path, hub: FakeHub, status_for: object, trickle: bool = Fals
     peer = HostilePeer(hosts[1], port, status_for, trickle)
     (tmp / "peer_token").write_text(TOKEN)
     d = tmp / "node0"
-    argv = [sys.executable, "-m", "node_programs.fetch_weights", "--repo", REPO, "--revision", REVISION,
+    argv = [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "verified.json"),
             "--progress-file", str(d / "progress.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--rank", "0", "--peers", ",".join(f"{h}:{port}" for h in hosts),

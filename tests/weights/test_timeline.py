@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from components.operator import timeline_report
-from scripts import timeline as timeline_cli
+from kimi_cluster.cli import timeline as timeline_cli
+from kimi_cluster.operator import timeline_report
 from tests.node.conftest import FAST, make_settings
 from tests.node.test_steps_on_fake_node import ok
 
@@ -70,7 +70,7 @@ def test_no_marks_means_no_picture_and_a_clear_exit(tmp_path, capsys):
 
 
 def test_every_rendered_step_marks_its_start_and_end_with_its_rank(node):
-    from components.step_scripts import render_step
+    from kimi_cluster.plan.step_scripts import render_step
 
     settings = make_settings(nodeRoot=str(node.root))
     out = ok(node.run(render_step(settings, "storage", 2, "10.0.0.5", "10.0.0.4", FAST)))

@@ -1,0 +1,62 @@
+"""How fast the front (replicas >= 2) gives up on a replica and takes it back: its Caddy health-check figures.
+
+Its own module because two places need the same figures: the front's Caddyfile (kimi_cluster/deploy/front.py) and each
+replica's engine-ready step (kimi_cluster/plan/step_scripts.py), which holds a rolling restart until the front can have
+taken the restarted replica back. kimi_cluster/deploy/front.py imports kimi_cluster/plan/step_scripts.py, so the figures
+cannot
+live in either.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FrontTuning:
+    """How fast the front gives up on a replica. Each figure bounds the time a lost replica still gets traffic.
+
+    A reclaimed VM stops answering: a request to it fails at the dial (dial_timeout) and is retried elsewhere;
+    max_fails such failures within fail_duration mark the replica down (passive), and the active check marks it
+    down after health_fails missed intervals and back up after health_passes good ones.
+    """
+
+    health_interval: str = "1s"
+    health_timeout: str = "1s"
+    health_fails: int = 2
+    health_passes: int = 2
+    fail_duration: str = "10s"
+    max_fails: int = 3
+    request_buffers: str = "16MiB"  # bodies up to this are replayed on a retry (an agent's long context fits)
+    lb_retries: int = 3
+    lb_try_duration: str = "10s"
+    lb_try_interval: str = "100ms"
+    dial_timeout: str = "2s"
+
+    @property
+    def readmit_checks(self) -> int:
+        """Good /health answers in a row, one health_interval apart, that a restarted replica must give before the
+        next one restarts. The front takes it back only once both of its checks agree: the active one after
+        health_passes good answers (on a clock of its own, so one more covers the offset), and the passive one
+        once the requests that failed against it while it was down are fail_duration old (the last of them failed
+        just before it served again). Restarting the next replica sooner leaves the front no replica at all."""
+        passive = math.ceil(_seconds(self.fail_duration) / _seconds(self.health_interval))
+        return max(self.health_passes, passive) + 1
+
+    @property
+    def health_interval_s(self) -> int:
+        """health_interval in whole seconds (rounded up), for the engine-ready step's sleep."""
+        return max(1, math.ceil(_seconds(self.health_interval)))
+
+
+def _seconds(duration: str) -> float:
+    """A Caddy duration of this module's forms ("100ms", "1s", "10s") in seconds."""
+    if duration.endswith("ms"):
+        return float(duration[:-2]) / 1000
+    if duration.endswith("s"):
+        return float(duration[:-1])
+    raise ValueError(f"{duration!r} is not a duration in ms or s")
+
+
+DEFAULT_TUNING = FrontTuning()  # what every front runs with; tests pass their own

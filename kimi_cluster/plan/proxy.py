@@ -1,0 +1,146 @@
+"""The head's one authenticating TLS proxy (Caddy): its configuration and its `docker run`, as data, in one place.
+
+The engine listens on the head's loopback only and holds no API key; the proxy serves TLS on apiPort, lets `/health`
+through, and forwards every other request only with `Authorization: Bearer <key>` (anything else gets 401 from the
+proxy, so no engine route, `/invocations` or `/tokenize` included, is reachable without the key). The key is a
+root-only file the proxy reads on every request: a rotated key takes effect the moment the file is replaced, with no
+restart of the proxy or the engine. Shared by the proxy step's template and the offline plan.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+from kimi_cluster.plan.render import ShellExpr, render, shell_words
+from kimi_cluster.settings import Settings, catalog
+
+CONTAINER_NAME = "kimi-proxy"
+FINGERPRINT_LABEL = "kimi-cluster.proxy-fingerprint"
+# Inside the container the proxy's directory is its working directory, and the configuration names every file
+# relative to it, so the same configuration works wherever the directory sits on the host.
+CONTAINER_DIR = "/etc/kimi-cluster/proxy"
+CONFIG_FILE = "Caddyfile"
+KEY_FILE = "api-key"
+CERT_FILE = "server.crt"
+TLS_KEY_FILE = "server.key"
+CA_FILE = "ca.crt"
+PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+# The front's graceful reload (kimi_cluster/deploy/front.py): Caddy's admin API on a unix socket in a writable run/
+# directory.
+RUN_LABEL = "kimi-cluster.proxy-run"
+ADMIN_DIR = "run"
+ADMIN_SOCKET = f"{ADMIN_DIR}/admin.sock"
+# The caretaker's files (idleStopMinutes, budgetUsd): the one directory the proxy writes (its access log) and reads
+# the caretaker's 503 answer and budget warning from (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2).
+CARETAKER_DIR = "caretaker"
+UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
+
+
+def upstream(settings: Settings) -> str:
+    """Where the engine listens: the head's loopback, never an interface the firewall could open."""
+    return f"127.0.0.1:{settings.engine_port}"
+
+
+def metrics_upstream(settings: Settings) -> str | None:
+    """Where /metrics lives when it is not on the engine's port: TokenSpeed's gateway has a listener for it."""
+    if settings.engine_name != "tokenspeed":
+        return None
+    from kimi_cluster.plan.launch import tokenspeed_metrics_port
+
+    return f"127.0.0.1:{tokenspeed_metrics_port(settings)}"
+
+
+def render_config(settings: Settings) -> str:
+    """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
+    return caddyfile(settings.api_port, upstream(settings), metrics_upstream(settings), caretaker=settings.guarded)
+
+
+def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None,
+              caretaker: bool = False) -> str:
+    """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT), with /metrics sent to
+    `metrics_address` when the engine serves it elsewhere; `caretaker`: its access log, 503 and budget warning
+    (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2)."""
+    return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
+                  upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
+                  unauthorized_body=UNAUTHORIZED_BODY, metrics_upstream=metrics_address or "", caretaker=caretaker)
+
+
+def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
+                    fingerprint: str | ShellExpr | None = PLACEHOLDER_FINGERPRINT, admin: bool = False) -> list:
+    """`docker run` of the proxy: host network (it must bind apiPort on the public side and reach the engine on
+    loopback), the proxy's directory mounted read-only as its working directory, the official image's caddy.
+
+    `admin` (the front): a writable run/ inside it for Caddy's admin socket, so a new upstream list is a graceful
+    `caddy reload` (in-flight requests finish) instead of a restart; the socket is in the root-only proxy directory.
+    """
+    items: list = [("docker", "run", "-d"), ("--name", CONTAINER_NAME), ("--restart", "unless-stopped")]
+    if fingerprint is not None:
+        label = f"{FINGERPRINT_LABEL}={fingerprint}"
+        items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
+    if admin and fingerprint is not None:
+        items.append(("--label", f"{RUN_LABEL}={run_fingerprint(settings)}"))
+    mount = f"{proxy_dir}:{CONTAINER_DIR}:ro"
+    items += [
+        ("--network", "host"),
+        ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
+        ("-v", ShellExpr(mount) if isinstance(proxy_dir, ShellExpr) else mount),
+    ]
+    if admin:
+        run_mount = f"{proxy_dir}/{ADMIN_DIR}:{CONTAINER_DIR}/{ADMIN_DIR}"
+        items.append(("-v", ShellExpr(run_mount) if isinstance(proxy_dir, ShellExpr) else run_mount))
+    if settings.guarded:
+        care_mount = f"{proxy_dir}/{CARETAKER_DIR}:{CONTAINER_DIR}/{CARETAKER_DIR}"
+        items.append(("-v", ShellExpr(care_mount) if isinstance(proxy_dir, ShellExpr) else care_mount))
+    items += [
+        ("-w", CONTAINER_DIR),
+        settings.proxy_container_image,
+        ("caddy", "run", "--config", CONFIG_FILE, "--adapter", "caddyfile"),
+    ]
+    return items
+
+
+def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str | None = None) -> str:
+    """Names one proxy configuration (config, certificates, image); the API key is not part of it, since a new key
+    needs no restart. A running proxy with the same label is left alone."""
+    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None)
+    text = "\n".join([render_config(settings) if config is None else config, cert_chain_pem, ca_pem,
+                      shell_words(argv)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_fingerprint(settings: Settings) -> str:
+    """Names how the front's proxy container runs (image, mounts, flags), not its configuration: while it matches,
+    a new configuration is reloaded into the running Caddy."""
+    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None, admin=True)
+    return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
+
+
+def reload_argv() -> list:
+    """`docker exec` of a graceful reload in the running proxy: Caddy's own `reload` through its admin socket."""
+    return [("docker", "exec", CONTAINER_NAME), ("caddy", "reload"), ("--config", CONFIG_FILE),
+            ("--adapter", "caddyfile"), ("--address", f"unix/{ADMIN_SOCKET}")]
+
+
+def step_values(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str, upstream_text: str,
+                settle_seconds: float, admin: bool = False) -> dict[str, object]:
+    """The proxy step's template values for one Caddyfile: a head's (render_config) or the front's (admin: it
+    reloads a new configuration into the running Caddy)."""
+    return dict(container=CONTAINER_NAME, api_port=settings.api_port, upstream=upstream_text,
+                reload=admin, run_label=RUN_LABEL, run_fingerprint=run_fingerprint(settings) if admin else "",
+                reload_argv=reload_argv(), admin_dir=ADMIN_DIR, caretaker_dir=CARETAKER_DIR if settings.guarded else "",
+                config_b64=_b64(config), cert_b64=_b64(cert_chain_pem), ca_b64=_b64(ca_pem),
+                config_file=CONFIG_FILE, cert_file=CERT_FILE, ca_file=CA_FILE, tls_key_file=TLS_KEY_FILE,
+                key_file=KEY_FILE, fingerprint=proxy_fingerprint(settings, cert_chain_pem, ca_pem, config),
+                fingerprint_label=FINGERPRINT_LABEL, settle_seconds=settle_seconds,
+                docker_argv=docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), admin=admin))
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def command_text(settings: Settings) -> str:
+    """The proxy's launch command for the plan, with a real node's paths."""
+    return shell_words(docker_run_argv(settings, "/etc/kimi-cluster/proxy", fingerprint=None),
+                       continuation=" \\\n  ")

@@ -1,0 +1,43 @@
+"""`kimi-cluster sandbox reclaim NODE`: the cloud takes a VM away, as a hardware fault or a maintenance reclaim
+would.
+
+The emulator deletes the VM (or leaves it in ERROR) without anyone asking its API, and ends that fake node's
+namespace with everything that ran in it. Nothing else is told: the stack still holds the VM, as a real stack's does
+until `pulumi refresh`.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from kimi_cluster.fakes.hyperstack_emulator import ADMIN_PREFIX
+
+# How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), or still ACTIVE and silent.
+MODES = ("delete", "error", "unreachable")
+
+
+def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
+    """VM name -> its address, for every GPU node and the front, from the stack outputs."""
+    names = list(outputs.get("node_names") or [])
+    found = dict(zip(names, outputs.get("node_public_ips") or [], strict=False))
+    if outputs.get("front_public_ip"):
+        found[str(outputs["environment_name"]) + "-front"] = str(outputs["front_public_ip"])
+    return {str(k): str(v) for k, v in found.items()}
+
+
+def ask_emulator(api_url: str, name: str, mode: str) -> dict[str, Any]:
+    """POST the emulator's admin route `reclaim` (it must run with --admin, as the sandbox starts it)."""
+    base = api_url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(f"{base}{ADMIN_PREFIX}reclaim", method="POST",
+                                     data=json.dumps({"name": name, "mode": mode}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return dict(json.load(answer))
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")[:300]
+        raise RuntimeError(f"the emulator refused the reclaim of {name} (HTTP {err.code}: {detail}); an emulator "
+                           "started by hand needs --admin") from None
