@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kimi_cluster.settings import Settings, SettingsError
 from kimi_cluster.plan.admission import admit
+from kimi_cluster.settings import Settings, SettingsError
 from kimi_cluster.settings.loader import load_settings
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexampleexampleexample operator@laptop"

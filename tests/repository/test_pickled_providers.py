@@ -80,7 +80,8 @@ def test_each_recorded_provider_unpickles_in_a_fresh_interpreter_from_another_di
         "from pulumi.runtime._serialization import _deserialize\n"
         "for entry in json.load(sys.stdin):\n"
         "    provider = _deserialize(lambda: dill.loads(base64.b64decode(entry['serialized'])))\n"
-        "    print(entry['module'], type(provider).__qualname__, type(provider).__module__.startswith('kimi_cluster.'))\n"
+        "    home = type(provider).__module__\n"
+        "    print(entry['module'], type(provider).__qualname__, home.startswith('kimi_cluster.'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", probe], input=json.dumps(ENTRIES), capture_output=True, text=True,

@@ -58,7 +58,8 @@ def program_modules() -> list[str]:
     # The rooms a Pulumi program reaches (the cluster's and the verification stack's), and 0.1.0's aliases.
     # Of the node programs, only what the plan reads (the rest runs on the VMs, with the node's own packages).
     rooms = [REPO / "kimi_cluster" / room for room in ("hyperstack", "settings", "plan", "deploy", "checks")]
-    shared = [REPO / "kimi_cluster" / "node" / f"{m}.py" for m in ("weights", "hub_names", "printable", "caretaker_spend")]
+    shared = [REPO / "kimi_cluster" / "node" / f"{m}.py"
+              for m in ("weights", "hub_names", "printable", "caretaker_spend")]
     for path in [*shared, *(p for folder in (*rooms, REPO / "components") for p in folder.rglob("*.py"))]:
         parts = path.relative_to(REPO).with_suffix("").parts
         modules.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
