@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from components import proxy, tls
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from fakes.inference.server import FakeInferenceServer
+from fakes.inference.settings import FakeSettings
 from fakes.sandbox_services import free_port
 
 
