@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fakes.hub import FakeHub, Faults, synthetic_repo
+from fakes.hub import FakeHub, Faults
+from fakes.hub_repo import synthetic_repo
 from fakes.sandbox_services import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]

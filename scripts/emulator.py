@@ -10,7 +10,9 @@ import ipaddress
 import os
 import sys
 
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Fault, Lifecycle, RateLimit, StuckInBuild, VmError
+from fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+from fakes.hyperstack.faults import Fault, RateLimit, StuckInBuild, VmError
+from fakes.hyperstack.state import Lifecycle
 from fakes.node_fabric import Fabric, FabricConfig, missing
 
 FIRST_IP = "127.0.0.2"

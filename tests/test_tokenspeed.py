@@ -13,7 +13,8 @@ from components import kernel_cache_key, launch, proxy
 from components.operator import status_gather
 from components.settings import SettingsError
 from components.settings.loader import load_settings
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from fakes.inference.server import FakeInferenceServer
+from fakes.inference.settings import FakeSettings
 from tests.pulumi_harness import run_program
 from tests.test_program import CANARY_API, config, outputs_for
 

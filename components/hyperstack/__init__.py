@@ -1,6 +1,6 @@
 """Hyperstack as Pulumi resources: a requests client (api), dynamic providers (providers), typed resources.
 
-Import resources from here; the API emulator used by tests and the sandbox lives in fakes.hyperstack_emulator.
+Import resources from here; the API emulator used by tests and the sandbox lives in fakes/hyperstack/.
 """
 
 from .api import ApiSettings, HyperstackClient, HyperstackError

@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from components.caretaker_spend import spent_usd
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+from fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+from fakes.hyperstack.state import Lifecycle
 from node_programs import caretaker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

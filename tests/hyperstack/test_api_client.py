@@ -16,7 +16,8 @@ import pytest
 
 from components.hyperstack import api
 from components.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, RateLimit, ServerError
+from fakes.hyperstack.emulator import DEFAULT_API_KEY
+from fakes.hyperstack.faults import RateLimit, ServerError
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -12,7 +12,7 @@ import requests
 from components.caretaker_guard import budget_problem
 from components.caretaker_spend import spent_usd
 from components.settings.loader import load_settings
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+from fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
 from tests.hyperstack.conftest import FAST, IMAGE, PUBLIC_KEY, REGION
 from tests.hyperstack.test_emulator_contract import _lost_keys, sdk
 

@@ -11,7 +11,7 @@ import requests
 
 from components.hyperstack import providers
 from components.hyperstack import records as shapes
-from fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator
+from fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
 from tests.hyperstack.conftest import REGION, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(30)

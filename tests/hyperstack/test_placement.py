@@ -6,7 +6,7 @@ import pytest
 
 from components.hyperstack import providers, vm_create
 from components.hyperstack.placement import PlacementError, PlacementProvider
-from fakes.hyperstack_emulator import Emulator
+from fakes.hyperstack.emulator import Emulator
 from tests.hyperstack.conftest import FLAVOR, env_props, keypair_props, vm_props
 
 pytestmark = pytest.mark.timeout(60)

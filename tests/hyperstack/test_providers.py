@@ -24,8 +24,8 @@ from components.hyperstack.providers import (
     SecurityRuleProvider,
     VirtualMachineProvider,
 )
-from fakes.hyperstack_emulator import (
-    DEFAULT_API_KEY,
+from fakes.hyperstack.emulator import DEFAULT_API_KEY
+from fakes.hyperstack.faults import (
     LostCreateResponse,
     OutOfStock,
     RateLimit,

@@ -1,5 +1,5 @@
-"""The house rules, on this repository: no import circle, dependencies point down the layers, components/ modules
-stay short (450 lines), and the README's Layout table names the tree as it is.
+"""The house rules, on this repository: no import circle, dependencies point down the layers, components/,
+node_programs/ and fakes/ modules stay short (450 lines), and the README's Layout table names the tree as it is.
 
 The graph functions live in tests/house.py; the planted-tree tests below prove they catch what they look for.
 """
@@ -123,6 +123,12 @@ def test_no_components_module_over_450_lines() -> None:
 def test_no_node_program_over_450_lines() -> None:
     # A program past it ships as several modules (components/step_scripts.py, shipped()).
     assert long_modules(REPO, "node_programs", COMPONENTS_MAX_LINES) == []
+
+
+def test_no_fake_over_450_lines() -> None:
+    # The fakes are held to the product's rooms: the emulator is the package fakes/hyperstack/, the inference server
+    # fakes/inference/, the fake node's stubs one module per tool family (fakes/node/bin/_fake*.py).
+    assert long_modules(REPO, "fakes", COMPONENTS_MAX_LINES) == []
 
 
 # ---- the README's Layout table --------------------------------------------------------------------------------------

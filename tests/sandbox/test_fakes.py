@@ -20,7 +20,8 @@ import pytest
 from components import launch
 from components.settings.loader import load_settings
 from fakes import sandbox_services as services
-from fakes.hyperstack_emulator import Emulator, StuckInBuild, VmError
+from fakes.hyperstack.emulator import Emulator
+from fakes.hyperstack.faults import StuckInBuild, VmError
 from fakes.node import BIN, make_fake_node
 from sandbox.nodes import ENGINE_HOOK, node_env, stack_settings
 from sandbox.printing import format_outputs, format_report

@@ -191,7 +191,8 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
 def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
     import requests
 
-    from fakes.inference_server import FakeInferenceServer, FakeSettings
+    from fakes.inference.server import FakeInferenceServer
+    from fakes.inference.settings import FakeSettings
 
     settings = FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))
     with FakeInferenceServer(settings) as fake:
@@ -262,7 +263,8 @@ def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_sho
     import requests
 
     from components.operator.status_report import format_report
-    from fakes.inference_server import FakeInferenceServer, FakeSettings
+    from fakes.inference.server import FakeInferenceServer
+    from fakes.inference.settings import FakeSettings
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:
         fresh = status_gather.gather(_one_node_state(fake.url), _settings(), None, _api())

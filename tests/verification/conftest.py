@@ -11,7 +11,8 @@ import requests
 
 from components import tls
 from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from fakes.inference.server import FakeInferenceServer
+from fakes.inference.settings import FakeSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERIFICATION_DIR = os.path.join(REPO, "verification")

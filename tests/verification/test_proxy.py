@@ -14,7 +14,8 @@ import requests
 from components import endpoint_checks as v
 from components import tls
 from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeInferenceServer, FakeSettings
+from fakes.inference.server import FakeInferenceServer
+from fakes.inference.settings import FakeSettings
 from tests.verification.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

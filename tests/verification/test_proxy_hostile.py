@@ -19,7 +19,7 @@ from components import proxy
 from components.front_config import caddyfile as front_caddyfile
 from components.settings.loader import load_settings
 from fakes.head import ProxiedEngine
-from fakes.inference_server import FakeSettings
+from fakes.inference.settings import FakeSettings
 
 # curl speaks both HTTP/1.1 and HTTP/2 to the proxy, as the readiness wait does.
 pytestmark = [pytest.mark.integration,

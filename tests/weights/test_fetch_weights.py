@@ -20,7 +20,8 @@ import httpx2
 import pytest
 
 from components.weights import assign
-from fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
+from fakes.hub import FakeHub, Faults
+from fakes.hub_repo import synthetic_repo, tiny_repo
 from fakes.sandbox_services import free_port
 from node_programs.fetch_weights import peer_authorization
 

@@ -19,7 +19,8 @@ import httpx2
 import pytest
 
 from components.hub_names import UnsafeName, checked_etag, checked_name
-from fakes.hub import FakeHub, HubFile, tiny_repo
+from fakes.hub import FakeHub
+from fakes.hub_repo import HubFile, tiny_repo
 from fakes.sandbox_services import free_port
 from node_programs import check_download, weights_peers
 from node_programs import fetch_weights as fw
