@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kimi_cluster.fakes.hub import FakeHub, Faults, synthetic_repo
+from kimi_cluster.fakes.hub import FakeHub, Faults
+from kimi_cluster.fakes.hub_repo import synthetic_repo
 from kimi_cluster.fakes.sandbox_services import free_port
 
 PROJECT = Path(__file__).resolve().parents[1]

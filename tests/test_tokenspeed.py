@@ -9,7 +9,8 @@ import json
 import pytest
 import requests
 
-from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.operator import status_gather
 from kimi_cluster.plan import kernel_cache_key, launch, proxy
 from kimi_cluster.plan.admission import admit

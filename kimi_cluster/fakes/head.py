@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from kimi_cluster.deploy import tls
-from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.fakes.sandbox_services import free_port
 from kimi_cluster.plan import proxy
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from kimi_cluster.hyperstack.api import HyperstackClient
-from kimi_cluster.hyperstack.records import FlavorRecord
+from .api import HyperstackClient
+from .records import FlavorRecord, PriceRecord
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,12 @@ class LivePrice:
     discount_applied: bool
 
 
-def get_pricebook(api: HyperstackClient) -> list[dict[str, Any]]:
+def get_pricebook(api: HyperstackClient) -> list[PriceRecord]:
     body = api.request("GET", "/pricebook")
     if not isinstance(body, list):
         raise ValueError(f"the pricebook answered {type(body).__name__}, not the documented JSON array")
-    return [entry for entry in body if isinstance(entry, dict)]
+    # Each JSON object is read as the record it is documented to be, as every other answer of the API is.
+    return [cast(PriceRecord, entry) for entry in body if isinstance(entry, dict)]
 
 
 def price_for_flavor(pricebook: Sequence[Mapping[str, Any]], flavor_name: str, gpu_model: str,

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kimi_cluster.fakes.hyperstack_emulator import ADMIN_PREFIX
+from kimi_cluster.fakes.hyperstack.admin import ADMIN_PREFIX
 
 # How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), or still ACTIVE and silent.
 MODES = ("delete", "error", "unreachable")

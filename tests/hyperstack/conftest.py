@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kimi_cluster.deploy.hyperstack import providers
-from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, Emulator, Lifecycle
+from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack.state import Lifecycle
 
 FAST = Lifecycle(creating_seconds=0.05, build_seconds=0.05, floating_ip_seconds=0.03, deleting_seconds=0.05)
 REGION = "CANADA-1"

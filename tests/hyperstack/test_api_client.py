@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kimi_cluster.fakes.hyperstack_emulator import DEFAULT_API_KEY, RateLimit, ServerError
+from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY
+from kimi_cluster.fakes.hyperstack.faults import RateLimit, ServerError
 from kimi_cluster.hyperstack import api
 from kimi_cluster.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
 

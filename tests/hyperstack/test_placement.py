@@ -6,7 +6,7 @@ import pytest
 
 from kimi_cluster.deploy.hyperstack import providers, vm_create
 from kimi_cluster.deploy.hyperstack.placement import PlacementError, PlacementProvider
-from kimi_cluster.fakes.hyperstack_emulator import Emulator
+from kimi_cluster.fakes.hyperstack.emulator import Emulator
 from tests.hyperstack.conftest import FLAVOR, env_props, keypair_props, vm_props
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,8 +23,8 @@ from kimi_cluster.deploy.hyperstack.providers import (
     SecurityRuleProvider,
     VirtualMachineProvider,
 )
-from kimi_cluster.fakes.hyperstack_emulator import (
-    DEFAULT_API_KEY,
+from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY
+from kimi_cluster.fakes.hyperstack.faults import (
     LostCreateResponse,
     OutOfStock,
     RateLimit,

@@ -191,7 +191,8 @@ def test_an_https_endpoint_is_trusted_through_the_stacks_ca_only(tmp_path):
 def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
     import requests
 
-    from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+    from kimi_cluster.fakes.inference.server import FakeInferenceServer
+    from kimi_cluster.fakes.inference.settings import FakeSettings
 
     settings = FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))
     with FakeInferenceServer(settings) as fake:
@@ -261,7 +262,8 @@ def _settings():
 def test_status_prices_the_tokens_served_against_the_api_and_a_fresh_cluster_shows_no_cost_per_token_yet():
     import requests
 
-    from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+    from kimi_cluster.fakes.inference.server import FakeInferenceServer
+    from kimi_cluster.fakes.inference.settings import FakeSettings
     from kimi_cluster.operator.status_report import format_report
 
     with FakeInferenceServer(FakeSettings(engine="vllm", api_key="k", served_model_names=("m",))) as fake:

@@ -11,7 +11,8 @@ import requests
 
 from kimi_cluster.deploy import tls
 from kimi_cluster.fakes.head import ProxiedEngine
-from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import FakeSettings
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VERIFICATION_DIR = os.path.join(REPO, "verification")

@@ -1,5 +1,5 @@
-"""Tests of kimi_cluster/fakes/inference_server.py: its answers come from the request (pixels, tool results,
-prior reasoning), it enforces the key like SGLang/vLLM, and it accepts the real engines' flags.
+"""Tests of the fake inference server (kimi_cluster/fakes/inference/): its answers come from the request (pixels,
+tool results, prior reasoning), it enforces the key like SGLang/vLLM, and it accepts the real engines' flags.
 """
 
 import base64
@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from kimi_cluster.checks import make_split_png
-from kimi_cluster.fakes import inference_server as fs
+from kimi_cluster.fakes.inference.cli import settings_from_args
+from kimi_cluster.fakes.inference.png import colour_name, half_colours
+from kimi_cluster.fakes.inference.settings import FakeSettings
 from tests.verification.conftest import KEY, MODEL, REPO
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -40,7 +42,7 @@ def test_image_colours_come_from_the_pixels(fake, session, left, right):
             ]}],
         })
     content = resp.json()["choices"][0]["message"]["content"]
-    names = [fs.colour_name(left), fs.colour_name(right)]
+    names = [colour_name(left), colour_name(right)]
     assert f"left half is {names[0]}" in content and f"right half is {names[1]}" in content
 
 
@@ -61,7 +63,7 @@ def test_png_decoder_handles_filtered_rows():
 
     png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
            + chunk(b"IDAT", zlib.compress(bytes(row) * height)) + chunk(b"IEND", b""))
-    assert fs.half_colours(png) == ("red", "blue")
+    assert half_colours(png) == ("red", "blue")
 
 
 def test_key_is_enforced_bearer_only(fake, session):
@@ -132,7 +134,7 @@ def test_vllm_stream_uses_reasoning_field(fake, session):
 def test_engine_flag_spellings(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
-    sglang, _, ignored = fs.settings_from_args([
+    sglang, _, ignored = settings_from_args([
         "--model-path", MODEL, "--served-model-name", MODEL, "--tp-size", "32", "--nnodes", "4",
         "--dist-init-addr", "10.0.0.1:5000", "--trust-remote-code", "--context-length", "262144",
         "--tool-call-parser", "kimi_k3", "--host", "0.0.0.0", "--port", "8000", "--api-key-file", str(key_file),
@@ -140,18 +142,18 @@ def test_engine_flag_spellings(tmp_path):
     assert (sglang.engine, sglang.served_model_names, sglang.max_model_len) == ("sglang", (MODEL,), 262144)
     assert sglang.api_key == KEY and "--nnodes" in ignored and KEY not in repr(sglang)
 
-    vllm, _, ignored = fs.settings_from_args([
+    vllm, _, ignored = settings_from_args([
         MODEL, "--trust-remote-code", "--tensor-parallel-size", "8", "--load-format", "fastsafetensors",
         "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3", "--reasoning-parser", "kimi_k3",
         "--fault", "slow,no_image", "--fault", "no_auth",
     ])
     assert vllm.engine == "vllm" and vllm.served_model_names == (MODEL,)
     assert vllm.faults == {"slow", "no_image", "no_auth"}
-    abbreviated, _, ignored = fs.settings_from_args(["--max-model", "5", "--api", "x"])
-    assert abbreviated.max_model_len == fs.FakeSettings.max_model_len and abbreviated.api_key != "x"
+    abbreviated, _, ignored = settings_from_args(["--max-model", "5", "--api", "x"])
+    assert abbreviated.max_model_len == FakeSettings.max_model_len and abbreviated.api_key != "x"
     assert ignored == ["--max-model", "5", "--api", "x"]
     with pytest.raises(ValueError, match="unknown fault"):
-        fs.settings_from_args(["--fault", "gremlins"])
+        settings_from_args(["--fault", "gremlins"])
 
 
 def test_runs_as_a_module_and_stops_on_sigterm(tmp_path, session):

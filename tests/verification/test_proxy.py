@@ -14,7 +14,8 @@ import requests
 from kimi_cluster import checks as v
 from kimi_cluster.deploy import tls
 from kimi_cluster.fakes.head import ProxiedEngine
-from kimi_cluster.fakes.inference_server import FakeInferenceServer, FakeSettings
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import FakeSettings
 from tests.verification.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

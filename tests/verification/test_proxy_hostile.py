@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.fakes.head import ProxiedEngine
-from kimi_cluster.fakes.inference_server import FakeSettings
+from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.plan import proxy
 from kimi_cluster.plan.front_config import caddyfile as front_caddyfile
 from kimi_cluster.settings.loader import load_settings

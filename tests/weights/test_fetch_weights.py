@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from kimi_cluster.fakes.hub import FakeHub, Faults, synthetic_repo, tiny_repo
+from kimi_cluster.fakes.hub import FakeHub, Faults
+from kimi_cluster.fakes.hub_repo import synthetic_repo, tiny_repo
 from kimi_cluster.fakes.sandbox_services import free_port
 from kimi_cluster.node.fetch_weights import peer_authorization
 from kimi_cluster.node.weights import assign

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from kimi_cluster.fakes.hub import FakeHub, HubFile, tiny_repo
+from kimi_cluster.fakes.hub import FakeHub
+from kimi_cluster.fakes.hub_repo import HubFile, tiny_repo
 from kimi_cluster.fakes.sandbox_services import free_port
 from kimi_cluster.node import check_download, weights_peers
 from kimi_cluster.node import fetch_weights as fw

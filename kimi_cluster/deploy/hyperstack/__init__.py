@@ -1,7 +1,7 @@
-"""Hyperstack as Pulumi resources: a requests client (api), dynamic providers (providers), typed resources.
+"""Hyperstack as Pulumi resources: the dynamic providers (providers, placement) and the typed resources.
 
-Import resources from here; the API emulator used by tests and the sandbox lives in
-kimi_cluster.fakes.hyperstack_emulator.
+Import resources from here; the API client is kimi_cluster.hyperstack, and the API emulator used by tests and the
+sandbox lives in kimi_cluster.fakes.hyperstack.
 """
 
 from kimi_cluster.deploy.hyperstack.failures import ProvisioningError
