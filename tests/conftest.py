@@ -4,8 +4,9 @@ reach the terminal summary; no test may leave a server thread spinning on a clos
 pytest.ini runs the suite under pytest-xdist with `--dist worksteal`, which hands worker i the i-th of N equal
 contiguous slices of the collection and lets an idle worker steal queued tests from the tail of a busy one's slice.
 The flows take 10-160 s each and nearly everything else under a second, so the order is built per slice: the flows
-are dealt to the slices longest first, each to the slice with the least flow time so far, and each slice starts
-with its flows; the quick tests fill the rest (and are the ones stolen at the end).
+are dealt to the slices in turn and each slice starts with its flows; the quick tests fill the rest, and worksteal
+balances what is left (no test's duration is written down here: the scheduler measures nothing, it just steals).
+The worker count follows the machine (`-n auto`, pytest_xdist_auto_num_workers below).
 """
 
 from __future__ import annotations
@@ -29,28 +30,6 @@ pytest_plugins = ["tests.fakenode_fixtures"]
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-# Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
-# 2-core machine, the real Pulumi CLI, 2026-12-02); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
-FLOW_SECONDS = {
-    "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 236,
-    "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 171,
-    "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 159,
-    "test_tokenspeeds_kernel_folders_travel_across_destroy_and_up": 158,
-    "test_h100_flow_firewall_checkpoint_and_a_dead_engine": 154,
-    "test_an_interrupted_up_resumes_with_no_second_vm_and_destroys_clean": 129,
-    "test_a_rotated_ssh_key_reruns_every_step_on_every_node_at_no_cost": 112,
-    "test_an_unreachable_store_starts_cold_and_the_endpoint_still_comes_up": 109,
-    "test_a_reclaimed_replica_costs_no_non_streamed_request": 94,
-    "test_placed_in_the_second_region_through_a_429_storm_and_kept_there": 92,
-    "test_tokenspeed_flow_needs_the_users_image_then_serves_behind_its_gateways_shape": 91,
-    "test_b300_flow_with_its_own_services_and_reruns": 83,
-    "test_vllm_head_behind_the_proxy_key_rotation_and_cidrs": 78,
-    "test_status_mid_up_after_up_and_when_stuck": 69,
-    "test_a_hung_step_fails_up_through_its_own_node_side_deadline": 42,
-    "test_destroy_after_a_killed_up_leaves_nothing": 33,
-    "test_vm_in_error_fails_up_with_the_reason_and_leaves_no_vm": 32,
-}
-DEFAULT_FLOW_SECONDS = 60
 # The workerinput key that carries the controller's --dist to the workers.
 DIST_KEY = "kimi_dist"
 
@@ -72,10 +51,6 @@ class WorkerConfig(Protocol):
 ItemT = TypeVar("ItemT", bound=Marked)
 
 
-def _seconds(item: Marked) -> float:
-    return FLOW_SECONDS.get(item.name.split("[", 1)[0], DEFAULT_FLOW_SECONDS)
-
-
 def _slices(count: int, workers: int) -> list[int]:
     """The sizes of worksteal's first slices: each idle worker gets len(pending) // workers-left, in turn."""
     sizes = []
@@ -86,18 +61,15 @@ def _slices(count: int, workers: int) -> list[int]:
 
 
 def order(items: list[ItemT], workers: int) -> list[ItemT]:
-    flows = sorted((i for i in items if i.get_closest_marker("flow")), key=_seconds, reverse=True)
+    flows = [i for i in items if i.get_closest_marker("flow")]
     quick = [i for i in items if not i.get_closest_marker("flow")]
     if workers <= 1:
         return flows + quick
     sizes = _slices(len(items), workers)
     dealt: list[list[ItemT]] = [[] for _ in sizes]
-    load = [0.0] * workers
     for flow in flows:
         open_slices = [s for s in range(workers) if len(dealt[s]) < sizes[s]]
-        target = min(open_slices, key=lambda s: (load[s], s))
-        dealt[target].append(flow)
-        load[target] += _seconds(flow)
+        dealt[min(open_slices, key=lambda s: (len(dealt[s]), s))].append(flow)
     rest = iter(quick)
     ordered: list[ItemT] = []
     for s, size in enumerate(sizes):
@@ -123,6 +95,14 @@ def slice_count(config: WorkerConfig) -> int:
 
 
 NOT_UNIT = ("flow", "integration", "runtime_venv")
+# Workers per core for `-n auto`: the flows spend most of their time waiting on the fakes' and the CLI's sleeps, so
+# more workers than cores pay (on 2 cores, 6 workers finished the suite sooner than 2 or 4 did, docs/development.md).
+WORKERS_PER_CORE = 3
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist nothing calls it
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
