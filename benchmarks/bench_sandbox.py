@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks._args import number_problem
-from kimi_cluster.sandbox.kimi import EMULATOR_ARGS_VARIABLE, EXIT_OK, Sandbox
+from kimi_cluster.sandbox.kimi import EXIT_OK, Sandbox
+from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE
 
 CASES: dict[str, tuple[str, dict[str, str]]] = {
     "4 nodes (h100x4-sglang)": ("h100x4-sglang", {}),

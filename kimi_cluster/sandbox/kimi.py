@@ -1,16 +1,12 @@
 """The kimi-cluster sandbox: `up`, `verify` and `destroy` of the real program on this machine, with no account or GPU.
 
-It starts the fakes as detached services (the Hyperstack emulator, whose VMs boot as network namespaces with sshd;
-the hub; the kernel-cache bucket), drives the real Pulumi CLI through the README's sequence
-(kimi_cluster/sandbox/cli_stacks.py),
-and on destroy proves that nothing is left behind.
+It starts the fakes as detached services (services.py), drives the real Pulumi CLI through the README's sequence
+(cli_stacks.py), and on destroy proves that nothing is left behind (leftovers.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import shutil
 import sys
 import time
@@ -19,12 +15,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kimi_cluster.fakes import sandbox_services as services
-from kimi_cluster.fakes.node_fabric import CDN_NAME
-from kimi_cluster.settings import NAMESPACE, Settings, catalog
+from kimi_cluster.settings import NAMESPACE
 
+from . import leftovers
 from .cli_stacks import CliStacks
 from .nodes import STACK, NodeNetwork, stack_settings
 from .printing import format_outputs, format_report
+from .services import (
+    CARETAKER_TIMING,
+    KERNEL_BUCKET,
+    SandboxServices,
+    _choose_ports,
+)
 from .workdir import (
     DEFAULT_WORKDIR,
     SandboxUsageError,
@@ -42,53 +44,12 @@ CLUSTER_REF = f"organization/kimi-cluster/{STACK}"
 VERIFY_NS = "kimi-cluster-verification"
 TOPOLOGIES = ("h100x4-sglang", "b300x1-vllm", "b300x1-tokenspeed", "custom")  # custom: shape keys with --config
 
-# The emulator's VM lifecycle, in tenths of a second: the sandbox proves the flow, not Hyperstack's boot times.
-EMULATOR_LIFECYCLE = ("--creating-seconds", "0.2", "--build-seconds", "0.3", "--floating-ip-seconds", "0.1",
-                      "--deleting-seconds", "0.2")
-# The caretaker's clock and the emulator's bill alike: a minute is a second, and the caretaker looks every second
-# (so idleStopMinutes 15 is 15 s, and a b300x1 bills about $1 a second).
-SANDBOX_MINUTE_SECONDS = 1.0
-CARETAKER_TIMING = json.dumps({"pollSeconds": 1, "minuteSeconds": SANDBOX_MINUTE_SECONDS})
-# More arguments for the sandbox's own emulator, e.g. "--fault vm-error:kimi-sandbox-node0" (tests/sandbox/).
-EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
-# The kernel-cache bucket (an S3 API, moto).
-KERNEL_BUCKET = "kimi-sandbox-kernels"
 # Deadlines of the CLI runs: every node step has its own, shorter ones from the stack config.
 UP_DEADLINE_S = 1800.0
 VERIFY_DEADLINE_S = 900.0
 VERIFY_REQUEST_TIMEOUT_S = 60
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-# ---- services ----------------------------------------------------------------------------------------------------
-
-
-def _service(record: Mapping[str, Any], name: str) -> services.Service | None:
-    data = (record.get("services") or {}).get(name)
-    return services.Service.from_json(data) if data else None
-
-
-def _port_for(previous: services.Service | None, host: str = "127.0.0.1") -> int:
-    # The same port as before keeps the stack config (hfEndpoint, the API URL) and so every step unchanged.
-    if previous is not None and previous.host == host and services.port_free(previous.host, previous.port):
-        return previous.port
-    return services.free_port(host)
-
-
-def _choose_ports(record: dict[str, Any]) -> None:
-    """The stack's apiPort, enginePort and peerPort, each drawn once and kept in the record: apart from each other
-    and from the ports TokenSpeed's launcher binds above enginePort, which the settings refuse to share. Drawn
-    independently from some 12,700 ports, about one TokenSpeed up in 3,000 drew a clash (a CI run met one)."""
-    engine_span = catalog.TOKENSPEED_METRICS_PORT_OFFSET + 1
-    kept = {record[key] for key in ("api_port", "peer_port") if record.get(key)}
-    if not record.get("engine_port"):
-        record["engine_port"] = services.free_port(span=engine_span, avoid=kept)
-    taken = kept | set(range(record["engine_port"], record["engine_port"] + engine_span))
-    for key in ("api_port", "peer_port"):
-        if not record.get(key):
-            record[key] = services.free_port(avoid=taken)
-            taken.add(record[key])
 
 
 class Sandbox:
@@ -99,6 +60,7 @@ class Sandbox:
         self.out = out or sys.stdout
         self.cli = CliStacks(self.dir.root, self.dir.secrets_dir, self.out)
         self.network = NodeNetwork(self.dir, self.say)
+        self.services = SandboxServices(self.dir, self.network, self.say)
 
     def say(self, text: str = "") -> None:
         self.out.write(text + "\n")
@@ -129,118 +91,6 @@ class Sandbox:
         """A context manager: a file holding the deployment with its secrets, as `pulumi stack export
         --show-secrets` gives it (0600, removed afterwards)."""
         return self.cli.export_file(self.cli.cluster)
-
-    # -- services --
-
-    def _ensure_emulator(self, record: dict[str, Any]) -> tuple[str, str]:
-        """(API URL, key) of the sandbox's own emulator, started if not running, its VMs booting as fake nodes."""
-        # It never reads HYPERSTACK_API_URL or HYPERSTACK_API_KEY, which may be a real account's (and scrubs both
-        # from the CLI's environment, kimi_cluster/sandbox/pulumi_cli.py).
-        if os.environ.get("HYPERSTACK_API_URL"):
-            self.say("note: HYPERSTACK_API_URL is set; the sandbox ignores it (and HYPERSTACK_API_KEY) and runs its "
-                     "own emulator")
-        key = self.dir.secret("hyperstack_api_key", emulator_key)
-        previous = _service(record, "emulator")
-        if previous is None or not previous.running():
-            if previous is not None:
-                self.say(f"warning: the emulator of this sandbox (pid {previous.pid}) is not running any more; "
-                         "starting a fresh one, which holds nothing of the earlier run")
-            port = _port_for(previous)
-            fabric = ("--node-fabric", str(self.network.path)) if self.network.path.exists() else ()
-            # The caretaker on a fake node dials the API on the fabric's bridge (its own loopback is its namespace's).
-            bridge = self.network.config()
-            also = ("--also-host", bridge.host_address) if bridge is not None and fabric else ()
-            # A test's faults and stock for this emulator (kimi_cluster.cli.emulator's --fault and --capacity), from the
-            # start.
-            extra = tuple(shlex.split(os.environ.get(EMULATOR_ARGS_VARIABLE, "")))
-            service = services.start(
-                # --admin: `reclaim` takes a VM away as the cloud would, through the emulator's admin route.
-                "emulator", services.python_module("kimi_cluster.cli.emulator", "--port", str(port),
-                                                   *EMULATOR_LIFECYCLE,
-                                                   "--billing-minute-seconds", str(SANDBOX_MINUTE_SECONDS),
-                                                   "--admin", *fabric, *also, *extra),
-                host="127.0.0.1", port=port, marker="kimi_cluster.cli.emulator", log_dir=self.dir.logs,
-                # The key goes by environment, not argv, which every user of the machine can read.
-                env={"HYPERSTACK_API_KEY": key},
-            )
-            record.setdefault("services", {})["emulator"] = service.to_json()
-            self.say(f"started the Hyperstack emulator on {service.url}/v1 (pid {service.pid}, log {service.log})")
-        else:
-            service = previous
-        record["emulator_url"] = f"{service.url}/v1"
-        return record["emulator_url"], key
-
-    def _ensure_hub(self, record: dict[str, Any], settings: Settings, host: str,
-                    bytes_per_second: float | None = None) -> str:
-        """The fake hub, https on the fabric's bridge with the CA the nodes trust."""
-        self.dir.secret("hf_token", hf_token)
-        fabric = self.network.config()
-        assert fabric is not None, "the fake nodes' network comes first"
-        cert, key, _ = self.network.hub_tls(fabric)
-        previous = _service(record, "hub")
-        if previous is not None and previous.host != host:
-            services.stop(previous)
-            previous = None
-        if previous is None or not previous.running():
-            port = _port_for(previous, host)
-            # A throttled hub keeps the weights step busy long enough to watch it (`status` mid-download).
-            throttle = ("--bytes-per-second", str(bytes_per_second)) if bytes_per_second else ()
-            service = services.start(
-                "hub", services.python_module(
-                    "kimi_cluster.fakes.hub", "--port", str(port), "--repo", settings.model, "--revision",
-                    settings.model_revision,
-                    # The hub answers only with this token: the checkpoint downloads prove it reached each node.
-                    "--token-file", str(self.dir.secret_path("hf_token")), "--host", host,
-                    "--cdn-host", CDN_NAME, "--tls-cert", str(cert), "--tls-key", str(key), *throttle),
-                host=host, port=port, marker="kimi_cluster.fakes.hub", log_dir=self.dir.logs,
-            )
-            record.setdefault("services", {})["hub"] = service.to_json()
-            self.say(f"started the fake Hugging Face hub on https://{host}:{service.port} serving "
-                     f"{settings.model}@{settings.model_revision[:12]} (pid {service.pid}, token required)")
-        else:
-            service = previous
-        return f"https://{service.host}:{service.port}"
-
-    def _ensure_kernel_store(self, record: dict[str, Any], host: str) -> str:
-        """The kernel-cache bucket: moto's S3 server, loaded from kernel-store/ (what the last destroy kept)."""
-        creds = self.dir.secret_path("kernel_cache_credentials")
-        previous = _service(record, "kernel-store")
-        if previous is None or not previous.running() or not creds.exists() or previous.host != host:
-            if previous is not None:
-                services.stop(previous)
-            self.dir.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            creds.unlink(missing_ok=True)  # the new server makes a new key
-            port = _port_for(previous, host)
-            service = services.start(
-                "kernel-store", services.python_module(
-                    "kimi_cluster.fakes.s3_store", "--port", str(port), "--bucket", KERNEL_BUCKET,
-                    "--credentials-file", str(creds), "--data-dir", str(self.dir.kernel_store), "--host", host),
-                host=host, port=port, marker="kimi_cluster.fakes.s3_store", log_dir=self.dir.logs, timeout=60,
-            )
-            deadline = time.monotonic() + 60
-            while not creds.exists():  # written once the bucket exists and the kept objects are back in it
-                if time.monotonic() > deadline or not service.running():
-                    services.stop(service)
-                    raise services.ServiceError(f"the kernel-cache bucket did not come up; see {service.log}")
-                time.sleep(0.1)
-            record.setdefault("services", {})["kernel-store"] = service.to_json()
-            kept = sum(1 for p in self.dir.kernel_store.rglob("*") if p.is_file())
-            self.say(f"started the kernel-cache bucket s3://{KERNEL_BUCKET} (moto's S3 server) on {service.url} "
-                     f"with {kept} objects kept from earlier runs (pid {service.pid}, signed requests only)")
-        else:
-            service = previous
-        return service.url
-
-    def _stop_services(self, record: dict[str, Any]) -> list[str]:
-        problems = []
-        for name, data in list((record.get("services") or {}).items()):
-            service = services.Service.from_json(data)
-            if services.stop(service):
-                self.say(f"stopped the {name} (pid {service.pid})")
-                record["services"].pop(name)
-            else:
-                problems.append(f"the {name} (pid {service.pid}) did not stop")
-        return problems
 
     # -- the cluster stack's config --
 
@@ -329,10 +179,10 @@ class Sandbox:
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
                  f"{settings.engine_name}) in {self.dir.root}, under the Pulumi CLI")
         fabric = self.network.ensure(settings)
-        record["emulator_url"], key = self._ensure_emulator(record)
-        record["hub_url"] = self._ensure_hub(record, settings, fabric.host_address, hub_bytes_per_second)
+        record["emulator_url"], key = self.services.emulator(record)
+        record["hub_url"] = self.services.hub(record, settings, fabric.host_address, hub_bytes_per_second)
         if record.get("kernel_cache", True):
-            record["kernel_store_url"] = self._ensure_kernel_store(record, fabric.host_address)
+            record["kernel_store_url"] = self.services.kernel_store(record, fabric.host_address)
         else:
             # No kimi-cluster:kernelCache (_stack_config), so no cache steps; a bucket an earlier up started keeps
             # its objects and stops with destroy.
@@ -445,7 +295,7 @@ class Sandbox:
                      "enginePort": str(record.get("engine_port") or 30000)}
         settings = stack_settings(record.get("topology") or TOPOLOGIES[0], overrides)
         key = self.dir.secret("hyperstack_api_key", emulator_key)
-        api = _api(record["emulator_url"], key) if record.get("emulator_url") else None
+        api = leftovers.api_client(record["emulator_url"], key) if record.get("emulator_url") else None
 
         def load() -> Any:
             with self.state_document() as state:
@@ -504,13 +354,14 @@ class Sandbox:
         topology = record.get("topology") or TOPOLOGIES[0]
         settings = stack_settings(topology, record.get("config"))
         # Deleting needs the API (a fresh emulator if ours died: it holds nothing, so each delete finds nothing).
-        record["emulator_url"], key = self._ensure_emulator(record)
+        record["emulator_url"], key = self.services.emulator(record)
         self.dir.save_record(record)
-        api = _api(record["emulator_url"], key)
+        api = leftovers.api_client(record["emulator_url"], key)
 
         problems += self._destroy_verification()
         # A VM whose create an interrupted up never recorded would block the environment's deletion: delete it first.
-        problems += self._delete_unrecorded_vms(api, settings)
+        recorded = {str(r.get("id")) for r in self.resources() if r.get("type", "").endswith(":VirtualMachine")}
+        problems += leftovers.delete_unrecorded_vms(api, settings, recorded, self.say)
         if not problems:
             result = self.cli.destroy(self.cli.cluster, echo=echo, timeout=UP_DEADLINE_S)
             if result.get("ok") and self.resources():
@@ -522,15 +373,15 @@ class Sandbox:
             if not result.get("ok"):
                 problems += list(result.get("failures") or []) or ["pulumi destroy failed"]
             else:
-                problems += self._delete_unrecorded_environment(api, settings)
-        left = self._emulator_leftovers(api)
+                problems += leftovers.delete_unrecorded_environment(api, settings, self.say)
+        left = leftovers.emulator_leftovers(api)
         if left:
             problems.append("the emulator still holds: " + "; ".join(left))
         else:
             self.say("emulator: nothing left")
         problems += self.network.end_leftover_nodes()
         if not problems:
-            problems += self._stop_services(record)
+            problems += self.services.stop_all(record)
             if not problems:
                 self._forget()
                 kept = sum(1 for p in self.dir.kernel_store.rglob("*") if p.is_file()) \
@@ -558,59 +409,6 @@ class Sandbox:
         self.cli.forget(self.cli.verification)
         return []
 
-    def _delete_unrecorded_vms(self, api: Any, settings: Settings) -> list[str]:
-        from kimi_cluster.deploy.hyperstack.vm_lifecycle import delete_vm_and_wait
-
-        recorded = {str(r.get("id")) for r in self.resources() if r.get("type", "").endswith(":VirtualMachine")}
-        ours = {settings.node_name(rank) for rank in range(settings.nodes)}
-        problems = []
-        try:
-            vms = api.list_vms(environment=settings.env_name)
-        except Exception as exc:  # noqa: BLE001 - an unreachable API is reported, not raised
-            return [f"cannot list the VMs of {settings.env_name}: {exc}"]
-        for vm in vms:
-            labels = set(vm.get("labels") or [])
-            if str(vm["id"]) in recorded or vm.get("name") not in ours or f"stack-{STACK}" not in labels:
-                continue
-            what = f"VM {vm['name']!r} (id {vm['id']})"
-            self.say(f"deleting {what}: an interrupted up created it but never recorded it")
-            try:
-                delete_vm_and_wait(api, vm["id"], what, 120.0, 0.5)
-            except Exception as exc:  # noqa: BLE001 - one VM that will not go must not keep the rest alive
-                problems.append(f"{what} could not be deleted: {exc}")
-        return problems
-
-    def _delete_unrecorded_environment(self, api: Any, settings: Settings) -> list[str]:
-        """After a clean destroy, our keypair and environment can only be ones an interrupted up never recorded."""
-        problems = []
-        try:
-            for kp in api.list_keypairs():
-                if kp.get("name") == f"{settings.env_name}-key" and \
-                        (kp.get("environment") or {}).get("name") == settings.env_name:
-                    self.say(f"deleting keypair {kp['name']!r}: an interrupted up created it but never recorded it")
-                    api.delete_keypair(kp["id"])
-            for env in api.list_environments():
-                if env.get("name") == settings.env_name:
-                    self.say(f"deleting environment {env['name']!r}: an interrupted up created it but never "
-                             "recorded it")
-                    api.delete_environment(env["id"])
-        except Exception as exc:  # noqa: BLE001 - destroy reports what it could not clean up and goes on
-            problems.append(f"cannot clean up {settings.env_name}: {exc}")
-        return problems
-
-    def _emulator_leftovers(self, api: Any) -> list[str]:
-        """Everything still in the sandbox's own emulator."""
-        try:
-            envs = api.list_environments()
-            keypairs = api.list_keypairs()
-            vms = api.list_vms()
-        except Exception as exc:  # noqa: BLE001 - an emulator that cannot answer is a finding, not a crash
-            return [f"the emulator cannot be asked ({exc})"]
-        left = [f"environment {e.get('name')}" for e in envs]
-        left += [f"keypair {k.get('name')}" for k in keypairs]
-        left += [f"VM {v.get('name')} ({v.get('status')})" for v in vms]
-        return left
-
     def _forget(self) -> None:
         """A destroyed VM's disks are gone: the next up starts from blank nodes, fresh secrets and new stacks."""
         self.cli.forget(self.cli.cluster)
@@ -623,8 +421,3 @@ class Sandbox:
         shutil.rmtree(self.dir.secrets_dir, ignore_errors=True)
         self.dir.record_path.unlink(missing_ok=True)
 
-
-def _api(url: str, key: str) -> Any:
-    from kimi_cluster.hyperstack.api import HyperstackClient
-
-    return HyperstackClient(url, key, retry_base_seconds=0.2)

@@ -22,9 +22,9 @@ import pytest
 
 from kimi_cluster.fakes import sandbox_services as services
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
-from kimi_cluster.sandbox.kimi import EMULATOR_ARGS_VARIABLE
 from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB, FAKE_COMPILE_SECONDS
 from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, end_session
+from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE
 from tests.wall_times import report
 
 __all__ = ["report"]  # the flows import report from here; tests/conftest.py prints what it collected

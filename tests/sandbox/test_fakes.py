@@ -262,7 +262,7 @@ def test_a_chosen_port_with_a_span_keeps_its_neighbours_free_and_out_of_avoid(mo
 
 
 def test_the_sandbox_draws_ports_the_settings_accept_even_when_the_draws_clash(monkeypatch) -> None:
-    from kimi_cluster.sandbox.kimi import _choose_ports
+    from kimi_cluster.sandbox.services import _choose_ports
     from kimi_cluster.settings.cross_rules import tokenspeed_problem
 
     engine = services.PORT_FLOOR + 500
