@@ -36,6 +36,7 @@ KERNEL_CACHE_PROGRAM = ("node_programs/kernel_cache.py", "node_programs/kernel_f
 PRINTABLE_SOURCE = _ROOT / "components" / "printable.py"  # status's escape, for what engines print
 CARETAKER_SOURCE = _ROOT / "node_programs" / "caretaker.py"
 SPEND_SOURCE = _ROOT / "components" / "caretaker_spend.py"  # the billing history's reading, shipped beside it
+CARETAKER_API_SOURCE = _ROOT / "components" / "caretaker_api.py"  # its Hyperstack calls, shipped beside it too
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,7 @@ def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) 
             "config_b64": base64.b64encode(caretaker.config_json(settings).encode()).decode(),
             "restart_seconds": caretaker.RESTART_SECONDS, "gpu_vm_ids": spot.identity or "<the GPU VMs' ids>",
             "guards": ", ".join(g for g in guards if g), "program_source": _source(CARETAKER_SOURCE),
-            "spend_source": _source(SPEND_SOURCE)}
+            "spend_source": _source(SPEND_SOURCE), "api_source": _source(CARETAKER_API_SOURCE)}
 
 
 VALUE_BUILDERS: dict[str, ValueBuilder] = {
