@@ -116,7 +116,15 @@ class FabricConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> FabricConfig:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The file `to_json` wrote (a few hundred bytes); ValueError past 1 MB, or for a shape that is not it."""
+        with open(path, "rb") as fh:
+            text = fh.read(1024 * 1024 + 1)
+        if len(text) > 1024 * 1024:
+            raise ValueError("larger than 1 MB, far more than any fabric's configuration")
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object with the fabric's id, subnet and nodes_dir")
+        return cls.from_json(data)
 
 
 @contextlib.contextmanager
