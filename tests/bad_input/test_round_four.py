@@ -151,3 +151,23 @@ def test_the_sandbox_refuses_any_caretaker_api_url_but_its_own(tmp_path):
     _one_error(done, "--config caretakerApiUrl: the sandbox's caretaker always calls the sandbox's own emulator",
                codes=(2,))
     assert not (workdir / "services").exists()
+
+
+def test_a_benchmark_sent_sigterm_runs_its_finally_which_destroys_its_sandbox(tmp_path):
+    """A bench_replicas stopped by `timeout` (SIGTERM) kept its emulator, hub, bucket, Caddy, sshd and provider host
+    running for 45 minutes: SIGTERM ended the process before its `finally` could destroy the sandbox."""
+    marker = tmp_path / "destroyed"
+    child = ("import pathlib, sys, time\n"
+             "from benchmarks._args import interrupt_on_sigterm\n"
+             "interrupt_on_sigterm()\n"
+             "try:\n"
+             "    print('ready', flush=True)\n"
+             "    time.sleep(60)\n"
+             "finally:\n"
+             f"    pathlib.Path({str(marker)!r}).write_text('yes')\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert marker.read_text() == "yes"
