@@ -171,3 +171,20 @@ def test_a_benchmark_sent_sigterm_runs_its_finally_which_destroys_its_sandbox(tm
     proc.terminate()
     proc.wait(timeout=30)
     assert marker.read_text() == "yes"
+
+
+@pytest.mark.parametrize(("key_text", "needle"), [
+    ("   ", "kimi-cluster:caretakerApiKey is blank"),
+    ("first-line-of-key\nsecond-line", "kimi-cluster:caretakerApiKey is not one line"),
+], ids=["blank", "two lines"])
+def test_the_program_checks_the_caretakers_key_before_registering_anything(key_text, needle):
+    import pulumi
+
+    from tests.pulumi_harness import Recording, run_program
+    from tests.test_program import config, outputs_for
+
+    cfg, secret = config(idleStopMinutes="15", caretakerApiKey=key_text)
+    recording = Recording()
+    with pytest.raises(pulumi.RunError, match=needle) as caught:
+        run_program(cfg, [*secret, "kimi-cluster:caretakerApiKey"], outputs_for, recording=recording)
+    assert not recording.resources and "first-line-of-key" not in str(caught.value)
