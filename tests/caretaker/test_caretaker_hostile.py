@@ -108,6 +108,52 @@ def test_strangers_cannot_fill_or_roll_the_log_the_caretaker_counts_in():
         assert caretaker.new_requests(log, {}) == 1
 
 
+def test_a_log_the_real_proxy_rolled_is_counted_whole():
+    """The real Caddy rolls at roll_size (1 MiB here, its smallest) into access-<time>.log beside the log, uncompressed;
+    the caretaker, which looked once before the roll, counts every keyed request on both sides of it."""
+    from fakes.head import ProxiedEngine
+    from fakes.inference_server import FakeSettings
+
+    def small_rolls(directory: Path, api_port: int, engine_port: int) -> str:
+        text = _caddyfile(directory, api_port, engine_port)
+        assert "roll_size 10MiB" in text
+        return text.replace("roll_size 10MiB", "roll_size 1MiB")
+
+    with ProxiedEngine(FakeSettings(engine="vllm"), api_key=SECRET, config=small_rolls) as head:
+        context = ssl.create_default_context(cafile=head.ca_file)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=context))
+        body = json.dumps({"model": "moonshotai/Kimi-K3.1-Pro", "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 1}).encode()
+
+        def send(n: int) -> None:
+            for _ in range(n):
+                request = urllib.request.Request(head.url + "/v1/chat/completions?pad=" + "p" * 8000, data=body,
+                                                 headers={"Content-Type": "application/json",
+                                                          "Authorization": f"Bearer {SECRET}"})
+                with opener.open(request, timeout=20) as answer:
+                    assert answer.status == 200
+
+        directory = head.dir / "caretaker"
+        log = directory / "access.log"
+        mark: dict[str, Any] = {}
+        send(5)
+        deadline = time.monotonic() + 20
+        counted = 0
+        while counted < 5 and time.monotonic() < deadline:
+            counted += caretaker.new_requests(log, mark)
+            time.sleep(0.05)
+        assert counted == 5
+        send(200)  # about 1.7 MB of log lines: past one roll
+        deadline = time.monotonic() + 30
+        while counted < 205 and time.monotonic() < deadline:
+            counted += caretaker.new_requests(log, mark)
+            time.sleep(0.1)
+        rolled = sorted(p.name for p in directory.glob("access-*.log"))
+        assert rolled, sorted(p.name for p in directory.iterdir())
+        assert counted == 205, (counted, rolled)
+
+
 # ---- security 2 and 4: the API calls ------------------------------------------------------------------------------
 
 @pytest.fixture
