@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import math
+import signal
 from pathlib import Path
+from typing import Any
 
 
 def number_problem(flag: str, value: float, low: float, high: float, *, low_open: bool = True) -> str | None:
@@ -36,3 +38,13 @@ def workdir_problem(workdir: Path) -> str | None:
     if deployed:
         return f"--workdir {workdir} holds a deployed sandbox; destroy it or pick another --workdir"
     return None
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM and SIGHUP (`timeout`, a closed terminal) end a benchmark as Ctrl-C does, through its `finally`, which
+    destroys its sandbox; by default they would end the process at once and leave the whole sandbox running."""
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)

@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks._args import workdir_problem
+from benchmarks._args import interrupt_on_sigterm, workdir_problem
 from kimi_cluster.operator.timeline_report import bars_from_state
 from kimi_cluster.sandbox.kimi import TOPOLOGIES, Sandbox
 from kimi_cluster.sandbox.nodes import FAKE_COMPILE_SECONDS
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     store = workdir / "kernel-store"
     shutil.rmtree(store, ignore_errors=True)  # an empty bucket: the first up is cold
     quiet = io.StringIO()
+    interrupt_on_sigterm()  # a `timeout` or a closed terminal still destroys the sandbox
     sandbox = Sandbox(workdir, out=quiet)
     rate = SHARD_BYTES / args.download_seconds
     print(f"bench: {args.topology} in {workdir}; the fake engine compiles {FAKE_COMPILE_SECONDS} s on an empty "

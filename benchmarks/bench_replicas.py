@@ -40,7 +40,7 @@ from typing import Any
 
 import openai
 
-from benchmarks._args import number_problem, workdir_problem
+from benchmarks._args import interrupt_on_sigterm, number_problem, workdir_problem
 from kimi_cluster.checks.tools import TOOL_IMPLS, TOOLS
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig
 from kimi_cluster.sandbox.kimi import TOPOLOGIES, Sandbox
@@ -209,7 +209,22 @@ def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
     return (number_problem("--token-seconds", args.token_seconds, 0, MAX_TOKEN_SECONDS)
             or number_problem("--before", args.before, 0, MAX_PHASE_SECONDS)
             or number_problem("--after", args.after, 0, MAX_PHASE_SECONDS)
-            or workdir_problem(workdir))
+            or workdir_problem(workdir) or _rolling_problem(args))
+
+
+def _rolling_problem(args: argparse.Namespace) -> str | None:
+    """--rolling's image, checked as the stack's `up` will check it: before the first bring-up, not after it."""
+    if args.rolling is None:
+        return None
+    from kimi_cluster.sandbox.nodes import stack_settings
+    from kimi_cluster.settings import SettingsError
+
+    try:
+        stack_settings(args.topology, {"replicas": "2", "image": args.rolling})
+    except SettingsError as err:
+        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        return f"--rolling: {'; '.join(lines) or err}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ["FAKE_ENGINE_TOKEN_SECONDS"] = str(args.token_seconds)  # reaches the engines through the nodes' env
     log = io.StringIO()
+    interrupt_on_sigterm()  # a `timeout` or a closed terminal still destroys the sandbox
     sandbox = Sandbox(workdir, out=log)
     print(f"bench: 2 x {args.topology} behind a front in {workdir}; {args.chats} chats, "
           f"{args.token_seconds * 1000:.0f} ms per token", flush=True)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks._args import number_problem
+from benchmarks._args import interrupt_on_sigterm, number_problem
 from kimi_cluster.sandbox.kimi import EXIT_OK, Sandbox
 from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE
 
@@ -36,7 +36,11 @@ def _measure(workdir: Path, topology: str, config: dict[str, str]) -> dict[str, 
     out = io.StringIO()
     sandbox = Sandbox(workdir, out=out)
     started = time.monotonic()
-    code = sandbox.up(topology, echo=True, config=config)
+    try:
+        code = sandbox.up(topology, echo=True, config=config)
+    except BaseException:  # Ctrl-C, SIGTERM (interrupt_on_sigterm), a crash: nothing is left running
+        sandbox.destroy(echo=False)
+        raise
     up_s = time.monotonic() - started
     log = out.getvalue()
     if code != EXIT_OK:
@@ -82,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:  # before the emulator starts
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    interrupt_on_sigterm()  # a `timeout` or a closed terminal still destroys the sandbox
     rows = []
     for build in args.build_seconds:
         # The sandbox's own emulator, with this boot time (its last --build-seconds wins): under the real CLI the

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
+import signal
 import sys
 
 from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
@@ -43,6 +45,19 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str, positive: bool = False) -> float:
+    """A finite number of seconds, 0 or more (above 0 for a minute's length, which the bill divides by), a day at
+    most."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= 86400):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds {'above' if positive else 'from'} 0 "
+                                         "and at most a day (86400)")
+    return value
+
+
 def _ipv4(text: str) -> str:
     """The emulator hands out addresses counting up from this one (IPv4, as Hyperstack's are)."""
     try:
@@ -57,14 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=_port, default=8700, help="TCP port, 0 for any free one (default 8700)")
     parser.add_argument("--api-key", action="append", dest="api_keys",
                         help=f"accepted key (repeatable; default: $HYPERSTACK_API_KEY or {DEFAULT_API_KEY})")
-    parser.add_argument("--creating-seconds", type=float, default=1.0, help="time in CREATING")
-    parser.add_argument("--build-seconds", type=float, default=3.0, help="time in BUILD")
-    parser.add_argument("--floating-ip-seconds", type=float, default=1.0, help="time the floating IP is ATTACHING")
-    parser.add_argument("--deleting-seconds", type=float, default=1.0, help="time a deleted VM stays DELETING")
+    parser.add_argument("--creating-seconds", type=_seconds, default=1.0, help="time in CREATING")
+    parser.add_argument("--build-seconds", type=_seconds, default=3.0, help="time in BUILD")
+    parser.add_argument("--floating-ip-seconds", type=_seconds, default=1.0, help="time the floating IP is ATTACHING")
+    parser.add_argument("--deleting-seconds", type=_seconds, default=1.0, help="time a deleted VM stays DELETING")
     parser.add_argument("--also-host", action="append", default=[], metavar="ADDRESS",
                         help="answer on this address of the machine too, on the same port (repeatable; the sandbox: "
                              "its fabric's bridge, where a caretaker on a fake node dials the API)")
-    parser.add_argument("--billing-minute-seconds", type=float, default=60.0,
+    parser.add_argument("--billing-minute-seconds", type=lambda t: _seconds(t, positive=True), default=60.0,
                         help="length of the billed minute in seconds (default 60; the sandbox bills faster)")
     parser.add_argument("--first-ip", type=_ipv4, default=FIRST_IP, help="first address handed to VMs")
     parser.add_argument("--first-floating-ip", type=_ipv4, default=None,
@@ -88,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.node_fabric:
         try:
             nodes = Fabric(FabricConfig.load(args.node_fabric))
-        except (OSError, ValueError, KeyError) as err:
-            parser.error(f"--node-fabric {args.node_fabric}: {err}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            parser.error(f"--node-fabric {args.node_fabric}: {str(err)[:300] or type(err).__name__}")
+        except RecursionError:
+            parser.error(f"--node-fabric {args.node_fabric}: nested deeper than any fabric's JSON")
         if needs := missing():
             parser.error("--node-fabric needs " + "; ".join(needs))
         if args.first_ip == FIRST_IP:  # the fabric's addresses, unless asked otherwise
@@ -109,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (region and flavor and vms.isdigit()):
             parser.error(f"--capacity expects REGION:FLAVOR=VMS, got {spec!r}")
         emulator.set_capacity(flavor, int(vms), region=region)
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and Python then keeps
+    # it ignored: Ctrl-C and `kill -INT` (how the sandbox's services and the tests stop it) must still end it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         emulator.start()
     except OSError as err:  # busy port, an address not on this machine, a privileged port

@@ -58,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --render-dir {args.render_dir}: {err.strerror or err} (give a directory, new or existing)",
                   file=sys.stderr)
             return 2
-    print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
-    if args.render_dir and not args.json:
-        print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")
+    try:
+        print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+        if args.render_dir and not args.json:
+            print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")
+        sys.stdout.flush()
+    except OSError as err:  # a full disk, a closed pipe: said once, and nothing is left for the exit's own flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"error: cannot write the plan to standard output: {err.strerror or err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key:
             parser.error(f"--config expects KEY=VALUE, got {item!r}")
         config[key.removeprefix("kimi-cluster:")] = value
+    if "caretakerApiUrl" in config:  # its caretaker deletes VMs by the sandbox's names: only at its own emulator
+        parser.error("--config caretakerApiUrl: the sandbox's caretaker always calls the sandbox's own emulator")
 
     sandbox = Sandbox(args.workdir)
     try:
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except (SandboxUsageError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # outside a Pulumi run (which ends cleanly on its own): one line, no traceback
+        print(f"interrupted; `kimi-cluster sandbox destroy --workdir {args.workdir}` removes what is left",
+              file=sys.stderr)
+        return 130
     except OSError as exc:  # a workdir that cannot be created or written
         print(f"error: {exc.filename or args.workdir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -26,6 +26,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # --timeout: a check's budget in seconds; an infinite or NaN one reaches threading's wait and the sockets as a crash,
 # and a day is longer than any check needs.
 MAX_TIMEOUT_S = 86400.0
+KEY_FILE_MAX = 64 * 1024  # an API key is a line; a file past this is not a key file
+CA_FILE_MAX = 1024 * 1024  # a PEM bundle of CA certificates is a few KB
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,10 +54,14 @@ def _parser() -> argparse.ArgumentParser:
 def _resolve_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file:
         if args.api_key_file == "-":
-            key = sys.stdin.readline().strip()
+            key = sys.stdin.readline(KEY_FILE_MAX + 1)
         else:
             with open(args.api_key_file, encoding="utf-8") as handle:
-                key = handle.read().strip()
+                key = handle.read(KEY_FILE_MAX + 1)
+        if len(key) > KEY_FILE_MAX:  # /dev/zero, a log given by mistake: never read to the end
+            raise ValueError(f"--api-key-file {args.api_key_file} is longer than {KEY_FILE_MAX:,} characters; it "
+                             "must hold only the key (its content is not shown)")
+        key = key.strip()
         if not key:
             raise ValueError(f"--api-key-file {args.api_key_file} holds no key")
         if len(key.splitlines()) > 1:  # a key file with a second line (a comment, a second key): shown nowhere
@@ -92,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ca = None
         if args.ca_file:
             with open(args.ca_file, encoding="utf-8") as handle:
-                ca = handle.read()
+                ca = handle.read(CA_FILE_MAX + 1)
+            if len(ca) > CA_FILE_MAX:
+                raise ValueError(f"--ca-file {args.ca_file} is larger than {CA_FILE_MAX // 1024} KB, more than any "
+                                 "PEM of CA certificates")
         outcome = verify(args.base_url, args.model, key, only=args.only, timeout=args.timeout, on_result=show,
                          ca_certificate=ca)
     except OSError as exc:

@@ -49,6 +49,9 @@ IMAGE_USER = "ubuntu"
 CDN_NAME = "cdn.fabric.internal"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 _LOCK = Path("/run/lock/kimi-node-fabric.lock")
+# One file per fabric this machine holds (its FabricConfig): a fabric whose nodes' directory is gone (a workdir removed
+# by hand, a test's temporary directory cleaned) has no one left to tear it down, so the next allocate() does.
+_REGISTRY = Path("/run/lock/kimi-node-fabrics")
 _NETNS_ETC = Path("/etc/netns")
 
 
@@ -117,7 +120,15 @@ class FabricConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> FabricConfig:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        """The file `to_json` wrote (a few hundred bytes); ValueError past 1 MB, or for a shape that is not it."""
+        with open(path, "rb") as fh:
+            text = fh.read(1024 * 1024 + 1)
+        if len(text) > 1024 * 1024:
+            raise ValueError("larger than 1 MB, far more than any fabric's configuration")
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object with the fabric's id, subnet and nodes_dir")
+        return cls.from_json(data)
 
 
 @contextlib.contextmanager
@@ -144,14 +155,29 @@ def allocate(nodes_dir: str | Path, path: Sequence[str] = (), env: Mapping[str, 
     if needs := missing():
         raise FabricError("the fake nodes' network needs " + "; ".join(needs))
     with _fabric_lock():
+        _end_orphans()
         taken = _routes()
         for subnet in POOL.subnets(new_prefix=24):
             if any(subnet.overlaps(net) for net in taken) or subnet.network_address.packed[2] == 0:
                 continue
             config = FabricConfig(secrets.token_hex(3), str(subnet), str(nodes_dir), tuple(path), dict(env or {}))
+            _REGISTRY.mkdir(parents=True, exist_ok=True)
+            (_REGISTRY / f"{config.id}.json").write_text(json.dumps(config.to_json()))
             Fabric(config).setup()
             return config
     raise FabricError(f"every /24 of {POOL} is in use on this machine")
+
+
+def _end_orphans() -> None:
+    """Tear down every registered fabric whose nodes' directory no longer exists (under the fabric lock)."""
+    for entry in sorted(_REGISTRY.glob("*.json")) if _REGISTRY.is_dir() else []:
+        try:
+            config = FabricConfig.load(entry)
+        except (OSError, ValueError, KeyError, TypeError):
+            entry.unlink(missing_ok=True)
+            continue
+        if not Path(config.nodes_dir).exists():
+            Fabric(config).teardown()
 
 
 class Fabric:
@@ -179,6 +205,8 @@ class Fabric:
         _run("ip", "route", "del", "unreachable", self.config.subnet, "metric", "4242", check=False)
         if self.config.bridge in _run("ip", "-o", "link", "show").stdout.split():
             problems.append(f"bridge {self.config.bridge} is still there")
+        else:
+            (_REGISTRY / f"{self.config.id}.json").unlink(missing_ok=True)
         return problems
 
     def bridge_up(self) -> bool:

@@ -226,6 +226,25 @@ def processes_under(place: Path, names: Sequence[str] = NODE_MARKERS) -> list[in
                   if pid not in mine and _alive(pid) and _belongs_to(pid, where, names))
 
 
+def processes_with_env(name: str, under: Path) -> list[int]:
+    """Live processes (this one and its parents aside) whose environment variable `name` is `under` or lies below
+    it: an interrupted run's Pulumi plugins, whose command line names no workdir but whose PULUMI_HOME does."""
+    where, mine, found = str(under.resolve()), _ancestors(), []
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        if pid in mine or not _alive(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read(1024 * 1024).split(b"\0")
+        except OSError:
+            continue
+        value = next((v.split(b"=", 1)[1].decode(errors="replace") for v in env if v.startswith(name.encode() + b"=")),
+                     None)
+        if value is not None and (value == where or value.startswith(where + "/")):
+            found.append(pid)
+    return sorted(found)
+
+
 def describe(pid: int) -> str:
     words = _cmdline(pid)
     text = " ".join(words)

@@ -29,90 +29,26 @@ import os
 import ssl
 import sys
 import time
-import urllib.error
-import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-# kimi_cluster/node/caretaker_spend.py is shipped beside this file (as on the deploying side's checkout).
+# kimi_cluster/node/caretaker_api.py and caretaker_spend.py are shipped beside this file (as on the deploying side's
+# checkout).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kimi_cluster.node.caretaker_api import Api, ApiError, log
 
 WARN_FRACTION = 0.8
 STOPPED_FILE = "stopped.json"  # the proxy answers 503 with this body while it exists
 WARNING_FILE = "budget-warning.json"  # /health answers this body (when the engine is healthy) while it exists
 LOG_READ_MAX = 64 * 1024 * 1024  # bytes of access log read per poll; the rest next time
 HISTORY_KEEP = 10
-RATE_LIMIT_TRIES = 5  # Hyperstack's guidance: wait >= 1 s, double each retry, stop after 5
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-def log(text: str) -> None:
-    print(f"[{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}] {text}", flush=True)
+__all__ = ["Api", "ApiError", "log"]
 
 
 def stamp(t: float | None) -> str | None:
     return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-# ---- the API ---------------------------------------------------------------------------------------------------------
-
-class Api:
-    """The few calls the caretaker makes, with Hyperstack's backoff on 429 and retries of GET and DELETE on 5xx."""
-
-    def __init__(self, url: str, key: str, retry_base: float = 1.0) -> None:
-        self.url, self._key, self.retry_base = url.rstrip("/"), key, retry_base
-
-    def call(self, method: str, path: str, query: dict[str, str] | None = None) -> Any:
-        full = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        delay, server_errors = self.retry_base, 0
-        for attempt in range(1, RATE_LIMIT_TRIES + 2):
-            request = urllib.request.Request(full, method=method,
-                                             headers={"api_key": self._key, "Accept": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=30) as answer:
-                    body = json.loads(answer.read() or b"null")
-            except urllib.error.HTTPError as err:
-                text = err.read()[:2000].decode("utf-8", "replace")
-                try:
-                    message = json.loads(text).get("message") or text
-                except (ValueError, AttributeError):
-                    message = text
-                if err.code == 429 and attempt <= RATE_LIMIT_TRIES:
-                    log(f"the API answered 429 to {method} {path}; retrying in {delay:g} s")
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                if err.code >= 500 and server_errors < 3:
-                    server_errors += 1
-                    time.sleep(delay)
-                    continue
-                raise ApiError(err.code, str(message)) from None
-            if isinstance(body, dict) and body.get("status") is False:
-                raise ApiError(200, str(body.get("message")))
-            return body
-        raise ApiError(429, "rate limited after 5 backoffs")
-
-    def vm_ids(self, environment: str) -> dict[str, int]:
-        """Name -> id of every VM in the environment that is not on its way out (a deleted VM stays listed, DELETING,
-        for a while), page after page."""
-        out: dict[str, int] = {}
-        for page in range(1, 101):
-            body = self.call("GET", "/core/virtual-machines", {"environment": environment, "page": str(page),
-                                                               "pageSize": "100", "exact_environment_match": "true"})
-            rows = body.get("instances") or []
-            for vm in rows:
-                if isinstance(vm, dict) and isinstance(vm.get("name"), str) and isinstance(vm.get("id"), int) \
-                        and vm.get("status") not in ("DELETING", "DELETED"):
-                    out[vm["name"]] = vm["id"]
-            if len(rows) < 100:
-                break
-        return out
 
 
 # ---- state on its own disk ----------------------------------------------------------------------------------------
@@ -154,23 +90,9 @@ def arm(cfg: dict[str, Any]) -> None:
 
 # ---- what it watches ------------------------------------------------------------------------------------------------
 
-def new_requests(access_log: Path, mark: dict[str, Any]) -> int:
-    """Requests logged since the last look that count: the inference calls, which are POSTs (chat, completions,
-    messages, embeddings), not refused for want of the key (401) nor by a stopped cluster (503). GETs do not count:
-    /health (load balancers), /v1/models and /metrics (`status`, monitors, the readiness wait) would otherwise keep an
-    unused cluster alive. A rolled log (new inode) is read from its start."""
-    try:
-        st = access_log.stat()
-    except FileNotFoundError:
-        return 0
-    offset = mark.get("offset", 0) if mark.get("inode") == st.st_ino and st.st_size >= mark.get("offset", 0) else 0
-    with open(access_log, "rb") as fh:
-        fh.seek(offset)
-        chunk = fh.read(LOG_READ_MAX)
-    complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written is read next time
-    mark.update(inode=st.st_ino, offset=offset + len(complete))
+def _counted(lines: bytes) -> int:
     count = 0
-    for line in complete.splitlines():
+    for line in lines.splitlines():
         try:
             entry = json.loads(line)
             method = str(entry["request"]["method"])
@@ -180,6 +102,50 @@ def new_requests(access_log: Path, mark: dict[str, Any]) -> int:
         if method == "POST" and status not in (401, 503):
             count += 1
     return count
+
+
+def _rolled(access_log: Path, inode: int) -> Path | None:
+    """The file Caddy rolled the log into, found by its inode: `roll_uncompressed` keeps it beside the log as it was,
+    named access-<time>.log (Caddy's file output, lumberjack's naming)."""
+    for path in access_log.parent.glob(f"{access_log.stem}-*{access_log.suffix}"):
+        try:
+            if path.stat().st_ino == inode:
+                return path
+        except OSError:
+            continue
+    return None
+
+
+def new_requests(access_log: Path, mark: dict[str, Any]) -> int:
+    """Requests logged since the last look that count: the inference calls, which are POSTs (chat, completions,
+    messages, embeddings), not refused for want of the key (401) nor by a stopped cluster (503). GETs do not count:
+    /health (load balancers), /v1/models and /metrics (`status`, monitors, the readiness wait) would otherwise keep an
+    unused cluster alive. The proxy logs only requests with the stack's key
+    (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2), so no stranger fills or rolls the log; and when it rolls,
+    the rest of the old file is read before the new one."""
+    try:
+        current = open(access_log, "rb")  # opened first: a roll after this leaves this file the one read and marked
+    except FileNotFoundError:
+        return 0
+    with current:
+        st = os.fstat(current.fileno())
+        count, offset = 0, int(mark.get("offset") or 0)
+        if mark.get("inode") not in (None, st.st_ino):
+            rolled = _rolled(access_log, int(mark["inode"]))
+            if rolled is None:
+                log(f"the access log rolled and its old file is gone; what it held after byte {offset} is not counted")
+            else:
+                with open(rolled, "rb") as fh:  # finished: Caddy writes no more to it, its last line counts too
+                    fh.seek(offset)
+                    count += _counted(fh.read(LOG_READ_MAX))
+            offset = 0
+        elif st.st_size < offset:
+            offset = 0  # truncated in place
+        current.seek(offset)
+        chunk = current.read(LOG_READ_MAX)
+    complete = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written is read next time
+    mark.update(inode=st.st_ino, offset=offset + len(complete))
+    return count + _counted(complete)
 
 
 def serving(cfg: dict[str, Any]) -> bool:
@@ -203,7 +169,7 @@ def spend(cfg: dict[str, Any], api: Api, state: dict[str, Any], now: float) -> N
     try:
         usd = spent_usd(lambda path, query: api.call("GET", path, dict(query)), cfg["env_name"], names)
         state.update(spend_usd=max(usd, 0.0), spend_at=now, spend_source="billing history")
-    except (ApiError, OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001  # any failure of the read (an answer of any shape) is what this covers
         # Never less than the truth: the last figure, plus the whole stack's rate since it was read.
         since = now - (state.get("spend_at") or now)
         state["spend_usd"] = float(state.get("spend_usd") or 0.0) + cfg["usd_per_hour"] * since / 3600
@@ -223,19 +189,23 @@ def warn_budget(cfg: dict[str, Any], state: dict[str, Any]) -> None:
         state.pop("warning", None)
 
 
-def reason_to_stop(cfg: dict[str, Any], state: dict[str, Any], now: float) -> tuple[str, str] | None:
-    budget, idle = cfg.get("budget_usd"), cfg.get("idle_seconds")
-    if state.get("awaiting_arm"):
-        idle = None  # an `up` is bringing the cluster back: the idle clock waits for its caretaker step
+def idle_reason(cfg: dict[str, Any], state: dict[str, Any], now: float) -> tuple[str, str] | None:
+    """The idle stop, decided from the log and the clock alone: no API answer can keep it from being decided."""
+    idle = cfg.get("idle_seconds")
+    if not idle or state.get("awaiting_arm") or not state.get("served_since"):
+        return None  # awaiting_arm: an `up` is bringing the cluster back, the idle clock waits for its caretaker step
+    quiet = now - max(state["last_request_at"], state["served_since"])
+    if quiet < idle:
+        return None
+    return "idle", (f"no request for {quiet / cfg['minute_seconds']:.0f} minutes (kimi-cluster:idleStopMinutes "
+                    f"{idle / cfg['minute_seconds']:.0f})")
+
+
+def budget_reason(cfg: dict[str, Any], state: dict[str, Any]) -> tuple[str, str] | None:
+    budget = cfg.get("budget_usd")
     if budget and state["spend_usd"] >= budget:
         return "budget", (f"the budget is spent: ${state['spend_usd']:,.2f} of ${budget:,.2f} "
                           "(kimi-cluster:budgetUsd)")
-    if idle and state.get("served_since"):
-        quiet = now - max(state["last_request_at"], state["served_since"])
-        if quiet >= idle:
-            minutes = quiet / cfg["minute_seconds"]
-            return "idle", (f"no request for {minutes:.0f} minutes (kimi-cluster:idleStopMinutes "
-                            f"{idle / cfg['minute_seconds']:.0f})")
     return None
 
 
@@ -322,10 +292,16 @@ def tick(cfg: dict[str, Any], api: Api, state: dict[str, Any], save: Any) -> Non
     if not action and not state.get("awaiting_arm") and not state.get("served_since") and serving(cfg):
         state["served_since"] = now
         log("the endpoint serves: the idle clock runs from now")
+    # The idle stop first, from what is on this disk; then the spend, whose read may fail in any way (it then
+    # counts on at the full rate) but can no longer keep the idle stop from being decided.
+    stop = None if action else idle_reason(cfg, state, now)
+    if stop:
+        begin_stop(cfg, state, *stop, now)
+        save()
     spend(cfg, api, state, now)
-    if not action:
+    if not state.get("action"):
         warn_budget(cfg, state)
-        stop = reason_to_stop(cfg, state, now)
+        stop = budget_reason(cfg, state)
         if stop:
             begin_stop(cfg, state, *stop, now)
             save()

@@ -37,8 +37,9 @@ KERNEL_CACHE_PROGRAM = ("kimi_cluster/node/kernel_cache.py", "kimi_cluster/node/
                         "kimi_cluster/node/kernel_store.py", "kimi_cluster/node/printable.py")
 PRINTABLE_SOURCE = _ROOT / "kimi_cluster" / "node" / "printable.py"  # status's escape, for what engines print
 CARETAKER_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker.py"
-# The billing history's reading, shipped beside the caretaker.
+# The billing history's reading and the caretaker's Hyperstack calls, shipped beside it.
 SPEND_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker_spend.py"
+CARETAKER_API_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker_api.py"
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) 
             "config_b64": base64.b64encode(caretaker.config_json(settings).encode()).decode(),
             "restart_seconds": caretaker.RESTART_SECONDS, "gpu_vm_ids": spot.identity or "<the GPU VMs' ids>",
             "guards": ", ".join(g for g in guards if g), "program_source": _source(CARETAKER_SOURCE),
-            "spend_source": _source(SPEND_SOURCE)}
+            "spend_source": _source(SPEND_SOURCE), "api_source": _source(CARETAKER_API_SOURCE)}
 
 
 VALUE_BUILDERS: dict[str, ValueBuilder] = {

@@ -118,7 +118,7 @@ class Sandbox:
         config.setdefault(f"{NAMESPACE}:sshPublicKey", ssh_public_key_of(ssh_key))
         # The caretaker (used only with idleStopMinutes or budgetUsd): the emulator on the bridge, the short clock.
         port = record["emulator_url"].rsplit(":", 1)[1].split("/", 1)[0]
-        config.setdefault(f"{NAMESPACE}:caretakerApiUrl", f"http://{fabric.host_address}:{port}/v1")
+        config[f"{NAMESPACE}:caretakerApiUrl"] = f"http://{fabric.host_address}:{port}/v1"  # always its own
         config.setdefault(f"{NAMESPACE}:caretakerTiming", CARETAKER_TIMING)
         secret_config = {
             f"{NAMESPACE}:sshPrivateKey": ssh_key,

@@ -96,6 +96,7 @@ class NodeNetwork:
                 config = allocate(self.workdir.nodes, node_path(), {})
             except FabricError as exc:
                 raise SandboxUsageError(str(exc)) from None
+            self.path.write_text(json.dumps(config.to_json(), indent=2) + "\n")  # at once: a kill now leaves it known
             self.say(f"made the fake nodes' network: bridge {config.bridge}, {config.subnet} (this machine is "
                      f"{config.host_address}; each VM a namespace with sshd)")
         ca = self.hub_tls(config)[2]
@@ -125,12 +126,20 @@ class NodeNetwork:
         return cert, key, ca
 
     def end_leftover_nodes(self) -> list[str]:
-        """Every VM's deletion ended its namespace; one left (an emulator that died) ends here."""
+        """Every VM's deletion ended its namespace; one left (an emulator that died) ends here, and so do the Pulumi
+        plugins of a run that was killed (their PULUMI_HOME is this workdir's; nothing else ends them)."""
+        from kimi_cluster.fakes import sandbox_services as services
+
+        problems = []
+        strays = services.processes_with_env("PULUMI_HOME", self.workdir.root)
+        if strays:
+            self.say(f"stopping {len(strays)} Pulumi process(es) an interrupted run left: "
+                     + "; ".join(services.describe(p) for p in strays[:3]))
+            problems += [f"{services.describe(p)} did not stop" for p in services.terminate(strays, timeout=5)]
         config = self.config()
         if config is None:
-            return []
+            return problems
         fabric = Fabric(config)
-        problems = []
         for namespace in fabric.namespaces():
             self.say(f"stopping a fake node the emulator left running: {namespace}")
             problems += fabric.end_namespace(namespace)

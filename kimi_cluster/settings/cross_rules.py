@@ -7,6 +7,7 @@ keys and how to fix them. The engine flags extraEngineArgs may not set are kimi_
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 
 from kimi_cluster.settings import catalog, tls_check
@@ -150,6 +151,10 @@ def flavor_problem(flavor: str | None, gpus_per_node: int | None, gpu_memory_gb:
     """A custom topology's flavor against its GPU keys: the count and model in its name must agree with them."""
     if flavor is None:
         return None
+    if flavor in catalog.CPU_FLAVORS or re.search(r"(?:^|-)cpu(?:-|$)", flavor, re.IGNORECASE):
+        return (f"{NAMESPACE}:flavor {flavor} is a CPU flavor, with no GPU, but {NAMESPACE}:gpusPerNode is "
+                f"{gpus_per_node}: use a GPU flavor such as n3-H100x8 (the sizing guard would size a cluster that is "
+                "not there)")
     match = FLAVOR_GPUS_RE.search(flavor)
     if not match:
         return None

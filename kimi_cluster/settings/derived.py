@@ -189,6 +189,11 @@ class DerivedValues:
             return catalog.Price(self.gpu_hourly_price_usd, "from config gpuHourlyPriceUsd", "stack config", "now")
         return catalog.PRICES.get(self.gpu.name)
 
+    def _gpu_usd_per_hour(self) -> float | None:
+        """The GPU VMs' rate, every replica's (the caretaker's budget counts these, not the front)."""
+        one = sizing.hourly_cost_usd(self.price, self.total_gpus)
+        return None if one is None else one * self.replicas
+
     @property
     def hourly_cost_usd(self) -> float | None:
         one = sizing.hourly_cost_usd(self.price, self.total_gpus)

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kimi_cluster.hyperstack.api import RETRY_BASE_CONFIG, RETRY_BASE_ENV, retry_base_problem
-from kimi_cluster.settings import tls_check
+from kimi_cluster.settings import caretaker_rules, tls_check
 from kimi_cluster.settings.errors import SettingsError, format_errors, how_to_set
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings
 from kimi_cluster.settings.keys import CREDENTIAL_KEYS, NAMESPACE, SECRET_KEYS
@@ -59,6 +59,12 @@ def load_settings(raw: Mapping[str, Any], stack: str, plain_credentials: Iterabl
         problem = credentials_problem(credentials)
         if problem:
             secret_problems.append(f"{NAMESPACE}:kernelCacheCredentials {problem}")
+    caretaker_key = raw.get("caretakerApiKey")
+    encrypted = isinstance(caretaker_key, dict) and set(caretaker_key) == {"secure"}  # a stack file's ciphertext
+    if caretaker_key not in (None, "", True) and not encrypted:  # True: set, its text not read here
+        problem = caretaker_rules.key_problem(caretaker_key)
+        if problem:
+            secret_problems.append(f"{NAMESPACE}:caretakerApiKey {problem}")
     values: dict[str, Any] = {}
     internal = {name for name, f in Settings.model_fields.items() if f.alias and f.alias != name} | \
         {"stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
@@ -237,7 +243,7 @@ def settings_from_pulumi() -> tuple[Settings, dict[str, Any]]:
             # Secrets are read through get_secret below; here only the shapes of the SSH key, the bucket credentials
             # and the TLS key are checked (the text is not kept), so an encrypted key, a public one, credentials
             # without their ':' or a TLS key that is not the certificate's are refused before anything is billed.
-            if key in ("sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey"):
+            if key in ("sshPrivateKey", "kernelCacheCredentials", "tlsPrivateKey", "caretakerApiKey"):
                 raw[key] = pulumi.runtime.get_config(full_key) or True
             else:
                 raw[key] = True if key in SECRET_KEYS else cfg.get(key)

@@ -395,7 +395,10 @@ class Settings(DerivedValues, BaseModel):
             + node_timing.deadline_problems(self.timing, self) \
             + cross_rules.context_problems(self.max_model_len, self.context_window, self.model,
                                            self.model_spec.context_window) \
-            + caretaker_rules.problems(self.idle_stop_minutes, self.budget_usd, self.caretaker_api_key_set)
+            + caretaker_rules.problems(self.idle_stop_minutes, self.budget_usd, self.caretaker_api_key_set,
+                                       api_url_value=self.caretaker_api_url,
+                                       minute_seconds=self.caretaker.minute_seconds,
+                                       usd_per_hour=self._gpu_usd_per_hour(), flavor=self.flavor_name)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

@@ -37,6 +37,8 @@ DAY_S = 24 * 3600
 # A settle is a pause before checking the container still runs: past ten minutes it only delays every launch.
 MAXIMA = {"pollSeconds": 3600, "fastPollSeconds": 600, "pullAttempts": 100, "logTail": 100_000,
           "settleSeconds": 600, "proxySettleSeconds": 600}
+# A poll renders `sleep <seconds>` into every polled wait: below a tenth of a second it only spins the node's CPU.
+MINIMA = {"fastPollSeconds": 0.1}  # pollSeconds is whole seconds, 1 at least
 # A minute: none of these steps' own work (cloud-init, the driver listing the GPUs, docker restarting, an image
 # pulled, a container started and checked, a proxy written and started, 1.5 TB read) is done in less on a fresh VM,
 # so a shorter timeout fails every bring-up after the GPUs bill.
@@ -71,6 +73,9 @@ def _number(key: str, value: Any) -> int | float:
     high = MAXIMA.get(key, DAY_S)
     if number > high:
         raise ValueError(f"{key}: {shown(value)} is more than {high:,}, beyond any node's need")
+    if number < MINIMA.get(key, 0):
+        raise ValueError(f"{key}: {shown(value)} s would spin every polled wait on the nodes; at least "
+                         f"{MINIMA[key]:g} s")
     if key in _TIMEOUTS and number < TIMEOUT_MIN_S:
         raise ValueError(f"{key}: {shown(value)} is shorter than the step's own work takes on a fresh VM; at least "
                          f"{TIMEOUT_MIN_S} s")
@@ -109,6 +114,11 @@ def deadline_problems(timing: Timing, settings: TimedSettings) -> list[str]:
     """nodeTiming as a whole: no step's deadline past the week stepDeadlineMinutes allows (unless the defaults'
     own already is, with a week-long downloadTimeoutMinutes), for the steps stepDeadlineMinutes leaves to it."""
     problems = []
+    warmup = settings.step_deadline_minutes.get("warmup")
+    if warmup and warmup * 60 < timing.docker_timeout_s + TIMEOUT_MIN_S:
+        problems.append(f"{NAMESPACE}:stepDeadlineMinutes: warmup: {warmup:g} minutes leaves the warm-up less than "
+                        f"{TIMEOUT_MIN_S} s of its own beside nodeTiming.dockerTimeoutS ({timing.docker_timeout_s} s, "
+                        f"its container's removal); at least {(timing.docker_timeout_s + TIMEOUT_MIN_S) / 60:g}")
     for step, keys in _DRIVES.items() | {"weights": "deadlineSlackS", "readiness": "deadlineSlackS"}.items():
         if settings.step_deadline_minutes.get(step):
             continue  # its own deadline bounds it

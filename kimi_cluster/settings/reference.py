@@ -157,7 +157,8 @@ NOTES: dict[str, tuple[str, str]] = {
         'deadline for the endpoint to answer'),
     'stepDeadlineMinutes': (
         'per step',
-        'JSON object `{"step": minutes}` overriding a node step\'s deadline (see below)'),
+        'JSON object `{"step": minutes}` overriding a node step\'s deadline (see below); a minute at least, more '
+        'for the cache steps and the warm-up'),
     'nodeTiming': (
         '(the defaults in `kimi_cluster/settings/timing.py`)',
         "advanced: JSON object overriding the node scripts' waits and retries, camelCase names of `Timing`'s fields,"
@@ -215,17 +216,19 @@ NOTES: dict[str, tuple[str, str]] = {
         '(off)',
         "a hard limit in US dollars for the stack's GPU VMs since their first `up`, as Hyperstack bills them: the "
         'caretaker warns at 80 % and deletes the GPU VMs at 100 %; `up` refuses a budget already spent; needs '
-        '`caretakerApiKey`'),
+        '`caretakerApiKey` and a priced GPU (the catalog\'s, or `gpuHourlyPriceUsd`)'),
     'caretakerApiKey': (
         'secret, required with a guard',
-        "the caretaker's own Hyperstack API key; reaches the VM on stdin only and sits there root-only (whoever gets "
-        'root on that VM holds the account)'),
+        "the caretaker's own Hyperstack API key, one line of printable characters; reaches the VM on stdin only and "
+        'sits there root-only (whoever gets root on that VM holds the account)'),
     'caretakerApiUrl': (
         '`https://infrahub-api.nexgencloud.com/v1`',
-        'the Hyperstack API as the caretaker dials it from its VM (https, or http to a private address)'),
+        'the Hyperstack API as the caretaker dials it from its VM: a URL ending in `/v1`, https, or http to a '
+        'loopback or private address'),
     'caretakerTiming': (
         '`{"pollSeconds": 60, "minuteSeconds": 60}`',
-        "JSON object: how often the caretaker looks, and its minute's length in seconds (the sandbox shortens both)"),
+        "JSON object: how often the caretaker looks, and its minute's length in seconds; a minute below 60 s only "
+        'with an emulator as `caretakerApiUrl` (plain http to loopback or a private address: the sandbox)'),
 }
 
 

@@ -89,6 +89,10 @@ DURATION_MAX_MINUTES = 7 * 24 * 60
 # PIP_BUDGET_S), the step's slack (Timing.deadline_slack_s), and a minute of transfer. A shorter step deadline would
 # kill the step itself, failing `up`, where the transfer's own deadline only ever warns.
 CACHE_STEP_MIN_MINUTES = (PIP_BUDGET_S + Timing().deadline_slack_s + 60) / 60
+# Every other step's floor: none's own work on a fresh VM is done in less than a minute (nodeTiming's timeouts have the
+# same floor), and a step stopped mid-way fails `up` at full cost, or leaves its work half done (a warm-up in its
+# `docker rm`); the warm-up's own floor also counts nodeTiming.dockerTimeoutS (node_timing.deadline_problems).
+STEP_MIN_MINUTES = 1.0
 
 
 def duration_problem(value: Any, low: float = DURATION_MIN_MINUTES, high: float = DURATION_MAX_MINUTES) -> str | None:
@@ -130,7 +134,7 @@ def url_problem(v: str, secret_key: str) -> str | None:
     return None
 
 
-def _on_private_path(host: str) -> bool:
+def on_private_path(host: str) -> bool:
     """The node's own loopback, or an address of a private network: no stranger between the node and it."""
     host = host.strip("[]")
     if host == "localhost":
@@ -228,7 +232,7 @@ def endpoint_url(v: str | None) -> str | None:
     if problem:
         raise ValueError(problem)
     match = HF_ENDPOINT_RE.fullmatch(v)
-    if match and match["scheme"] == "http" and not _on_private_path(match["host"]):
+    if match and match["scheme"] == "http" and not on_private_path(match["host"]):
         # The archive holds compiled kernels the engine runs, and the manifest that vouches for it: over plain
         # http, anyone on the path can swap both.
         raise ValueError(f"{shown(v)} is plain http:// to a host outside loopback and private networks: anyone on "
@@ -403,6 +407,9 @@ def step_deadlines(v: Any) -> Any:
             problem = (f"{shown(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: {step} first "
                        "installs its S3 client, and its deadline must leave that, its slack and a minute of "
                        "transfer, or the step fails `up`")
+        elif problem is None and minutes < STEP_MIN_MINUTES:
+            problem = (f"{shown(minutes)} minutes is shorter than {STEP_MIN_MINUTES:g}, less than the step's own work "
+                       "takes on a fresh VM: stopped mid-way, it fails `up` or leaves its work half done")
         if problem:
             raise ValueError(f"{step}: {problem}")
     return v

@@ -128,7 +128,7 @@ def test_refused_naming_the_key(raw, needle):
 
 
 ACCEPTED = [
-    {"stepDeadlineMinutes": '{"image": 90, "ready": 0.05}'},
+    {"stepDeadlineMinutes": '{"image": 90, "ready": 1}'},
     {"stepDeadlineMinutes": '{"cache-restore": 16, "cache-save": 45}', **cache()},
     {"downloadTimeoutMinutes": DURATION_MAX_MINUTES},
     cache(endpointUrl="https://s3.eu-central-1.amazonaws.com"),

@@ -56,7 +56,9 @@ def test_where_it_runs_and_what_it_is_told():
     assert cfg["budget_usd"] == 900.0 and cfg["api_url"] == "https://infrahub-api.nexgencloud.com/v1"
     assert caretaker.guard_outputs(two) == {"idle_stop_minutes": None, "budget_usd": 900.0,
                                             "caretaker_vm": "kimi-dev-front"}
-    timed = _settings(idleStopMinutes="15", caretakerTiming='{"pollSeconds": 1, "minuteSeconds": 1}')
+    # A shortened minute only with an emulator beside the stack (issue 44).
+    timed = _settings(idleStopMinutes="15", caretakerTiming='{"pollSeconds": 1, "minuteSeconds": 1}',
+                      caretakerApiUrl="http://127.0.0.1:8700/v1")
     assert caretaker.config(timed)["idle_seconds"] == 15.0 and caretaker.config(timed)["poll_seconds"] == 1.0
 
 

@@ -72,8 +72,9 @@ def test_spend_counts_only_the_stacks_own_vms_across_pages(billed):
 
 
 def _settings(budget: str):
-    return load_settings({"operatorCidr": "81.2.69.1/32", "topology": "h100x4-sglang", "caretakerApiKey": "k",
-                          "sshPublicKey": PUBLIC_KEY, "environmentName": "kimi-dev", "budgetUsd": budget}, "dev")
+    return load_settings({"operatorCidr": "81.2.69.1/32", "topology": "h100x4-sglang",
+                          "caretakerApiKey": "caretaker-key", "sshPublicKey": PUBLIC_KEY,
+                          "environmentName": "kimi-dev", "budgetUsd": budget}, "dev")
 
 
 def test_up_refuses_a_budget_already_spent_naming_the_key(billed):

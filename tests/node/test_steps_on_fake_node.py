@@ -98,9 +98,8 @@ def test_storage_moves_docker_once_and_a_rerun_changes_nothing(node):
 def test_a_hung_step_is_stopped_on_the_node_at_its_own_deadline(node_factory):
     # pulumi-command would wait for a hung command forever; the node-side deadline ends it and says so.
     node = node_factory(hang="nvidia-smi")
-    settings = make_settings(nodeRoot=str(node.root), stepDeadlineMinutes={"ready": 0.05})  # 3 s
-    deadline = FAST.deadline_s("ready", settings)
-    assert deadline == 3
+    settings = make_settings(nodeRoot=str(node.root))
+    deadline = 3  # the node side's own mechanism; stepDeadlineMinutes is a minute at least (issue 44)
     command = remote_command_text("ready", render_step(settings, "ready", 0, "10.0.0.5", "10.0.0.5", FAST),
                                   deadline_s=deadline)
     started = time.monotonic()

@@ -216,8 +216,9 @@ def engine_log(workdir: Path) -> str:
 
 
 def leftover_processes(workdir: Path) -> list[int]:
-    """Processes of this sandbox still alive: node processes, and services whose command line names the workdir."""
-    pids = set(services.processes_under(workdir / "nodes"))
+    """Processes of this sandbox still alive: node processes, services whose command line names the workdir, and
+    Pulumi's plugins (their PULUMI_HOME is the workdir's)."""
+    pids = set(services.processes_under(workdir / "nodes")) | set(services.processes_with_env("PULUMI_HOME", workdir))
     mine = services._ancestors()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in mine and services._alive(int(entry)):

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from kimi_cluster.fakes import sandbox_services as services
+from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig
 from kimi_cluster.sandbox.pulumi_cli import end_session
 
 from .conftest import leftover_processes, ok, report, wait_for
@@ -94,3 +95,22 @@ def test_destroy_after_a_killed_up_leaves_nothing(sandbox) -> None:
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm killed during VM creation, then destroyed: destroy {destroy.seconds:.1f} s, "
            f"whole test {time.monotonic() - started:.1f} s")
+
+
+def test_destroy_after_the_sandbox_itself_was_killed_leaves_no_process_namespace_or_bridge(sandbox) -> None:
+    """Issue 44: a `sandbox up` killed outright (SIGKILL, a `timeout` gone wrong) left its Pulumi plugins running even
+    after `sandbox destroy`: their command lines name no workdir, their PULUMI_HOME does."""
+    run = sandbox()
+    driver = run.start("up", "--topology", "b300x1-vllm", "--quiet")
+    wait_for("the VM in the emulator", lambda: _vms(run) == ["kimi-sandbox-node0"], 120)
+    pid = _pulumi_pid(run)
+    wait_for("pulumi's plugins", lambda: len(services.processes_with_env("PULUMI_HOME", run.workdir)) > 1, 60)
+    driver.kill()
+    driver.wait(timeout=30)
+    wait_for(f"pulumi (pid {pid}) to end", lambda: not services.is_alive(pid), 120)
+    fabric = Fabric(FabricConfig.load(run.workdir / "fabric.json"))
+    destroy = run("destroy", "--quiet")
+    ok(destroy)
+    assert leftover_processes(run.workdir) == []
+    assert fabric.namespaces() == [] and not fabric.bridge_up()
+    report(f"b300x1-vllm whose sandbox up was SIGKILLed mid-up, then destroyed: destroy {destroy.seconds:.1f} s")
