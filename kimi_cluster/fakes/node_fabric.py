@@ -161,6 +161,9 @@ def allocate(nodes_dir: str | Path, path: Sequence[str] = (), env: Mapping[str, 
             if any(subnet.overlaps(net) for net in taken) or subnet.network_address.packed[2] == 0:
                 continue
             config = FabricConfig(secrets.token_hex(3), str(subnet), str(nodes_dir), tuple(path), dict(env or {}))
+            # The nodes' directory exists from now on, before any node boots: an allocate() in another process that
+            # finds this fabric registered must not take it for an orphan (_end_orphans) while it is being set up.
+            Path(nodes_dir).mkdir(parents=True, exist_ok=True)
             _REGISTRY.mkdir(parents=True, exist_ok=True)
             (_REGISTRY / f"{config.id}.json").write_text(json.dumps(config.to_json()))
             Fabric(config).setup()

@@ -32,3 +32,17 @@ def test_a_fabric_whose_workdir_is_gone_is_torn_down_by_the_next_allocate(tmp_pa
     finally:
         Fabric(other).teardown()
         Fabric(orphan).teardown()
+
+
+def test_a_fabric_made_before_its_nodes_directory_is_no_orphan(tmp_path):
+    # The sandbox makes its network before any node boots: another process's allocate() in between (a parallel flow)
+    # once took it for an orphan and tore its bridge down mid-up.
+    fresh = tmp_path / "work" / "nodes"
+    made = allocate(fresh)
+    try:
+        assert fresh.is_dir()
+        other = allocate(tmp_path / "other" / "nodes")
+        Fabric(other).teardown()
+        assert Fabric(made).bridge_up(), f"the bridge {made.bridge} of a fabric being set up was torn down"
+    finally:
+        Fabric(made).teardown()
