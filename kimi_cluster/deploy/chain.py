@@ -52,7 +52,7 @@ class Chain:
     """Makes every step of `vms`, each after what it waits on. `made` holds what steps may wait on by name (a
     step's command, `<vm>/rules`) and gains every command; `groups` the VMs' own components by resource name."""
 
-    def __init__(self, cluster: pulumi.Resource, *, groups: Mapping[str, pulumi.Resource],
+    def __init__(self, cluster: pulumi.Resource, *, groups: Mapping[str, pulumi.ComponentResource],
                  made: dict[str, list[pulumi.Resource]]) -> None:
         self._cluster = cluster
         self._groups = groups

@@ -85,7 +85,7 @@ class InferenceCluster(pulumi.ComponentResource):
                  for args, (vms, host_keys) in zip(bp.replicas, groups, strict=True)]
 
         # Each VM's own component (a GPU node's chain, the front) and what its first step waits on: its rules.
-        homes: dict[str, pulumi.Resource] = {}
+        homes: dict[str, pulumi.ComponentResource] = {}
         made: dict[str, list[pulumi.Resource]] = {}
         vm_at: dict[str, tuple[VirtualMachine, pulumi.Input[str]]] = {}
         for args, group in zip(bp.replicas, built, strict=True):

@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 
 from kimi_cluster.deploy.remote_step import remote_command_text
-from kimi_cluster.plan.step_scripts import render_node_scripts, render_step
+from kimi_cluster.plan.steps.clocks import deadline_s
+from kimi_cluster.plan.steps.render import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -99,7 +100,7 @@ def test_a_hung_step_is_stopped_on_the_node_at_its_own_deadline(node_factory):
     # pulumi-command would wait for a hung command forever; the node-side deadline ends it and says so.
     node = node_factory(hang="nvidia-smi")
     settings = make_settings(nodeRoot=str(node.root), stepDeadlineMinutes={"ready": 0.05})  # 3 s
-    deadline = FAST.deadline_s("ready", settings)
+    deadline = deadline_s("ready", FAST, settings)
     assert deadline == 3
     command = remote_command_text("ready", render_step(settings, "ready", 0, "10.0.0.5", "10.0.0.5", FAST),
                                   deadline_s=deadline)

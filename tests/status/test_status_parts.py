@@ -209,7 +209,7 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 def test_the_probe_knows_every_step_the_nodes_run():
     from kimi_cluster.node import node_status
     from kimi_cluster.node.weights import PROGRESS_FILE
-    from kimi_cluster.settings.steps import SUMMARIES
+    from kimi_cluster.plan.steps.table import SUMMARIES
 
     assert set(node_status.STEPS) == set(SUMMARIES)
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package

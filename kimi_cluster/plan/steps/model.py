@@ -40,6 +40,11 @@ class Place:
     front: bool = False
 
 
+def always(_settings: Settings, _place: Place) -> bool:
+    """The `when` of a step that every stack runs."""
+    return True
+
+
 @dataclass(frozen=True)
 class Wrap:
     """The one-step component a step's command sits in: its type, its name and the command's, as patterns over
@@ -80,7 +85,7 @@ class Step:
     deadline: Callable[[Timing, TimedSettings], int]
     where: str
     view: View
-    when: Callable[[Settings, Place], bool] = lambda _s, _p: True
+    when: Callable[[Settings, Place], bool] = always
     after: tuple[str, ...] = ()
     stdin: tuple[str, ...] = ()
     resource: str = "{vm}-{step}"

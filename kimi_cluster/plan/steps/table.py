@@ -24,6 +24,7 @@ from kimi_cluster.plan.steps.model import (
     VmPlan,
     VmSpot,
     Wrap,
+    always,
 )
 from kimi_cluster.settings.timing import PIP_BUDGET_S, TimedSettings
 
@@ -130,5 +131,6 @@ TABLE: tuple[Step, ...] = (
 BY_NAME = {step.name: step for step in TABLE}
 NAMES = tuple(BY_NAME)
 SUMMARIES = {step.name: step.summary for step in TABLE}
-# The steps every GPU node's chain runs, kernelCache and kernelWarmup on (for the docs and status).
+# The steps of every GPU node's chain: with kernelCache and kernelWarmup (CHAIN_STEPS), and in every stack (STEPS).
 CHAIN_STEPS = tuple(step.name for step in TABLE if step.where == NODE)
+STEPS = tuple(step.name for step in TABLE if step.where == NODE and step.when is always)
