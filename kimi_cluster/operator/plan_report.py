@@ -398,18 +398,21 @@ def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
         return f"<{vm_name}-private-ip>"
 
     peers = [ip(vm.name) for vm in gpu] if fan_out_size(settings) > 1 else None
-    heads = [ip(vm.name) for vm in gpu if vm.rank == 0]
+    # The front's upstreams reach its Caddyfile and the shell unquoted: names of letters, digits and dashes.
+    heads = [f"{vm.name}-private-ip" for vm in gpu if vm.rank == 0]
+    ids = " ".join(f"{vm.name}-id" for vm in gpu)  # the caretaker's: every GPU VM's id
     spots = {}
     for vm in vms:
         if vm.kind == "front":
             spots[vm.resource] = VmSpot(private_ip=ip(vm.name), public_ip="<front-public-ip>", tls=PLAN_TLS,
-                                        front_upstreams=heads)
+                                        front_upstreams=heads, gpu_vm_ids=ids)
             continue
         head = next(h for h in gpu if h.replica == vm.replica and h.rank == 0)
         holds = not settings.has_front and vm.replica == 0 and vm.rank == 0
         spots[vm.resource] = VmSpot(private_ip=ip(vm.name), head_private_ip=ip(head.name),
                                     public_ip="<head-public-ip>" if holds else f"<{vm.name}-public-ip>",
-                                    tls=PLAN_TLS if holds else None, peer_ips=peers)
+                                    tls=PLAN_TLS if holds else None, peer_ips=peers,
+                                    gpu_vm_ids=ids if holds else None)
     return spots
 
 
