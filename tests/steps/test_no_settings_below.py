@@ -48,7 +48,8 @@ def _holds_settings(value: Any, path: str, seen: set[int]) -> Iterator[str]:
 
 
 def _resource_classes() -> list[type]:
-    found, todo = [], [pulumi.Resource]
+    found: list[type] = []
+    todo: list[type] = [pulumi.Resource]
     while todo:
         cls = todo.pop()
         found.append(cls)
