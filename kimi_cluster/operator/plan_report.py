@@ -1,7 +1,7 @@
 """The plan as data and as text: what `pulumi up` would build for a stack, its sizing verdict and its cost.
 
 `build_plan` gathers it from the stack's settings (offline, unless a Hyperstack API key is set: then the cost comes
-from the live pricebook), `format_plan` prints it, `render_scripts` writes every node's rendered step scripts.
+from the live pricebook), `format_plan` prints it, `render_scripts` writes every VM's rendered step scripts.
 `kimi-cluster plan` is the command that shows it.
 """
 
