@@ -45,12 +45,6 @@ _TIMEOUTS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS
              "checkTimeoutS", "launchTimeoutS", "proxyTimeoutS")
 # The waits that re-check every fastPollSeconds: each needs room for two checks.
 _POLLED_WAITS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS")
-# The nodeTiming keys each step's default deadline is made of (Timing.deadline_s), for the message that bounds it.
-# What drives each step's default deadline, for kimi_cluster/plan/admission.py's refusal.
-DRIVES = {"ready": "cloudInitTimeoutS, gpuTimeoutS", "storage": "storageTimeoutS, dockerTimeoutS",
-           "image": "pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)", "check": "checkTimeoutS",
-           "launch": "launchTimeoutS, settleSeconds", "proxy": "proxyTimeoutS, proxySettleSeconds",
-           "front-ready": "cloudInitTimeoutS, dockerTimeoutS"}
 _EXAMPLE = '\'{"settleSeconds": 1, "pollSeconds": 5}\''
 
 

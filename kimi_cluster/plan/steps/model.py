@@ -94,6 +94,7 @@ class Step:
     names_vm: bool = True  # the command text names the VM's id: a re-created VM runs it again
     suffix: Callable[[Settings], str] | None = None  # appended to the script (e.g. an identity that re-runs it)
     template: str = ""  # default: <name>.sh.j2
+    timing_keys: str = ""  # the nodeTiming keys its default deadline is made of (admission bounds them to a week)
 
     @property
     def template_name(self) -> str:

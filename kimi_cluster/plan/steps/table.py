@@ -52,19 +52,20 @@ def _cache_minutes(settings: TimedSettings, restoring: bool) -> int:
 TABLE: tuple[Step, ...] = (
     Step("ready", "wait for SSH and cloud-init, count the GPUs, find the private interface", v.ready_values,
          lambda t, _s: t.cloud_init_timeout_s + t.gpu_timeout_s + t.deadline_slack_s, NODE, CHAIN,
-         after=("@rules",)),
+         after=("@rules",), timing_keys="cloudInitTimeoutS, gpuTimeoutS"),
     Step("storage", "put the Hugging Face cache and docker's data-root on the storage disk; refuse if it is too "
                     "small", v.storage_values,
-         lambda t, _s: t.storage_timeout_s + t.docker_timeout_s, NODE, CHAIN, after=("ready",)),
+         lambda t, _s: t.storage_timeout_s + t.docker_timeout_s, NODE, CHAIN, after=("ready",),
+         timing_keys="storageTimeoutS, dockerTimeoutS"),
     Step("image", "pull the pinned engine image, with bounded retries", v.image_values,
          lambda t, _s: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts) + t.deadline_slack_s,
-         NODE, CHAIN, after=("storage",)),
+         NODE, CHAIN, after=("storage",), timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)"),
     # The pull and the download both need the storage disk, not each other: they run side by side. The download
     # reads the hub token, then (when the nodes share it) the peer token; it also installs huggingface_hub.
     Step("weights", "download the pinned checkpoint (this node's share from the hub, the rest from its peers), "
                     "hashed as it streams, in a systemd unit that survives a dropped SSH session, and follow it",
          v.weights_values, lambda t, s: t.download_s(s) + 6 * t.deadline_slack_s, NODE, CHAIN,
-         after=("storage",), stdin=("hf_token", "peer_token")),
+         after=("storage",), stdin=("hf_token", "peer_token"), timing_keys="deadlineSlackS"),
     # Beside the pull and the download; it never fails (its transfer deadline, kernelCache.*TimeoutMinutes, ends it
     # first with a warning, so this one must outlast it), so the launch only ever waits for it.
     Step("cache-restore", "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
@@ -79,20 +80,22 @@ TABLE: tuple[Step, ...] = (
          CHAIN, when=lambda s, _p: s.kernel_warmup, after=("image", "cache-restore")),
     Step("check", "compare the local snapshot and its recorded hashes with the hub's manifest for the pinned "
                   "revision", v.check_values, lambda t, _s: t.check_timeout_s, NODE, CHAIN,
-         after=("weights",), stdin=("hf_token",)),
+         after=("weights",), stdin=("hf_token",), timing_keys="checkTimeoutS"),
     # The engine gets no key. Rank 0 starts first (after the previous replica serves: a rolling restart); the others
     # join its rendezvous.
     Step("launch", "start the engine container for this rank", v.launch_values,
          lambda t, _s: t.launch_timeout_s + round(t.settle_seconds), NODE, CHAIN,
-         after=("check", "image", "cache-restore", "warmup", "launch@head", "engine-ready@previous-replica")),
+         after=("check", "image", "cache-restore", "warmup", "launch@head", "engine-ready@previous-replica"),
+         timing_keys="launchTimeoutS, settleSeconds"),
     Step("front-ready", "wait for cloud-init and Docker on the front", v.front_ready_values,
          lambda t, _s: t.cloud_init_timeout_s + t.docker_timeout_s + t.deadline_slack_s, FRONT, CHAIN,
-         after=("@rules",)),
+         after=("@rules",), timing_keys="cloudInitTimeoutS, dockerTimeoutS"),
     # On the endpoint's VM. It needs only its image (on the head) and runs, answering 502 for anything but 401s,
     # while the weights arrive; the front's may start at once.
     Step("proxy", "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
          v.proxy_values, lambda t, _s: t.proxy_timeout_s + round(t.proxy_settle_seconds), ENDPOINT, CHAIN,
-         after=("image", "front-ready"), stdin=("api_key", "tls_private_key")),
+         after=("image", "front-ready"), stdin=("api_key", "tls_private_key"),
+         timing_keys="proxyTimeoutS, proxySettleSeconds"),
     # The head answers only once every rank has joined the rendezvous: it waits on every launch and the proxy (the
     # front: its proxy and every replica's engine-ready). Its text carries every launch's fingerprint.
     Step("readiness", "wait until the head serves the model on /v1/models through the proxy over TLS with the key, "
@@ -102,7 +105,7 @@ TABLE: tuple[Step, ...] = (
              public_ip=s.public_ip, tls=s.tls or PLAN_TLS, front_upstreams=s.front_upstreams)),
          after=("launch@every-node", "proxy", "engine-ready@every-replica"), stdin=("api_key",),
          parent={"node": "cluster", "front": "vm"}, wrap=Wrap(READINESS_TYPE, "{group}-ready", "{group}-ready-wait"),
-         names_vm=False),
+         names_vm=False, timing_keys="deadlineSlackS"),
     # replicas >= 2 (kimi_cluster/deploy/front.py): each replica's head answers the front, the front holds the
     # endpoint; the next replica's launch waits for this one.
     Step("engine-ready", "wait until this replica's engine serves the model on its private address, where the "
