@@ -1,8 +1,9 @@
-"""Step rendering (pure): the script each bring-up step runs on a node, from kimi_cluster/plan/templates/<step>.sh.j2.
+"""The steps' value builders (pure): what each step's template (kimi_cluster/plan/templates/<step>.sh.j2) gets.
 
-`render_step` looks the step up in `VALUE_BUILDERS`, one function per step that says which values its template
-gets, and adds the values every step shares. What differs between nodes (addresses, peers, the TLS certificate)
-travels in one `NodeSpot`; nothing here makes a Pulumi resource, and no secret is ever a template value.
+Each builder is named by its step's entry in the step table (kimi_cluster/plan/steps/table.py), and
+kimi_cluster/plan/steps/render.py adds the values every step shares (`common_values`). What differs between nodes
+(addresses, peers, the TLS certificate) travels in one `NodeSpot`, built by keyword; nothing here makes a Pulumi
+resource, and no secret is ever a template value.
 """
 
 from __future__ import annotations
