@@ -7,6 +7,7 @@ placeholder spots (kimi_cluster/operator/plan_report.py). So both write the same
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from kimi_cluster.plan.render import render
@@ -70,7 +71,7 @@ def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_pri
 
     vm = next(v for v in resolve_vms(settings, "kimi") if v.replica == replica and v.rank == rank)
     if peer_rank is not None:
-        vm = VmPlan(vm.resource, vm.name, vm.kind, vm.replica, vm.rank, peer_rank, vm.component, vm.steps)
+        vm = dataclasses.replace(vm, peer_rank=peer_rank)
     spot = VmSpot(private_ip=private_ip, head_private_ip=head_private_ip, public_ip=public_ip,
                   tls=tls if rank == 0 and replica == 0 and not settings.has_front else None, peer_ips=peer_ips)
     if timing is None:
