@@ -73,6 +73,9 @@ class Res:
     secret_outputs: list[str]
     timeouts: dict[str, str]
     inputs: dict[str, Any] = field(default_factory=dict)
+    urn: str = ""  # the full URN the engine would give it (parent types, type, name)
+    parent_urn: str = ""
+    dep_urns: list[str] = field(default_factory=list)
 
     def plain(self) -> Any:
         """The inputs with every secret replaced by a marker: what would be readable in state."""
@@ -130,8 +133,14 @@ class _Monitor(pulumi_mocks.MockMonitor):
             parent=short(request.parent), deps=[short(d) for d in request.dependencies],
             secret_outputs=list(request.additionalSecretOutputs),
             timeouts={"create": t.create, "update": t.update} if t else {},
+            parent_urn=request.parent, dep_urns=list(request.dependencies),
         )
-        return super().RegisterResource(request)
+        response = super().RegisterResource(request)
+        for res in self.recording.resources[::-1]:  # new_resource has just recorded it (the last of its name)
+            if res.name == request.name and res.typ == request.type and not res.urn:
+                res.urn = response.urn
+                break
+        return response
 
 
 class _Mocks(pulumi.runtime.Mocks):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import front_config, step_scripts
+from kimi_cluster.plan import front_config
 from kimi_cluster.plan.step_scripts import PLAN_TLS
+from kimi_cluster.plan.steps import render as steps_render
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.pulumi_harness import dumps, run_program
@@ -186,7 +187,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
     assert '"active"' in routes and '"passive"' in routes
     assert "warn" not in done.stderr.lower(), done.stderr
     # The step renders it into the same proxy.sh as a head's.
-    assert "Caddyfile" in step_scripts.render_front_step(settings, "proxy", ["10.0.0.10", "10.0.1.10"], PLAN_TLS)
+    assert "Caddyfile" in steps_render.render_front_step(settings, "proxy", ["10.0.0.10", "10.0.1.10"], PLAN_TLS)
 
 
 def test_the_plan_shows_the_front_its_rules_and_the_whole_cost():

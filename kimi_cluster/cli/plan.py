@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="read Pulumi.<stack>.yaml from the current directory, the Pulumi project (default: dev)")
     src.add_argument("--config", help="read this stack config file instead")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
-    ap.add_argument("--render-dir", help="also write every node's rendered scripts here (secrets are never rendered)")
+    ap.add_argument("--render-dir", help="also write every VM's rendered scripts here, one folder per VM (each node of "
+                    "each replica, and the front), as `pulumi up` runs them; secrets are never rendered")
     args = ap.parse_args(argv)
 
     path = args.config or os.path.join(os.getcwd(), f"Pulumi.{args.stack}.yaml")

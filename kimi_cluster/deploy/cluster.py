@@ -12,15 +12,19 @@ from typing import Any, cast
 
 import pulumi
 
-from kimi_cluster.deploy import caretaker, front, replicas, tls
+from kimi_cluster.deploy import front, replicas, tls
+from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.generated_secret import GeneratedSecret
 from kimi_cluster.deploy.hyperstack.placement import Placement
-from kimi_cluster.deploy.hyperstack.resources import Environment
-from kimi_cluster.deploy.node_chain import EndpointKeys, NodeSecrets
+from kimi_cluster.deploy.hyperstack.resources import Environment, VirtualMachine
+from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE, EndpointKeys
+from kimi_cluster.deploy.remote_step import node_connection
 from kimi_cluster.deploy.vm import vm_place, vm_with_host_key
 from kimi_cluster.plan.blueprint import blueprint
 from kimi_cluster.plan.pricing import Quote
-from kimi_cluster.plan.step_scripts import NodeSpot
+from kimi_cluster.plan.steps.model import FRONT, VmPlan, VmSpot
+from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.table import BY_NAME
 from kimi_cluster.settings import Settings
 
 
@@ -75,40 +79,60 @@ class InferenceCluster(pulumi.ComponentResource):
             self, name, own_chain=t.own_chain, own_key=tls_private_key, ca_name=t.ca_name, dns_names=t.dns_names,
             public_ip=door_public_ip, key_setting=t.key_setting, cert_setting=t.cert_setting)
         endpoint = EndpointKeys(api_key_value, chain, ca_pem, tls_key)
-        secrets = NodeSecrets(ssh_private_key, hf_token, kernel_cache_credentials)
         fan_out_ips = [vm.private_ip for vms, _ in groups for vm in vms]
-        built: list[replicas.Replica] = []
-        for args, (vms, host_keys) in zip(bp.replicas, groups, strict=True):
-            # Rolling (replicas >= 2): a replica launches once the one before it serves.
-            built.append(replicas.build_replica(
-                self, args, vms=vms, host_keys=host_keys, secrets=secrets,
-                endpoint=None if door is not None else endpoint,
-                front_private_ip=door_vm.private_ip if door is not None else None, peer_token=peer_token,
-                after=[built[-1].ready] if built and built[-1].ready is not None else [], fan_out_ips=fan_out_ips))
+        built = [replicas.replica_rules(self, args, vms=vms, host_keys=host_keys, fan_out_ips=fan_out_ips,
+                                        front_private_ip=door_vm.private_ip if door is not None else None)
+                 for args, (vms, host_keys) in zip(bp.replicas, groups, strict=True)]
 
-        if door is not None and bp.front is not None:
-            the_front = front.Front(
-                f"{name}-front", args=bp.front, vm=door[0], host_key=door[1], ssh_private_key=ssh_private_key,
-                endpoint=endpoint, head_private_ips=[g.head_private_ip for g in built],
-                wait_for=[g.ready for g in built if g.ready is not None], opts=child)
-            ready, door_key = the_front.ready, door[1]
-            door_proxy: pulumi.Resource | None = the_front.proxy
-        else:
-            assert built[0].endpoint_ready is not None  # one replica: its head holds the endpoint
-            ready, door_proxy, door_key = built[0].endpoint_ready, built[0].nodes[0].proxy, built[0].host_keys[0]
-        if bp.caretaker is not None and caretaker_api_key is not None and door_proxy is not None:
-            # Once the endpoint is ready (a rolling bring-up of replicas is no idleness); named after every GPU VM, it
-            # arms again after an up that re-created one. (The 503 of a stop on the front goes before the readiness
-            # wait: the running caretaker takes it away when it sees the GPU VMs back.)
-            care = bp.caretaker
-            ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
-                # A number may come back from the state as a float (1000.0): the id is its whole part.
-                lambda a: " ".join(str(int(i)) if isinstance(i, float) else str(i) for i in a))
-            caretaker.caretaker_step(
-                self, name, render=ids.apply(lambda i: care.render(NodeSpot(identity=i))),
-                deadline_s=care.clock.deadline_s, timeout=care.clock.timeout, public_ip=door_public_ip,
-                ssh_user=care.ssh_user, ssh_private_key=ssh_private_key, host_key=door_key,
-                api_key=caretaker_api_key, vm_id=door_vm.vm_id, depends_on=[door_proxy, ready.command])
+        # Each VM's own component (a GPU node's chain, the front) and what its first step waits on: its rules.
+        homes: dict[str, pulumi.ComponentResource] = {}
+        made: dict[str, list[pulumi.Resource]] = {}
+        vm_at: dict[str, tuple[VirtualMachine, pulumi.Input[str]]] = {}
+        for args, group in zip(bp.replicas, built, strict=True):
+            for rank, vm in enumerate(group.vms):
+                res = args.vms[rank].resource_name
+                # SSH must be allowed in before the first command dials.
+                homes[res] = StepGroup(GPU_NODE_TYPE, res, pulumi.ResourceOptions(parent=self,
+                                                                                    depends_on=group.rules[rank]))
+                made[f"{res}/rules"] = list(group.rules[rank])
+                vm_at[res] = (vm, group.host_keys[rank])
+        if door is not None and bp.front_vm is not None:
+            res = bp.front_vm.resource_name
+            homes[res], front_rules = front.front_group(self, res, vm=door[0], rules=bp.front_rules)
+            made[f"{res}/rules"] = list(front_rules)
+            vm_at[res] = door
+
+        # Where each VM stands once its addresses are known; the scripts are rendered from that alone.
+        public_tls = endpoint.public_tls()
+        head_ips = [g.head_private_ip for g in built]
+        gpu_vm_ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
+            # A number may come back from the state as a float (1000.0): the id is its whole part.
+            lambda a: " ".join(str(int(i)) if isinstance(i, float) else str(i) for i in a))
+        sharing = bp.fan_out > 1 and peer_token is not None
+        peers = pulumi.Output.all(*fan_out_ips).apply(lambda a: list(a) if sharing else None)
+        scripts: dict[str, pulumi.Output[str]] = {}
+        for plan in bp.vm_plans:
+            vm = vm_at[plan.resource][0]
+            if plan.kind == FRONT:
+                known = {"private_ip": vm.private_ip, "public_ip": vm.public_ip, "tls": public_tls,
+                         "gpu_vm_ids": gpu_vm_ids, "front_upstreams": pulumi.Output.all(*head_ips).apply(list)}
+            else:
+                known = {"private_ip": vm.private_ip, "head_private_ip": built[plan.replica].head_private_ip,
+                         "public_ip": vm.public_ip, "peer_ips": peers}
+                if door is None and plan.replica == 0 and plan.rank == 0:  # it holds the endpoint
+                    known.update(tls=public_tls, gpu_vm_ids=gpu_vm_ids)
+            for step in plan.steps:
+                scripts[step.resource] = self._script(settings, plan, step.step, known)
+        steps = Chain(self, groups=homes, made=made)
+        steps.build(
+            bp.vm_plans, scripts=scripts, vm_ids={r: vm.vm_id for r, (vm, _) in vm_at.items()},
+            connections={r: node_connection(cast(pulumi.Output[str], vm.public_ip), bp.ssh_user, ssh_private_key,
+                                            key) for r, (vm, key) in vm_at.items()},
+            secrets={"hf_token": hf_token, "peer_token": peer_token, "kernel_cache_credentials":
+                     kernel_cache_credentials, "api_key": api_key_value, "tls_private_key": tls_key,
+                     "caretaker_api_key": caretaker_api_key})
+        steps.register_outputs()
+        ready = steps.commands[next(s.resource for p in bp.vm_plans for s in p.steps if s.step == "readiness")]
 
         # The stack outputs: a contract, added to and never renamed. The endpoint is derived from the readiness
         # result, so a failed wait never exports an endpoint as if it served; clients dial apiHostname when it is set
@@ -141,3 +165,10 @@ class InferenceCluster(pulumi.ComponentResource):
                 "replica_head_private_ips": pulumi.Output.all(*[g.head_private_ip for g in built]),
             })
         self.register_outputs(self.outputs)
+
+    @staticmethod
+    def _script(settings: Settings, plan: VmPlan, step: str, known: dict[str, Any]) -> pulumi.Output[str]:
+        """One step's script, once what it reads of its VM's spot is known (and waiting on nothing else)."""
+        reads = [f for f in BY_NAME[step].view.reads if f in known]
+        return pulumi.Output.all(*[known[f] for f in reads]).apply(lambda a: render_vm_scripts(
+            settings, plan, VmSpot(**dict(zip(reads, a, strict=True))), steps=(step,))[step])

@@ -13,7 +13,7 @@ from typing import Any
 import pulumi
 from pulumi_command import remote
 
-from kimi_cluster.settings.steps import SUMMARIES
+from kimi_cluster.plan.steps.table import SUMMARIES
 
 SCRIPT_DIR = "~/.kimi-cluster"  # each step's script stays on the node, for reading and re-running by hand
 

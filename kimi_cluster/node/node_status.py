@@ -24,9 +24,6 @@ import sys
 import time
 from typing import Any
 
-# Every step kimi_cluster/plan/step_scripts.py renders (its SUMMARIES; a test keeps the two in step).
-STEPS = ("ready", "storage", "image", "cache-restore", "warmup", "weights", "check", "launch", "proxy", "readiness",
-         "cache-save", "engine-ready", "front-ready", "caretaker")
 PROGRESS_FILE = "kimi/progress/weights.json"  # kimi_cluster/node/weights.py PROGRESS_FILE (this file runs without it)
 CONTAINER = "kimi-engine"
 PROXY_CONTAINER = "kimi-proxy"  # kimi_cluster/plan/proxy.py CONTAINER_NAME
@@ -46,9 +43,9 @@ def _as_root(argv: list[str]) -> list[str]:
     return argv if os.geteuid() == 0 else ["sudo", "-n", *argv]
 
 
-def running_scripts(script_dir: str) -> set[str]:
+def running_scripts(script_dir: str, names: list[str]) -> set[str]:
     """Steps whose kept script a process is executing now (its path on a command line)."""
-    wanted = {os.path.join(script_dir, f"{step}.sh"): step for step in STEPS}
+    wanted = {os.path.join(script_dir, f"{step}.sh"): step for step in names}
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -64,10 +61,11 @@ def running_scripts(script_dir: str) -> set[str]:
     return found
 
 
-def steps(script_dir: str) -> list[dict[str, Any]]:
-    running = running_scripts(script_dir)
+def steps(script_dir: str, names: list[str]) -> list[dict[str, Any]]:
+    """The kept script of each of `names` (the step table's, in its order: the operator passes them) found here."""
+    running = running_scripts(script_dir, names)
     out = []
-    for step in STEPS:
+    for step in names:
         path = os.path.join(script_dir, f"{step}.sh")
         if os.path.exists(path):
             out.append({"step": step, "started_at": os.path.getmtime(path), "running": step in running})
@@ -145,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage-path", default="/ephemeral")
     ap.add_argument("--repo-folder", required=True)
     ap.add_argument("--bytes-total", type=int, default=0)
+    ap.add_argument("--steps", default="", help="the step names, comma-separated, in order (the step table's)")
     args = ap.parse_args(argv)
     root = os.path.realpath(args.node_root).rstrip("/")
     storage = root + args.storage_path
     script_dir = os.path.expanduser("~/.kimi-cluster")
     report = {
         "at": time.time(),
-        "steps": steps(script_dir),
+        "steps": steps(script_dir, [n for n in args.steps.split(",") if n]),
         "weights": weights(storage, args.repo_folder, args.bytes_total),
         "weights_unit": unit_state(WEIGHTS_UNIT),
         "weights_log": last_line(os.path.join(root, "var/log/kimi-cluster/weights.log")),

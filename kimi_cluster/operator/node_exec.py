@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Protocol
 
 from kimi_cluster.operator.stack_state import Connection
+from kimi_cluster.plan.steps.table import NAMES
 
 
 class NodeRunner(Protocol):
@@ -131,6 +132,7 @@ class SshRunner:
 
 
 def probe_command(node_root: str, storage_path: str, repo_folder: str, bytes_total: int) -> str:
-    """The shell text that runs kimi_cluster/node/node_status.py (sent on stdin) on a node."""
+    """The shell text that runs kimi_cluster/node/node_status.py (sent on stdin) on a node; it looks for the step
+    table's steps (kimi_cluster/plan/steps/table.py), in its order."""
     return shlex.join(["python3", "-", "--node-root", node_root, "--storage-path", storage_path,
-                       "--repo-folder", repo_folder, "--bytes-total", str(bytes_total)])
+                       "--repo-folder", repo_folder, "--bytes-total", str(bytes_total), "--steps", ",".join(NAMES)])

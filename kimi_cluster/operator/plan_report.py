@@ -1,7 +1,7 @@
 """The plan as data and as text: what `pulumi up` would build for a stack, its sizing verdict and its cost.
 
 `build_plan` gathers it from the stack's settings (offline, unless a Hyperstack API key is set: then the cost comes
-from the live pricebook), `format_plan` prints it, `render_scripts` writes every node's rendered step scripts.
+from the live pricebook), `format_plan` prints it, `render_scripts` writes every VM's rendered step scripts.
 `kimi-cluster plan` is the command that shows it.
 """
 
@@ -15,7 +15,10 @@ from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from kimi_cluster.operator.caretaker_report import format_guards, guards
 from kimi_cluster.plan.firewall import node_rules
 from kimi_cluster.plan.pricing import Quote, break_even, catalog_quote, quote
-from kimi_cluster.plan.step_scripts import running_steps
+from kimi_cluster.plan.steps.clocks import deadline_s
+from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.plan.steps.resolve import resolve_vms
+from kimi_cluster.plan.steps.table import NAMES
 from kimi_cluster.settings import SECRET_KEYS, Settings, catalog, sizing
 from kimi_cluster.settings.loader import placeholders
 
@@ -108,7 +111,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "engine_layout": _layouts(settings),
         "download_minutes_per_node": [dl_low, dl_high],
         # Each node step's deadline, enforced on the node (kimi_cluster.deploy.remote_step.remote_command_text).
-        "step_deadline_minutes": {step: round(settings.timing.deadline_s(step, settings) / 60, 1)
+        "step_deadline_minutes": {step: round(deadline_s(step, settings.timing, settings) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
         "time_to_endpoint": _bringup(settings),
@@ -377,17 +380,55 @@ def format_plan(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_scripts(settings: Settings, out_dir: str) -> list[str]:
-    """Write each node's scripts with placeholder addresses; secrets arrive on stdin, so none are in them."""
-    from kimi_cluster.plan.step_scripts import render_node_scripts
+def running_steps(settings: Settings) -> tuple[str, ...]:
+    """Every step that runs on some VM of this stack, in the step table's order."""
+    on = {s.step for vm in resolve_vms(settings, "kimi") for s in vm.steps}
+    return tuple(step for step in NAMES if step in on)
 
+
+def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
+    """What the offline plan shows for what only deploy time knows: each VM's addresses by name, the certificate's
+    stand-in on the VM that holds the endpoint, every GPU node as a peer when the nodes share the download."""
+    from kimi_cluster.plan.step_scripts import PLAN_TLS, fan_out_size
+
+    vms = resolve_vms(settings, "kimi")
+    gpu = [vm for vm in vms if vm.kind != "front"]
+
+    def ip(vm_name: str) -> str:
+        return f"<{vm_name}-private-ip>"
+
+    peers = [ip(vm.name) for vm in gpu] if fan_out_size(settings) > 1 else None
+    # The front's upstreams reach its Caddyfile and the shell unquoted: names of letters, digits and dashes.
+    heads = [f"{vm.name}-private-ip" for vm in gpu if vm.rank == 0]
+    ids = " ".join(f"{vm.name}-id" for vm in gpu)  # the caretaker's: every GPU VM's id
+    spots = {}
+    for vm in vms:
+        if vm.kind == "front":
+            spots[vm.resource] = VmSpot(private_ip=ip(vm.name), public_ip="<front-public-ip>", tls=PLAN_TLS,
+                                        front_upstreams=heads, gpu_vm_ids=ids)
+            continue
+        head = next(h for h in gpu if h.replica == vm.replica and h.rank == 0)
+        holds = not settings.has_front and vm.replica == 0 and vm.rank == 0
+        spots[vm.resource] = VmSpot(private_ip=ip(vm.name), head_private_ip=ip(head.name),
+                                    public_ip="<head-public-ip>" if holds else f"<{vm.name}-public-ip>",
+                                    tls=PLAN_TLS if holds else None, peer_ips=peers,
+                                    gpu_vm_ids=ids if holds else None)
+    return spots
+
+
+def render_scripts(settings: Settings, out_dir: str, spots: dict[str, VmSpot] | None = None) -> list[str]:
+    """Write every VM's scripts (each node of each replica, and the front), one folder per VM by its name, with
+    `spots` (default: placeholder_spots); secrets arrive on stdin, so none are in them. These are the scripts the
+    program runs for the same spots: both render with kimi_cluster/plan/steps/render.py `render_vm_scripts`."""
+    from kimi_cluster.plan.steps.render import render_vm_scripts
+
+    spots = placeholder_spots(settings) if spots is None else spots
     written = []
-    for rank in range(settings.nodes):
-        scripts = render_node_scripts(settings, rank, _head_ip_placeholder(rank), _head_ip_placeholder(0))
-        node_dir = os.path.join(out_dir, settings.node_name(rank))
-        os.makedirs(node_dir, exist_ok=True)
-        for step, text in scripts.items():
-            path = os.path.join(node_dir, f"{step}.sh")
+    for vm in resolve_vms(settings, "kimi"):
+        vm_dir = os.path.join(out_dir, vm.name)
+        os.makedirs(vm_dir, exist_ok=True)
+        for step, text in render_vm_scripts(settings, vm, spots[vm.resource]).items():
+            path = os.path.join(vm_dir, f"{step}.sh")
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
             written.append(path)

@@ -1,75 +1,27 @@
-"""The stack's blueprint: worked out once from the settings, what every VM, node chain and wait of the stack gets.
+"""The stack's blueprint: worked out once from the settings, what every VM, rule and step of the stack gets.
 
-InferenceCluster reads its settings here and nowhere else. Each component then gets its own small arguments (as
-pulumi/examples' SpokeVpcArgs do): a GPU node its `ChainArgs`, a wait on one VM its `WaitArgs`, the front its
-`FrontArgs`, a replica its `ReplicaArgs`. Timing travels inside them, as each step's `Clock`, and the scripts as
-renderers that take only what is known at deploy time (a node's addresses, the certificate), as a `NodeSpot`.
+Plain data, no Settings and no closure over them: the VMs, each rank's rules (`NodeRules`, filled in with the
+addresses at deploy time), the outputs, and every VM's resolved steps (`VmPlan`, from the one step table,
+kimi_cluster/plan/steps/). The scripts' text depends on deploy-time values (addresses, peers, the certificate, VM
+ids): InferenceCluster renders them with kimi_cluster/plan/steps/render.py `render_vm_scripts` once those are known.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from kimi_cluster.plan import firewall, proxy
+from kimi_cluster.plan import firewall
 from kimi_cluster.plan.caretaker import guard_outputs
 from kimi_cluster.plan.client_configs import build_client_configs
-from kimi_cluster.plan.firewall import RuleSpec
+from kimi_cluster.plan.firewall import NodeRules, RuleSpec
 from kimi_cluster.plan.pricing import Quote, catalog_quote
-from kimi_cluster.plan.step_scripts import (
-    NodeSpot,
-    ProxyTls,
-    cache_save_script,
-    fan_out_size,
-    front_identity,
-    render_front_step,
-    render_spot_step,
-    serves_api,
-    spot_scripts,
-)
+from kimi_cluster.plan.step_scripts import fan_out_size
+from kimi_cluster.plan.steps.model import VmPlan
+from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings import NAMESPACE, Settings, tls_check
-from kimi_cluster.settings.steps import ALL_STEPS
-
-
-@dataclass(frozen=True)
-class Clock:
-    """A step's deadline on the node, and the custom timeout that bounds its SSH dial (kimi_cluster/settings/
-    timing.py)."""
-
-    deadline_s: int
-    timeout: str
-
-
-@dataclass(frozen=True)
-class ChainArgs:
-    """One GPU node's bring-up chain: its rank, its steps' clocks, and its scripts rendered from where it stands.
-
-    `fan_out` nodes share one weight download (the node shares when it gets that many peer addresses and the peer
-    token); `peer_rank` is its place among them. `serves_api`: it runs the endpoint's TLS proxy (one replica's head).
-    """
-
-    rank: int
-    ssh_user: str
-    clocks: Mapping[str, Clock]
-    serves_api: bool
-    kernel_cache: bool
-    warmup: bool
-    fan_out: int
-    peer_rank: int | None
-    render: Callable[[NodeSpot], dict[str, str]]
-
-
-@dataclass(frozen=True)
-class WaitArgs:
-    """One step run once on one VM: the readiness wait, a replica's engine-ready wait, the kernel-cache save."""
-
-    step: str
-    ssh_user: str
-    clock: Clock
-    render: Callable[[NodeSpot], str]
-    container: str | None = None  # the container whose log a failed wait prints (None: the engine's)
 
 
 @dataclass(frozen=True)
@@ -84,32 +36,13 @@ class VmArgs:
 
 
 @dataclass(frozen=True)
-class FrontArgs:
-    """The front (replicas >= 2): its rules, its two steps and the readiness wait through it."""
-
-    ssh_user: str
-    rules: list[RuleSpec]
-    clocks: Mapping[str, Clock]
-    render: Callable[[str, Sequence[str], ProxyTls], str]  # (step, the replicas' head addresses, tls) -> script
-    identity: Callable[[Sequence[str]], str]  # the readiness wait's, from the replicas' head addresses
-    wait: WaitArgs
-
-
-@dataclass(frozen=True)
 class ReplicaArgs:
-    """One replica (engine group): its VMs, each node's chain, its rules and (behind a front) its engine-ready wait.
-
-    `rules(rank, peer_ips, front_private_ip, other_replicas_ips)`: the rank's ingress rules.
-    """
+    """One replica (engine group): its VMs and each rank's rules (filled in with the addresses at deploy time)."""
 
     index: int
     prefix: str
     vms: list[VmArgs]
-    chains: list[ChainArgs]
-    rules: Callable[[int, list[Any], Any, list[Any]], list[RuleSpec]]
-    engine_ready: WaitArgs | None  # behind a front: the head's engine answers the front
-    endpoint_wait: WaitArgs | None = None  # one replica: its head holds the endpoint, and waits on it
-    cache_save: WaitArgs | None = None  # replica 0 with kimi-cluster:kernelCache: its head saves the kernels
+    rules: list[NodeRules]
 
 
 @dataclass(frozen=True)
@@ -136,7 +69,7 @@ class OutputArgs:
 
 @dataclass(frozen=True)
 class Blueprint:
-    """Everything the cluster component makes, as plain values and renderers: no Pulumi resource is made here."""
+    """Everything the cluster component makes, as plain values: no Pulumi resource is made here."""
 
     placement: dict[str, Any]
     env_name: str
@@ -147,21 +80,18 @@ class Blueprint:
     replicas: list[ReplicaArgs]
     fan_out: int
     front_vm: VmArgs | None
-    front: FrontArgs | None
+    front_rules: list[RuleSpec]
     outputs: OutputArgs
-    caretaker: WaitArgs | None = None  # idleStopMinutes or budgetUsd: the caretaker step on the endpoint's VM
+    ssh_user: str
+    vm_plans: tuple[VmPlan, ...]  # every VM's steps: each node of each replica, then the front
 
 
 def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blueprint:
     """The whole stack's blueprint; `name` prefixes every resource name.
 
-    Read top to bottom, the settings pass each module once: the clocks (timing), the cost (pricing), the client
-    configs, the certificate, the rules (firewall), then the scripts (step_scripts), whose renderers are bound here
-    and called by the components once the addresses are known.
+    Read top to bottom, the settings pass each module once: the cost (pricing), the client configs, the
+    certificate, the rules (firewall), then the step table (steps.resolve), with each step's clock.
     """
-    timing = settings.timing  # kimi-cluster:nodeTiming, else Timing()'s defaults
-    times = {step: Clock(timing.deadline_s(step, settings), timing.custom_timeout(step, settings))
-             for step in ALL_STEPS}
     quote = quote or catalog_quote(settings)
     fixed = {
         "served_model_name": settings.served_name,
@@ -186,7 +116,6 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
     own_chain = tls_check.split_chain(settings.tls_certificate) if settings.tls_certificate is not None else None
     front_rules = firewall.operator_rules(settings, 0) if settings.has_front else []
     fan_out = fan_out_size(settings)
-    ssh_user = settings.ssh_user
     labels = ["kimi-cluster", f"stack-{settings.stack}"]
 
     replicas = []
@@ -199,50 +128,26 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
                         [*labels, "role-head" if rank == 0 else "role-worker", f"rank-{rank}",
                          *([f"replica-{replica}"] if settings.has_front else [])])
                  for rank in range(settings.nodes)],
-            chains=[ChainArgs(rank=rank, ssh_user=ssh_user, clocks=times, serves_api=serves_api(settings, rank),
-                              kernel_cache=settings.kernel_cache is not None, warmup=settings.kernel_warmup,
-                              fan_out=fan_out,
-                              # Behind a front the fan-out spans every replica: a node's place in it is not its rank.
-                              peer_rank=replica * settings.nodes + rank if settings.has_front else None,
-                              render=partial(spot_scripts, settings, timing=timing))
-                    for rank in range(settings.nodes)],
-            rules=partial(firewall.gpu_node_rules, settings, replica),
-            engine_ready=WaitArgs("engine-ready", ssh_user, times["engine-ready"],
-                                  partial(render_spot_step, settings, "engine-ready", timing=timing))
-            if settings.has_front else None,
-            endpoint_wait=WaitArgs("readiness", ssh_user, times["readiness"],
-                                   partial(render_spot_step, settings, "readiness", timing=timing))
-            if replica == 0 and not settings.has_front else None,
-            # Every replica compiles the same kernels for the same key: replica 0's head saves them.
-            cache_save=WaitArgs("cache-save", ssh_user, times["cache-save"],
-                                partial(cache_save_script, settings, timing=timing))
-            if replica == 0 and settings.kernel_cache is not None else None))
+            rules=[firewall.gpu_node_rules(settings, replica, rank) for rank in range(settings.nodes)]))
 
-    front_vm = front = None
+    front_vm = None
     placement: dict[str, Any] = {"regions": settings.region_choices, "flavor_name": settings.flavor_name,
                                  "count": settings.nodes * settings.replicas, "environment_name": settings.env_name}
     if settings.has_front:
         placement["front_flavor_name"] = settings.front_flavor
         front_vm = VmArgs(f"{name}-front", settings.front_name, settings.front_flavor, settings.front_vm_image,
                           [*labels, "role-front"])
-        front = FrontArgs(ssh_user, front_rules, times, partial(render_front_step, settings, timing=timing),
-                          partial(front_identity, settings),
-                          WaitArgs("readiness", ssh_user, times["readiness"],
-                                   partial(render_spot_step, settings, "readiness", timing=timing),
-                                   container=proxy.CONTAINER_NAME))
     return Blueprint(
         placement=placement, env_name=settings.env_name, keypair_name=settings.keypair_name,
         ssh_public_key=settings.ssh_public_key, api_key_version=settings.api_key_version,
         tls=TlsArgs(own_chain, f"kimi-cluster {settings.stack} CA",
                     [settings.api_hostname] if settings.api_hostname else [],
                     f"{NAMESPACE}:tlsPrivateKey", f"{NAMESPACE}:tlsCertificate"),
-        replicas=replicas, fan_out=fan_out, front_vm=front_vm, front=front,
+        replicas=replicas, fan_out=fan_out, front_vm=front_vm, front_rules=front_rules,
         outputs=OutputArgs(fixed, {
             "replicas": settings.replicas,
             "front_flavor": settings.front_flavor,
             "replica_node_names": [[settings.replica_node_name(r, n) for n in range(settings.nodes)]
                                    for r in range(settings.replicas)],
         } if settings.has_front else {}, settings.api_hostname, settings.api_port, configs),
-        caretaker=WaitArgs("caretaker", ssh_user, times["caretaker"],
-                           partial(render_spot_step, settings, "caretaker", timing=timing))
-        if settings.guarded else None)
+        ssh_user=settings.ssh_user, vm_plans=resolve_vms(settings, name))

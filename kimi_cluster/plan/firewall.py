@@ -81,10 +81,13 @@ def node_rules(settings: Settings, rank: int, peer_private_ips: list[Any]) -> li
 
 def engine_rule(settings: Settings, front_private_ip: Any) -> RuleSpec:
     """A replica head's engine port, open to the front's private /32 alone: the only way in to an engine."""
+    return _engine_rule(settings.engine_port, front_private_ip)
+
+
+def _engine_rule(engine_port: int, front_private_ip: Any) -> RuleSpec:
     prefix = (front_private_ip.apply(lambda v: f"{v}/32") if isinstance(front_private_ip, pulumi.Output)
               else f"{front_private_ip}/32")
-    return RuleSpec("engine", "the engine, from the front only", "tcp", prefix, "IPv4",
-                    settings.engine_port, settings.engine_port)
+    return RuleSpec("engine", "the engine, from the front only", "tcp", prefix, "IPv4", engine_port, engine_port)
 
 
 def replica_node_rules(settings: Settings, rank: int, peer_private_ips: list[Any],
@@ -102,22 +105,49 @@ def replica_node_rules(settings: Settings, rank: int, peer_private_ips: list[Any
 def fan_out_rules(settings: Settings, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
     """The weight fan-out across replicas: peerPort from every node of the other replicas, by its private /32 (the
     file server behind the stack's peer token; nothing else crosses between replicas)."""
+    return _fan_out_rules(settings.nodes, settings.peer_port, replica, other_ips)
+
+
+def _fan_out_rules(nodes: int, peer_port: int, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
     rules = []
     for i, ip in enumerate(other_ips):
-        other = i // settings.nodes
+        other = i // nodes
         other = other if other < replica else other + 1
         prefix = ip.apply(lambda v: f"{v}/32") if isinstance(ip, pulumi.Output) else f"{ip}/32"
-        rules.append(RuleSpec(f"weights-r{other}-node{i % settings.nodes}",
-                              f"weight files from replica {other} node {i % settings.nodes}", "tcp", prefix, "IPv4",
-                              settings.peer_port, settings.peer_port))
+        rules.append(RuleSpec(f"weights-r{other}-node{i % nodes}",
+                              f"weight files from replica {other} node {i % nodes}", "tcp", prefix, "IPv4",
+                              peer_port, peer_port))
     return rules
 
 
-def gpu_node_rules(settings: Settings, replica: int, rank: int, peer_private_ips: list[Any],
-                   front_private_ip: Any, other_ips: list[Any]) -> list[RuleSpec]:
+@dataclass(frozen=True)
+class NodeRules:
+    """A GPU node's rules as the blueprint resolves them: what the settings fix, and how the addresses known only at
+    deploy time fill in the rest (`at`). Plain data: no Settings travels with it."""
+
+    rank: int
+    fixed: tuple[RuleSpec, ...]  # SSH from the operator; one replica: also the head's API port
+    replica: int = 0
+    engine_port: int | None = None  # behind a front, the head: its engine port, from the front's private /32
+    fan_out_nodes: int = 0  # behind a front: the nodes per replica, whose weight files cross between replicas
+    peer_port: int = 0
+
+    def at(self, peer_private_ips: list[Any], front_private_ip: Any, other_ips: list[Any]) -> list[RuleSpec]:
+        """`peer_private_ips` are its replica's nodes, `other_ips` every other replica's."""
+        rules = [*self.fixed, *peer_rules(self.rank, peer_private_ips)]
+        if self.engine_port is not None:
+            rules.append(_engine_rule(self.engine_port, front_private_ip))
+        if self.fan_out_nodes:
+            rules += _fan_out_rules(self.fan_out_nodes, self.peer_port, self.replica, other_ips)
+        return rules
+
+
+def gpu_node_rules(settings: Settings, replica: int, rank: int) -> NodeRules:
     """A GPU node's rules: behind a front (replicas >= 2) its replica's and the fan-out's, else the head serves the
-    API itself (node_rules). `peer_private_ips` are its replica's nodes, `other_ips` every other replica's."""
+    API itself (node_rules)."""
     if not settings.has_front:
-        return node_rules(settings, rank, peer_private_ips)
-    return (replica_node_rules(settings, rank, peer_private_ips, front_private_ip)
-            + fan_out_rules(settings, replica, other_ips))
+        return NodeRules(rank, tuple(operator_rules(settings, rank)))
+    ssh = RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr, _ethertype(settings.operator_cidr),
+                   22, 22)
+    return NodeRules(rank, (ssh,), replica, settings.engine_port if rank == 0 else None, settings.nodes,
+                     settings.peer_port)

@@ -1,8 +1,9 @@
-"""Step rendering (pure): the script each bring-up step runs on a node, from kimi_cluster/plan/templates/<step>.sh.j2.
+"""The steps' value builders (pure): what each step's template (kimi_cluster/plan/templates/<step>.sh.j2) gets.
 
-`render_step` looks the step up in `VALUE_BUILDERS`, one function per step that says which values its template
-gets, and adds the values every step shares. What differs between nodes (addresses, peers, the TLS certificate)
-travels in one `NodeSpot`; nothing here makes a Pulumi resource, and no secret is ever a template value.
+Each builder is named by its step's entry in the step table (kimi_cluster/plan/steps/table.py), and
+kimi_cluster/plan/steps/render.py adds the values every step shares (`common_values`). What differs between nodes
+(addresses, peers, the TLS certificate) travels in one `NodeSpot`, built by keyword; nothing here makes a Pulumi
+resource, and no secret is ever a template value.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,8 @@ from typing import Any
 from kimi_cluster.node import weights
 from kimi_cluster.plan import caretaker, front_config, kernel_cache_key, launch, proxy, warmup
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
-from kimi_cluster.plan.render import ShellExpr, Verbatim, render
+from kimi_cluster.plan.render import ShellExpr, Verbatim
 from kimi_cluster.settings import WARMUP_ENGINE_PORT, Settings
-from kimi_cluster.settings.steps import HEAD_STEPS, STEPS, SUMMARIES, WARMUP_STEP
 from kimi_cluster.settings.timing import PIP_BUDGET_S, Timing
 
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -128,11 +128,11 @@ def shipped_packages(paths: Sequence[str]) -> list[str]:
     return sorted(folders)
 
 
-def common_values(settings: Settings, rank: int, step: str, timing: Timing) -> dict[str, Any]:
+def common_values(settings: Settings, rank: int, step: str, summary: str, timing: Timing) -> dict[str, Any]:
     """What every step's template gets: its name and summary, the node's rank and roots, the poll intervals."""
     return {
         "step": step,
-        "summary": Verbatim(SUMMARIES[step]),  # a comment line
+        "summary": Verbatim(summary),  # a comment line
         "rank": rank,
         "node_root": settings.node_root,
         "storage_path": storage_path(settings),
@@ -149,21 +149,6 @@ def serves_api(settings: Settings, rank: int) -> bool:
 
 def settings_key(key: str) -> str:
     return f"kimi-cluster:{key}"
-
-
-def steps_for(settings: Settings) -> tuple[str, ...]:
-    """The chain's steps on every node; the kernel-cache restore only when kernelCache is set, the kernel warm-up
-    only when kernelWarmup is (after the restore, whose kernels it then finds)."""
-    extra = (*(("cache-restore",) if settings.kernel_cache is not None else ()),
-             *((WARMUP_STEP,) if settings.kernel_warmup else ()))
-    at = STEPS.index("weights") + 1
-    return (*STEPS[:at], *extra, *STEPS[at:])
-
-
-def running_steps(settings: Settings) -> tuple[str, ...]:
-    """Every step that runs on some node of this stack, in chain order (the kernel-cache ones only when set)."""
-    return (*steps_for(settings), *HEAD_STEPS, "readiness",
-            *(("cache-save",) if settings.kernel_cache is not None else ()))
 
 
 def readiness_identity(settings: Settings, tls: ProxyTls = PLAN_TLS) -> str:
@@ -191,29 +176,26 @@ def peer_list(settings: Settings, peer_ips: Sequence[str] | None) -> str:
 
 # ---- one value builder per step ------------------------------------------------------------------------------------
 
-ValueBuilder = Callable[[Settings, str, NodeSpot, Timing], dict[str, Any]]
-
-
-def _ready(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def ready_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     return {"private_ip": spot.private_ip, "gpus_per_node": settings.gpus_per_node_count,
             "cloud_init_timeout_s": timing.cloud_init_timeout_s, "gpu_timeout_s": timing.gpu_timeout_s}
 
 
-def _storage(settings: Settings, _step: str, _spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def storage_values(settings: Settings, _step: str, _spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     ckpt = settings.model_spec.checkpoint_bytes
     return {"engine": settings.engine_name, "need_bytes": ckpt + settings.disk_margin_gb * 10**9,
             "checkpoint_gb": f"{ckpt / 1e9:,.1f} GB", "margin_gb": f"{settings.disk_margin_gb} GB",
             "docker_timeout_s": timing.docker_timeout_s}
 
 
-def _image(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def image_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     # The head also runs the proxy; its image comes down with the engine's, before the long weight download ends.
     images = [settings.container_image] + ([settings.proxy_container_image] if serves_api(settings, spot.rank) else [])
     return {"images": images, "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
             "pull_backoff_s": timing.pull_backoff_s}
 
 
-def _weights(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def weights_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     return {"repo": settings.model, "revision": settings.model_revision, "unit": WEIGHTS_UNIT,
             "repo_folder": _repo_folder(settings), "checkpoint_bytes": settings.model_spec.checkpoint_bytes,
             "hf_hub_version": HF_HUB_VERSION, "download_workers": settings.download_workers,
@@ -226,7 +208,7 @@ def _weights(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> 
             "ship_packages": shipped_packages(WEIGHTS_PROGRAM)}
 
 
-def _check(settings: Settings, _step: str, _spot: NodeSpot, _timing: Timing) -> dict[str, Any]:
+def check_values(settings: Settings, _step: str, _spot: NodeSpot, _timing: Timing, _deadline_s: int) -> dict[str, Any]:
     return {"repo": settings.model, "revision": settings.model_revision, "hf_endpoint": settings.hf_endpoint,
             "verify_sha256": settings.verify_sha256, "check_source": _source(CHECK_SOURCE),
             "names_source": _source(NAMES_SOURCE), "verified_dir": weights.VERIFIED_DIR}
@@ -242,7 +224,7 @@ def _engine_values(settings: Settings, spot: NodeSpot) -> dict[str, Any]:
             "warmup_result": warmup.RESULT_FILE}
 
 
-def _launch(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def launch_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     argv = launch.docker_run_argv(settings, spot.rank, private_ip=spot.private_ip,
                                   head_private_ip=spot.head_private_ip, hf_dir=ShellExpr("${HF}"),
                                   cache_dir=ShellExpr("${CACHE}"))
@@ -252,10 +234,10 @@ def _launch(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> d
             "settle_seconds": timing.settle_seconds, "warmup": settings.kernel_warmup}
 
 
-def _warmup(settings: Settings, step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def warmup_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, deadline_s: int) -> dict[str, Any]:
     # The warm-up gives up (and the launch starts cold) before its step's deadline, stepDeadlineMinutes.warmup
     # included, could stop it: a stopped step would fail `pulumi up`, which the warm-up must never do.
-    timeout_s = max(1, min(timing.warmup_timeout_s, timing.deadline_s(step, settings) - timing.docker_timeout_s))
+    timeout_s = max(1, min(timing.warmup_timeout_s, deadline_s - timing.docker_timeout_s))
     argv = warmup.docker_run_argv(settings, spot.rank, private_ip=spot.private_ip,
                                   head_private_ip=spot.head_private_ip, hf_dir=ShellExpr("${HF}"),
                                   cache_dir=ShellExpr("${CACHE}"), timeout_s=timeout_s)
@@ -269,7 +251,8 @@ def _warmup(settings: Settings, step: str, spot: NodeSpot, timing: Timing) -> di
             "cache_key": kernel_cache_key.cache_key(settings).id if settings.kernel_cache is not None else ""}
 
 
-def _kernel_cache(settings: Settings, step: str, _spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def kernel_cache_values(settings: Settings, step: str, _spot: NodeSpot, timing: Timing,
+                        deadline_s: int) -> dict[str, Any]:
     cfg = settings.kernel_cache
     if cfg is None:
         raise ValueError(f"step {step} needs {settings_key('kernelCache')} to be set")
@@ -281,12 +264,12 @@ def _kernel_cache(settings: Settings, step: str, _spot: NodeSpot, timing: Timing
         "addressing_style": cfg.addressing_style, "boto3_version": BOTO3_VERSION,
         "ship_files": shipped(KERNEL_CACHE_PROGRAM), "ship_packages": shipped_packages(KERNEL_CACHE_PROGRAM),
         "give_up": "starting cold" if restoring else "WARNING: not saved",
-        "timeout_s": timing.kernel_cache_transfer_s(step, settings), "pip_timeout_s": PIP_BUDGET_S // 2,
+        "timeout_s": timing.kernel_cache_transfer_s(deadline_s), "pip_timeout_s": PIP_BUDGET_S // 2,
         "timeout_key": "restoreTimeoutMinutes" if restoring else "saveTimeoutMinutes",
     }
 
 
-def _proxy(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def proxy_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     heads = spot.front_upstreams
     if heads is None:  # the head's own proxy, in front of its engine
         return proxy.step_values(settings, spot.tls.cert_chain_pem, spot.tls.ca_pem, proxy.render_config(settings),
@@ -298,22 +281,29 @@ def _proxy(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> di
                              admin=True)
 
 
-def _front_ready(_settings: Settings, _step: str, _spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def front_ready_values(_settings: Settings, _step: str, _spot: NodeSpot, timing: Timing,
+                       _deadline_s: int) -> dict[str, Any]:
     return {"cloud_init_timeout_s": timing.cloud_init_timeout_s, "docker_timeout_s": timing.docker_timeout_s}
 
 
-def _readiness(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
-    # On the front (replicas >= 2) the container it watches is the proxy itself: no engine runs there.
-    role = "proxy" if spot.container == proxy.CONTAINER_NAME else "engine"
-    return {"container": spot.container or launch.CONTAINER_NAME, "container_role": role,
+def readiness_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,
+                     _deadline_s: int) -> dict[str, Any]:
+    # On the front (replicas >= 2) the container it watches is the proxy itself: no engine runs there; its identity
+    # runs the wait again when a launch or a replica's address changes.
+    front = spot.front_upstreams is not None
+    container = proxy.CONTAINER_NAME if front else spot.container or launch.CONTAINER_NAME
+    identity = front_identity(settings, spot.front_upstreams or ()) if front else spot.identity
+    role = "proxy" if container == proxy.CONTAINER_NAME else "engine"
+    return {"container": container, "container_role": role,
             "served_name": settings.served_name, "api_port": settings.api_port,
             "readiness_timeout_s": timing.readiness_s(settings), "log_tail": timing.log_tail,
             # The name clients dial: the certificate is checked for it (curl connects to the head's loopback).
             "public_host": settings.api_hostname or spot.public_ip, "ca_file": proxy.CA_FILE,
-            "launch_identity": spot.identity or readiness_identity(settings, spot.tls)}
+            "launch_identity": identity or readiness_identity(settings, spot.tls)}
 
 
-def _engine_ready(settings: Settings, _step: str, spot: NodeSpot, timing: Timing) -> dict[str, Any]:
+def engine_ready_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,
+                        _deadline_s: int) -> dict[str, Any]:
     return {"container": launch.CONTAINER_NAME, "served_name": settings.served_name,
             "engine_url": f"http://{spot.head_private_ip}:{settings.engine_port}",
             "readiness_timeout_s": timing.readiness_s(settings), "log_tail": timing.log_tail,
@@ -321,7 +311,8 @@ def _engine_ready(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
             "readmit_checks": DEFAULT_TUNING.readmit_checks, "readmit_interval_s": DEFAULT_TUNING.health_interval_s}
 
 
-def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) -> dict[str, Any]:
+def caretaker_values(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing,
+                     _deadline_s: int) -> dict[str, Any]:
     # spot.identity: the GPU VMs' ids, so that the step arms the caretaker again when an up re-creates one.
     guards = [f"idle stop after {settings.idle_stop_minutes} min" if settings.idle_stop_minutes else "",
               f"budget {settings.budget_usd:,.2f} USD" if settings.budget_usd else ""]
@@ -333,74 +324,6 @@ def _caretaker(settings: Settings, _step: str, spot: NodeSpot, _timing: Timing) 
             "spend_source": _source(SPEND_SOURCE), "api_source": _source(CARETAKER_API_SOURCE)}
 
 
-VALUE_BUILDERS: dict[str, ValueBuilder] = {
-    "ready": _ready, "storage": _storage, "image": _image, "weights": _weights, "check": _check,
-    "cache-restore": _kernel_cache, "warmup": _warmup, "launch": _launch, "proxy": _proxy, "readiness": _readiness,
-    "cache-save": _kernel_cache, "engine-ready": _engine_ready, "front-ready": _front_ready,
-    "caretaker": _caretaker,
-}
-
-
-def render_spot_step(settings: Settings, step: str, spot: NodeSpot, timing: Timing) -> str:
-    """One step's script for the node at `spot`: the shared values, then the step's own."""
-    builder = VALUE_BUILDERS.get(step)
-    if builder is None:
-        raise ValueError(f"unknown step {step!r}; steps are {', '.join(STEPS + HEAD_STEPS)} and readiness")
-    values = common_values(settings, spot.rank, step, timing)
-    values.update(builder(settings, step, spot, timing))
-    return render(f"{step}.sh.j2", **values)
-
-
-def render_step(settings: Settings, step: str, rank: int = 0, private_ip: str = "", head_private_ip: str = "",
-                timing: Timing | None = None, tls: ProxyTls = PLAN_TLS, public_ip: str = PLAN_PUBLIC_IP,
-                peer_ips: Sequence[str] | None = None, *, container: str | None = None,
-                identity: str | None = None, peer_rank: int | None = None) -> str:
-    """`render_spot_step` with the spot given field by field (the offline plan and the tests); `timing` defaults to
-    the stack's own (kimi-cluster:nodeTiming, else Timing()'s defaults)."""
-    spot = NodeSpot(rank, private_ip, head_private_ip, tls, public_ip, peer_ips, peer_rank, container, identity)
-    return render_spot_step(settings, step, spot, settings.timing if timing is None else timing)
-
-
-def cache_save_script(settings: Settings, spot: NodeSpot, timing: Timing) -> str:
-    """The kernel-cache save's script; its text carries the launch identity, so it runs again after a relaunch."""
-    script = render_spot_step(settings, "cache-save", spot, timing)
-    return script + f"# after launch configuration {readiness_identity(settings)}\n"
-
-
 def front_identity(settings: Settings, head_private_ips: Sequence[str]) -> str:
     """The front's readiness identity: runs its wait again when a launch or a replica's address changes."""
     return readiness_identity(settings) + "-" + hashlib.sha256(" ".join(head_private_ips).encode()).hexdigest()[:16]
-
-
-def render_front_step(settings: Settings, step: str, head_private_ips: Sequence[str], tls: ProxyTls,
-                      timing: Timing | None = None) -> str:
-    """One of the front's scripts: `front-ready` (cloud-init, Docker) or `proxy` (the load-balancing Caddy)."""
-    if step not in front_config.FRONT_STEPS:
-        raise ValueError(f"the front runs {', '.join(front_config.FRONT_STEPS)} and readiness, not {step!r}")
-    return render_spot_step(settings, step, NodeSpot(tls=tls, front_upstreams=list(head_private_ips)),
-                            settings.timing if timing is None else timing)
-
-
-def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
-                        timing: Timing | None = None, tls: ProxyTls = PLAN_TLS,
-                        public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None,
-                        peer_rank: int | None = None) -> dict[str, str]:
-    """Every script node `rank` runs, by step, in order (the head also gets the proxy, readiness and, with
-    kernelCache, cache-save). Safe to write to disk."""
-    spot = NodeSpot(rank, private_ip, head_private_ip, tls, public_ip, peer_ips, peer_rank)
-    return spot_scripts(settings, spot, settings.timing if timing is None else timing)
-
-
-def node_steps(settings: Settings, rank: int) -> tuple[str, ...]:
-    """The steps whose scripts node `rank` carries: the chain, and on the head what serves or saves from it."""
-    if rank == 0 and settings.has_front:
-        return (*steps_for(settings), "engine-ready")  # the proxy and the readiness wait run on the front
-    if rank == 0:
-        return (*steps_for(settings), *HEAD_STEPS, "readiness",
-                *(("cache-save",) if settings.kernel_cache is not None else ()))
-    return steps_for(settings)
-
-
-def spot_scripts(settings: Settings, spot: NodeSpot, timing: Timing) -> dict[str, str]:
-    """Every script the node at `spot` runs, by step, in order."""
-    return {step: render_spot_step(settings, step, spot, timing) for step in node_steps(settings, spot.rank)}

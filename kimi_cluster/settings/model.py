@@ -94,7 +94,7 @@ class Settings(DerivedValues, BaseModel):
     download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
     download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1, le=7 * 24 * 60)
     readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1, le=24 * 60)
-    # Per-step override of the node-side deadline (kimi_cluster.settings.timing.Timing.deadline_s), e.g. {"image": 120}.
+    # Per-step override of the node-side deadline (kimi_cluster.plan.steps.clocks.deadline_s), e.g. {"image": 120}.
     step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")
     # Advanced: the node scripts' waits and retries (kimi_cluster/settings/timing.py Timing), e.g. {"settleSeconds": 1}.
     node_timing: dict[str, int | float] = Field(default_factory=dict, alias="nodeTiming")
@@ -392,7 +392,6 @@ class Settings(DerivedValues, BaseModel):
             + cross_rules.name_problems(self.env_name, self.environment_name, self.stack, last_node) \
             + cross_rules.api_cidr_problems(self.api_allowed_cidrs, self.allow_private_operator_cidr) \
             + cross_rules.api_hostname_problems(self.tls_certificate, self.api_hostname) \
-            + node_timing.deadline_problems(self.timing, self) \
             + cross_rules.context_problems(self.max_model_len, self.context_window, self.model,
                                            self.model_spec.context_window) \
             + caretaker_rules.problems(self.idle_stop_minutes, self.budget_usd, self.caretaker_api_key_set,

@@ -15,8 +15,8 @@ from typing import Any
 
 from kimi_cluster.settings.errors import close_match, shown
 from kimi_cluster.settings.keys import NAMESPACE
-from kimi_cluster.settings.rules import DURATION_MAX_MINUTES, json_text_object
-from kimi_cluster.settings.timing import TimedSettings, Timing
+from kimi_cluster.settings.rules import json_text_object
+from kimi_cluster.settings.timing import Timing
 
 # Timing's two long deadlines have keys of their own; nodeTiming leaves them to those.
 _OWN_KEYS = {"download_timeout_s": "downloadTimeoutMinutes", "readiness_timeout_s": "readinessTimeoutMinutes"}
@@ -47,11 +47,6 @@ _TIMEOUTS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS
              "checkTimeoutS", "launchTimeoutS", "proxyTimeoutS")
 # The waits that re-check every fastPollSeconds: each needs room for two checks.
 _POLLED_WAITS = ("cloudInitTimeoutS", "gpuTimeoutS", "dockerTimeoutS", "pullTimeoutS")
-# The nodeTiming keys each step's default deadline is made of (Timing.deadline_s), for the message that bounds it.
-_DRIVES = {"ready": "cloudInitTimeoutS, gpuTimeoutS", "storage": "storageTimeoutS, dockerTimeoutS",
-           "image": "pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)", "check": "checkTimeoutS",
-           "launch": "launchTimeoutS, settleSeconds", "proxy": "proxyTimeoutS, proxySettleSeconds",
-           "front-ready": "cloudInitTimeoutS, dockerTimeoutS"}
 _EXAMPLE = '\'{"settleSeconds": 1, "pollSeconds": 5}\''
 
 
@@ -108,27 +103,6 @@ def node_timing(v: Any) -> dict[str, int | float]:
                 raise ValueError(f"{key}: {wait:g} s leaves no room for two checks fastPollSeconds ({poll:g} s) "
                                  "apart; shorten fastPollSeconds or lengthen the wait")
     return out
-
-
-def deadline_problems(timing: Timing, settings: TimedSettings) -> list[str]:
-    """nodeTiming as a whole: no step's deadline past the week stepDeadlineMinutes allows (unless the defaults'
-    own already is, with a week-long downloadTimeoutMinutes), for the steps stepDeadlineMinutes leaves to it."""
-    problems = []
-    warmup = settings.step_deadline_minutes.get("warmup")
-    if warmup and warmup * 60 < timing.docker_timeout_s + TIMEOUT_MIN_S:
-        problems.append(f"{NAMESPACE}:stepDeadlineMinutes: warmup: {warmup:g} minutes leaves the warm-up less than "
-                        f"{TIMEOUT_MIN_S} s of its own beside nodeTiming.dockerTimeoutS ({timing.docker_timeout_s} s, "
-                        f"its container's removal); at least {(timing.docker_timeout_s + TIMEOUT_MIN_S) / 60:g}")
-    for step, keys in _DRIVES.items() | {"weights": "deadlineSlackS", "readiness": "deadlineSlackS"}.items():
-        if settings.step_deadline_minutes.get(step):
-            continue  # its own deadline bounds it
-        limit = max(DURATION_MAX_MINUTES * 60, Timing().deadline_s(step, settings))
-        deadline = timing.deadline_s(step, settings)
-        if deadline > limit:
-            problems.append(f"{NAMESPACE}:nodeTiming makes the {step} step's deadline {deadline / 3600:,.1f} h "
-                            f"({keys}, plus deadlineSlackS), past the week ({DURATION_MAX_MINUTES} minutes) "
-                            f"{NAMESPACE}:stepDeadlineMinutes allows; shorten them")
-    return problems
 
 
 def timing_of(node_timing: dict[str, int | float]) -> Timing:

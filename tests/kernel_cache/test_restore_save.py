@@ -15,7 +15,7 @@ import time
 import pytest
 
 from kimi_cluster.plan import kernel_cache_key
-from kimi_cluster.plan.step_scripts import render_step
+from kimi_cluster.plan.steps.render import render_step
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 

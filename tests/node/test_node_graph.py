@@ -1,4 +1,5 @@
-"""GpuNode and Readiness under Pulumi's mocks: the chain's order, what each step waits on, and where secrets go."""
+"""The step table's chain under Pulumi's mocks (GpuNode, Readiness): the chain's order, what each step waits on, and
+where secrets go."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import base64
 
 import pulumi
 
-from kimi_cluster.deploy.node_chain import EndpointKeys, GpuNode, NodeSecrets, Readiness
-from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT
+from kimi_cluster.deploy.chain import Chain, StepGroup
+from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE
+from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT, node_connection
 from kimi_cluster.deploy.vm import host_key_cloud_config, host_key_user_data
 from kimi_cluster.plan.blueprint import blueprint
-from kimi_cluster.settings.steps import STEPS
+from kimi_cluster.plan.step_scripts import ProxyTls
+from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
 
@@ -23,37 +28,42 @@ CHAIN = "-----BEGIN CERTIFICATE-----server-----END CERTIFICATE-----\n"
 CA = "-----BEGIN CERTIFICATE-----ca-----END CERTIFICATE-----\n"
 
 
-def head_tls() -> dict:
-    return {"endpoint": EndpointKeys(secret(CANARY_API), CHAIN, CA, secret(CANARY_TLS))}
-
-
 def secret(value: str) -> pulumi.Output[str]:
     return pulumi.Output.secret(value)
+
+
+SECRETS = {"hf_token": CANARY_HF, "peer_token": CANARY_PEER, "api_key": CANARY_API, "tls_private_key": CANARY_TLS}
+
+
+def build_chain(settings, name: str, secrets: dict[str, str | None], gate: pulumi.Resource | None = None):
+    """The step table's chain for a one-replica stack, made by kimi_cluster/deploy/chain.py as the cluster does,
+    at fixed addresses (node r: public 198.51.100.<10 + r>, private 10.0.0.<10 + r>, VM id 1000 + r)."""
+    cluster = StepGroup("kimi:cluster:InferenceCluster", name)
+    plans = blueprint(settings, name).vm_plans
+    homes: dict[str, pulumi.ComponentResource] = {p.resource: StepGroup(GPU_NODE_TYPE, p.resource) for p in plans}
+    made: dict[str, list[pulumi.Resource]] = {f"{p.resource}/rules": [gate] if gate else [] for p in plans}
+    peers = [f"10.0.0.{10 + r}" for r in range(settings.nodes)]
+    scripts = {}
+    for p in plans:
+        spot = VmSpot(private_ip=f"10.0.0.{10 + p.rank}", head_private_ip="10.0.0.10",
+                      public_ip=f"198.51.100.{10 + p.rank}", tls=ProxyTls(CHAIN, CA) if p.rank == 0 else None,
+                      peer_ips=peers if settings.nodes > 1 else None)
+        scripts.update({s.resource: pulumi.Output.from_input(text)
+                        for s, text in zip(p.steps, render_vm_scripts(settings, p, spot).values(), strict=True)})
+    chain = Chain(cluster, groups=homes, made=made)
+    chain.build(plans, scripts=scripts, vm_ids={p.resource: 1000 + p.rank for p in plans},
+                connections={p.resource: node_connection(f"198.51.100.{10 + p.rank}", settings.ssh_user,
+                                                         secret(CANARY_SSH), FAKE_HOST_PUBLIC_KEY) for p in plans},
+                secrets={k: secret(v) if v is not None else None for k, v in secrets.items()})
+    chain.register_outputs()
+    return chain
 
 
 def build_cluster(topology: str = "h100x4-sglang"):
     settings = make_settings(topology)
 
     def program():
-        head_ip = "10.0.0.10"
-        nodes: list[GpuNode] = []
-        for rank in range(settings.nodes):
-            nodes.append(GpuNode(
-                f"kimi-node{rank}", args=blueprint(settings, "kimi").replicas[0].chains[rank],
-                public_ip=f"198.51.100.{10 + rank}", private_ip=f"10.0.0.{10 + rank}", head_private_ip=head_ip,
-                secrets=NodeSecrets(secret(CANARY_SSH), secret(CANARY_HF)),
-                peer_private_ips=[f"10.0.0.{10 + r}" for r in range(settings.nodes)], peer_token=secret(CANARY_PEER),
-                host_key=FAKE_HOST_PUBLIC_KEY, vm_id=1000 + rank,
-                launch_after=[nodes[0].launched] if rank else [],
-                **(head_tls() if rank == 0 else {}),
-            ))
-        wait = blueprint(settings, "kimi").replicas[0].endpoint_wait
-        assert wait is not None
-        ready = Readiness("kimi-ready", args=wait, public_ip="198.51.100.10",
-                          ssh_private_key=secret(CANARY_SSH), endpoint=head_tls()["endpoint"],
-                          host_key=FAKE_HOST_PUBLIC_KEY,
-                          opts=pulumi.ResourceOptions(depends_on=[*(n.launched for n in nodes), nodes[0].proxy]))
-        return ready.stdout
+        return build_chain(settings, "kimi", SECRETS).commands["kimi-ready-wait"].stdout
 
     return settings, run(program)
 
@@ -168,15 +178,12 @@ def test_component_depends_on_reaches_the_first_command():
 
     def program():
         gate = pulumi.CustomResource("test:index:Gate", "firewall-ssh", {})
-        node = GpuNode("n0", args=blueprint(settings, "n").replicas[0].chains[0], public_ip="198.51.100.1",
-                       private_ip="10.0.0.1", head_private_ip="10.0.0.1", secrets=NodeSecrets(secret(CANARY_SSH)),
-                       **head_tls(),
-                       opts=pulumi.ResourceOptions(depends_on=[gate]))
-        return node.launched.stdout
+        chain = build_chain(settings, "n", {"api_key": CANARY_API, "tls_private_key": CANARY_TLS}, gate)
+        return chain.commands["n-node0-launch"].stdout
 
     res, _ = run(program)
-    assert "firewall-ssh" in res["n0-ready"].deps
-    assert "stdin" not in res["n0-weights"].values()  # no token: anonymous, nothing on stdin
+    assert "firewall-ssh" in res["n-node0-ready"].deps
+    assert "stdin" not in res["n-node0-weights"].values()  # no token: anonymous, nothing on stdin
 
 
 def test_host_key_helper_gives_secret_user_data_and_the_public_key_to_pin():
@@ -213,6 +220,7 @@ def test_host_key_provider_makes_a_real_ed25519_key_pair():
 def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_from_it():
     import re
 
+    from kimi_cluster.plan.steps.clocks import deadline_s
     from kimi_cluster.settings.timing import DIAL_ALLOWANCE_S, Timing
 
     settings, (res, _) = build_cluster()
@@ -220,24 +228,26 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
     assert len(commands) == settings.nodes * len(STEPS) + 2  # and the head's proxy and readiness wait
     for command in commands:
         step = "readiness" if command.name == "kimi-ready-wait" else command.name.rsplit("-", 1)[1]
-        deadline = Timing().deadline_s(step, settings)
+        deadline = deadline_s(step, Timing(), settings)
         text = command.values()["create"]
         assert re.search(rf"sudo -n timeout --kill-after=\d+ {deadline} bash ~/\.kimi-cluster/{step}\.sh", text), text
         minutes = f"{-(-(deadline + DIAL_ALLOWANCE_S) // 60)}m"
         assert command.timeouts == {"create": minutes, "update": minutes}, command.name
     # The two long waits come from the stack's own settings.
-    assert Timing().deadline_s("weights", settings) > settings.download_timeout_minutes * 60
-    assert Timing().deadline_s("readiness", settings) > settings.readiness_timeout_minutes * 60
-    assert Timing().deadline_s("image", make_settings(stepDeadlineMinutes={"image": 90})) == 90 * 60
+    assert deadline_s("weights", Timing(), settings) > settings.download_timeout_minutes * 60
+    assert deadline_s("readiness", Timing(), settings) > settings.readiness_timeout_minutes * 60
+    assert deadline_s("image", Timing(), make_settings(stepDeadlineMinutes={"image": 90})) == 90 * 60
 
 
 def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():
     import pytest
 
+    from kimi_cluster.plan.admission import admit
     from kimi_cluster.settings import SettingsError
 
+    # The names are the step table's: the plan's admission (which the program, plan and status run) checks them.
     with pytest.raises(SettingsError, match=r"kimi-cluster:stepDeadlineMinutes: 'imgae' is not a node step"):
-        make_settings(stepDeadlineMinutes='{"imgae": 10}')
+        admit(make_settings(stepDeadlineMinutes='{"imgae": 10}'))
     with pytest.raises(SettingsError, match=r"stepDeadlineMinutes: image: 0 is not a positive number"):
         make_settings(stepDeadlineMinutes={"image": 0})
 

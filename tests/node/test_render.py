@@ -13,8 +13,8 @@ from jinja2 import UndefinedError
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import launch
 from kimi_cluster.plan.render import ShellExpr, render, shell_quote, shell_words
-from kimi_cluster.plan.step_scripts import render_node_scripts
-from kimi_cluster.settings.steps import STEPS
+from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

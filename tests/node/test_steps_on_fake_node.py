@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from kimi_cluster.deploy.remote_step import remote_command_text
-from kimi_cluster.plan.step_scripts import render_node_scripts, render_step
+from kimi_cluster.plan.steps.render import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.plan.steps.table import STEPS
 from kimi_cluster.sandbox.workdir import new_ssh_private_key, ssh_public_key_of
-from kimi_cluster.settings.steps import STEPS
 
 from .conftest import hub_stats, leftover_processes, ok, report
 

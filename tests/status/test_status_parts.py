@@ -209,9 +209,11 @@ def test_the_fake_engine_counts_what_it_served_and_status_reads_it():
 def test_the_probe_knows_every_step_the_nodes_run():
     from kimi_cluster.node import node_status
     from kimi_cluster.node.weights import PROGRESS_FILE
-    from kimi_cluster.settings.steps import SUMMARIES
+    from kimi_cluster.operator.node_exec import probe_command
+    from kimi_cluster.plan.steps.table import NAMES
 
-    assert set(node_status.STEPS) == set(SUMMARIES)
+    # The operator tells the probe the table's steps: a new step needs no edit on the node's side.
+    assert probe_command("/", "/ephemeral", "models--org--m", 1).endswith(" --steps " + ",".join(NAMES))
     assert node_status.PROGRESS_FILE == PROGRESS_FILE  # the weights step's contract, read without the package
 
 

@@ -1,0 +1,21 @@
+"""A live stack upgrades without change: the program's URNs, parents, component types, dependencies, timeouts,
+every remote command's text (its script byte for byte) and its secret stdin are what the recorded fixtures hold
+(tests/fixtures/step_graph/, written by `python -m tests.steps.graph_record` from the code before the step table).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.steps.graph_record import FIXTURES, STACKS, graph, run_stack
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_the_graph_is_the_recorded_one(stack: str) -> None:
+    want = json.loads((FIXTURES / f"{stack}.json").read_text())
+    got = graph(run_stack(stack))
+    assert sorted(got) == sorted(want), "the URNs changed"
+    changed = {urn: (got[urn], want[urn]) for urn in want if got[urn] != want[urn]}
+    assert not changed, f"{len(changed)} resources changed: " + json.dumps(changed, indent=1)[:4000]
