@@ -20,6 +20,7 @@ from components.hyperstack.resources import Environment
 from components.node import vm_place, vm_with_host_key
 from components.node_chain import EndpointKeys, NodeSecrets
 from components.pricing import Quote
+from components.release import VERSION_OUTPUT, __version__
 from components.settings import Settings
 from components.step_scripts import NodeSpot
 
@@ -132,6 +133,8 @@ class InferenceCluster(pulumi.ComponentResource):
             "region": placement.region,
             "client_configs": pulumi.Output.all(endpoint_url, ca_pem).apply(
                 lambda a: o.client_configs(a[0], ca_certificate=a[1])),
+            # The release that made or last upgraded this stack (components/release.py): plan and status compare it.
+            VERSION_OUTPUT: __version__,
         }
         if door is not None:
             self.outputs.update({

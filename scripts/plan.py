@@ -3,7 +3,8 @@
     python -m scripts.plan [--stack NAME | --config FILE] [--json] [--render-dir DIR]
 
 Offline unless a Hyperstack API key is set (HYPERSTACK_API_KEY, or a plain hyperstack:apiKey): then the cost comes
-from the live pricebook, and the plan says when it was read and how it differs from the catalog.
+from the live pricebook, and the plan says when it was read and how it differs from the catalog. When the stack is
+deployed (the Pulumi CLI on PATH finds it), the plan says if it was deployed by another kimi-cluster release.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 
 from components.operator.plan_report import build_plan, format_plan, render_scripts
+from components.release import deployed_outputs, release_view
 from components.settings import SettingsError
 from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     plan = build_plan(settings, other, os.path.relpath(path))
+    plan["release"] = release_view(deployed_outputs(stack, PROJECT_DIR))
     if args.render_dir:
         try:
             plan["rendered"] = render_scripts(settings, args.render_dir)
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
+    if plan["release"]["note"] and not args.json:
+        print(f"\nRelease: {plan['release']['note']}")
     if args.render_dir and not args.json:
         print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")
     return 0

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import components
 from components import tls
 from tests.pulumi_harness import Recording, dumps, run_program
 
@@ -147,6 +148,7 @@ def test_outputs_contract(dev):
     assert (out["topology"], out["engine"], out["hourly_cost_usd"]) == ("h100x4-sglang", "sglang", 83.2)
     assert set(out["client_configs"]) >= {"openai", "claude_code", "kimi_code", "openclaw"}
     assert out["api_key"] == CANARY_API and dev.export_secrets == {"api_key"}
+    assert out["kimi_cluster_version"] == components.__version__ != "unknown"
 
 
 def test_secrets_never_reach_a_plain_input_or_output(dev, b300):

@@ -33,6 +33,7 @@ from components.operator.stack_state import NodeRecord, StackState
 from components.operator.status_replicas import replicas_view
 from components.pricing import catalog_quote, token_cost
 from components.printable import printable
+from components.release import release_view
 from components.settings import Settings
 
 PROBE = Path(__file__).resolve().parents[2] / "node_programs" / "node_status.py"
@@ -306,6 +307,7 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
                                       endpoint.get("generation_tokens"), settings.api_price).to_json()
     report["advice"] = advice(nodes, endpoint)
+    report["release"] = release_view(state.outputs)
 
     if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
         report["replicas"] = replicas
