@@ -45,7 +45,7 @@ class Front(pulumi.ComponentResource):
         super().__init__(FRONT_TYPE, name, None, opts)
         # With assign_floating_ip=True a VM's create returns only once its floating IP is attached.
         public_ip = cast(pulumi.Output[str], vm.public_ip)
-        rules = firewall.security_rules(self, name, vm.vm_id, args.rules)
+        rules = firewall.security_rules(self, name, vm, args.rules)
         connection = node_connection(public_ip, args.ssh_user, ssh_private_key, host_key)
         tls = endpoint.public_tls()
         ips = pulumi.Output.all(*head_private_ips)

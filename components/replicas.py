@@ -72,7 +72,7 @@ def build_replica(parent: pulumi.Resource, args: ReplicaArgs, *, vms: list[Virtu
     size = len(vms)
     peer_ips = [vm.private_ip for vm in vms]
     others = [ip for i, ip in enumerate(fan_out_ips) if i // size != args.index]
-    rules_by_rank = [firewall.security_rules(parent, f"{args.prefix}-node{rank}", vms[rank].vm_id,
+    rules_by_rank = [firewall.security_rules(parent, f"{args.prefix}-node{rank}", vms[rank],
                                              args.rules(rank, list(peer_ips), front_private_ip, others))
                      for rank in range(size)]
     public_ips = [cast(pulumi.Output[str], vm.public_ip) for vm in vms]

@@ -73,6 +73,7 @@ class Res:
     secret_outputs: list[str]
     timeouts: dict[str, str]
     inputs: dict[str, Any] = field(default_factory=dict)
+    deleted_with: str = ""  # the name of the resource whose delete takes this one along (the deletedWith option)
 
     def plain(self) -> Any:
         """The inputs with every secret replaced by a marker: what would be readable in state."""
@@ -130,6 +131,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
             parent=short(request.parent), deps=[short(d) for d in request.dependencies],
             secret_outputs=list(request.additionalSecretOutputs),
             timeouts={"create": t.create, "update": t.update} if t else {},
+            deleted_with=short(request.deletedWith) if request.deletedWith else "",
         )
         return super().RegisterResource(request)
 

@@ -163,6 +163,21 @@ def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
                     assert canary not in json.dumps(value), f"{canary} in output {key}"
 
 
+def test_each_rule_goes_with_its_vm_and_no_stateless_providers_code_is_a_secret(dev, b300):
+    for rec in (dev, b300):
+        rules = rec.of_type(":SecurityRule")
+        assert rules
+        for rule in rules:
+            # deletedWith names the VM the rule is on (its vm_id input comes from that VM).
+            assert rule.deleted_with and rule.deleted_with in {v.name for v in rec.of_type(":VirtualMachine")}
+            assert rule.deleted_with in rule.deps, (rule.name, rule.deleted_with, rule.deps)
+        for res in rec.resources:
+            if "__provider" in res.raw:
+                # Only a serialized provider that captured a secret would be one: none of ours does.
+                assert "__provider" not in res.secret_paths(), res.name
+        assert all(not r.deleted_with for r in rec.resources if not r.typ.endswith(":SecurityRule"))
+
+
 def test_only_the_heads_proxy_and_readiness_get_the_key_never_a_worker_or_an_engine(dev, b300):
     for rec in (dev, b300):
         holders = {r.name for r in rec.resources if CANARY_API in dumps(r.values())}

@@ -67,6 +67,14 @@ def client() -> HyperstackClient:
 
 
 class HyperstackProvider(ResourceProvider):
+    # The serialized provider (the `__provider` input and output of every resource of this type) is a secret only
+    # when it captured a secret Output (pulumi/dynamic/dynamic.py, Resource.__init__: `serialize_as_secret_always or
+    # contains_secrets`). This class holds nothing on self and its pickle names its module and class only (dill
+    # pickles an importable class by reference), so there is nothing in it to hide; as a secret it only cost an
+    # encryption per resource on every write of the state and a decryption on every read. Its own diff never reads
+    # `__provider`, so a stack whose state holds the old, secret blob sees no change.
+    serialize_as_secret_always = False
+
     def configure(self, req: ConfigureRequest) -> None:
         for key in _CONFIG_KEYS:
             value = req.config.get(key)
