@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from fakes import hyperstack_drift
+
 DEFAULT_API_KEY = "emulator-key"
 # A request body larger than any the API takes (a create with user_data is a few KB) is refused unread.
 MAX_BODY_BYTES = 1 << 20
@@ -218,6 +220,7 @@ class Vm:
     deleting_since: float | None = None
     rules: dict[int, Rule] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
+    power: Any = None  # a stop or start behind its status (fakes/hyperstack_drift.py)
 
 
 class NodeHost(Protocol):
@@ -571,7 +574,7 @@ class Emulator:
             self.nodes.shutdown(vm.fixed_ip)
 
     def _firewall(self, vm: Vm) -> None:
-        if self.nodes is not None and vm.fate == "active":
+        if self.nodes is not None and vm.fate == "active" and vm.power is None:  # a stopped node runs no firewall
             self.nodes.firewall(vm.fixed_ip, [r.fields() for r in vm.rules.values()])
 
     def _sweep(self) -> None:
@@ -585,6 +588,8 @@ class Emulator:
         life = self.lifecycle
         if vm.deleting_since is not None:
             return "DELETING", None, None
+        if (powered := hyperstack_drift.power_status(self, vm)) is not None:
+            return powered
         age = time.monotonic() - vm.created
         if age < life.creating_seconds:
             return "CREATING", "ATTACHING" if vm.assign_floating_ip else None, None
@@ -639,8 +644,9 @@ class Emulator:
                                             "labels")}
         return {
             "id": vm.id, "name": vm.name, "status": status,
-            "power_state": "RUNNING" if status == "ACTIVE" else "NOSTATE",
-            "vm_state": {"ACTIVE": "active", "ERROR": "error", "DELETING": "deleted"}.get(status, "building"),
+            "power_state": {"ACTIVE": "RUNNING", "SHUTOFF": "SHUTDOWN"}.get(status, "NOSTATE"),
+            "vm_state": {"ACTIVE": "active", "ERROR": "error", "DELETING": "deleted", "SHUTOFF": "stopped"}.get(
+                status, "building"),
             "fixed_ip": None if status == "CREATING" else vm.fixed_ip,
             "floating_ip": floating_ip, "floating_ip_status": fip_status,
             "port_randomization": False, "port_randomization_status": None,
@@ -737,6 +743,8 @@ class Emulator:
             except (KeyError, TypeError) as exc:
                 return 400, {"status": False, "message": f"fault {body!r}: {exc} (kinds: {', '.join(kinds)})"}
             return 200, {"status": True}
+        if method == "POST" and what == "drift":  # a change behind the stack's back: fakes/hyperstack_drift.py
+            return hyperstack_drift.admin(self, body)
         if method == "GET" and what == "inventory":
             return 200, self.inventory()
         if method == "GET" and what == "requests":
@@ -1085,6 +1093,7 @@ _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
     ("POST", r"/core/virtual-machines/(\d+)/sg-rules", Emulator.add_rule),
     ("DELETE", r"/core/virtual-machines/(\d+)/sg-rules/(\d+)", Emulator.delete_rule),
     ("GET", r"/billing/billing/history/virtual-machine", Emulator.vm_billing_history),
+    *hyperstack_drift.ROUTES,
 ]
 _ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [(m, re.compile(p), f) for m, p, f in _ROUTE_TABLE]
 
