@@ -8,8 +8,8 @@ from its VM is made again. An API that does not answer says nothing: the diff th
 
 The VM's own diff always asks the API; its rules' diffs, which the engine runs after it (they depend on the VM),
 reuse that answer for a few seconds, from a cache in the provider host's process that every rule create or delete
-here clears for its VM: a diff pass asks about each VM once, not once per rule. Helpers of components/hyperstack/providers.py, found
-through its imports (a pickled provider names its class only).
+here clears for its VM: a diff pass asks about each VM once, not once per rule. Helpers of
+components/hyperstack/providers.py, found through its imports (a pickled provider names its class only).
 """
 
 from __future__ import annotations
