@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ def _api(emu) -> HyperstackClient:
     return HyperstackClient(emu.base_url, DEFAULT_API_KEY, retry_base_seconds=0.005)
 
 
-def _status(emu, vm_id: str, want: str) -> dict:
+def _status(emu, vm_id: str, want: str) -> Any:
     deadline = time.monotonic() + 3
     while (vm := _api(emu).get_vm(int(vm_id)))["status"] != want:
         assert time.monotonic() < deadline, f"{vm['status']}, never {want}"
