@@ -345,8 +345,9 @@ class SecurityRuleProvider(HyperstackProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changed = [k for k in RULE_INPUTS if rule_value(olds, k) != rule_value(news, k)]
         if not changed and drift.asked(lambda api: drift.rule_gone(api, _id, olds, news), client):
-            progress.warn(f"firewall rule {_id} ({olds.get('protocol')} port {olds.get('port_range_min')} from "
-                          f"{olds.get('remote_ip_prefix')}) is gone from VM {olds.get('vm_id')}: it is created again")
+            port = opt_int(olds.get("port_range_min"))
+            progress.warn(f"firewall rule {_id} ({olds.get('protocol')} port {port} from {olds.get('remote_ip_prefix')}"
+                          f") is gone from VM {olds.get('vm_id')}: it is created again")
             changed = ["vm_id"]
         # Create-before-delete: the new rule is in place before the old one goes, so access never lapses.
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
