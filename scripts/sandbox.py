@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch", nargs="?", type=float, const=10.0, default=None, metavar="SECONDS",
                         help="status: refresh every SECONDS (default 10) until Ctrl-C")
     parser.add_argument("--json", action="store_true", help="status: print it as JSON")
-    args = parser.parse_args(argv)
+    # Intermixed: `reclaim --workdir DIR NODE` as well as `reclaim NODE --workdir DIR`.
+    args = parser.parse_intermixed_args(argv)
     if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None) and args.command != "up":
         parser.error("--topology, --config, --no-timeline and --[no-]kernel-cache apply to up only")
     if args.expect_no_changes and args.command not in ("up", "refresh"):
