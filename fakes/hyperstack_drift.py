@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from fakes.hyperstack_emulator import Emulator, Vm
+# The emulator (`emu`) and its VMs (`vm`) are fakes/hyperstack_emulator.py's Emulator and Vm; that module imports
+# this one, so this one never imports it (tests/repository/test_house.py: no import circle): it raises `emu.Error`
+# (the emulator's ApiError) and resizes to one of `emu.catalog_flavors`.
 
 # The admin actions, for the route's refusal of another.
 ACTIONS = ("stop", "delete-rule", "resize")
@@ -34,13 +35,11 @@ class Power:
     since: float
 
 
-def _error(status: int, reason: str, message: str) -> Exception:
-    from fakes.hyperstack_emulator import ApiError  # the emulator imports this module: no cycle at import time
-
-    return ApiError(status, reason, message)
+def _error(emu: Any, status: int, reason: str, message: str) -> Exception:
+    return emu.Error(status, reason, message)  # the emulator's ApiError
 
 
-def power_status(emu: Emulator, vm: Vm) -> tuple[str, str | None, str | None] | None:
+def power_status(emu: Any, vm: Any) -> tuple[str, str | None, str | None] | None:
     """(status, floating_ip_status, floating_ip) while a stop or start shapes the VM's state, else None. The
     transitions take the emulator's deleting and build times."""
     power: Power | None = vm.power
@@ -63,25 +62,26 @@ def power_status(emu: Emulator, vm: Vm) -> tuple[str, str | None, str | None] | 
     return None
 
 
-def _stop(emu: Emulator, vm: Vm) -> None:
+def _stop(emu: Any, vm: Any) -> None:
     status = emu._status(vm)[0]
     if status not in ("ACTIVE", "ERROR"):
-        raise _error(400, "bad_request", f"Virtual machine is {status}: only an ACTIVE or ERROR one can be stopped")
+        raise _error(emu, 400, "bad_request",
+                     f"Virtual machine is {status}: only an ACTIVE or ERROR one can be stopped")
     vm.power = Power("stopping", time.monotonic())
     vm.events.append(emu._event(vm, "info", "STOPPING", "Virtual machine stop initiated"))
     emu._shutdown(vm)  # a stopped machine runs nothing; its bill goes on (SHUTOFF bills)
 
 
-def stop_vm(emu: Emulator, query: Any, body: Any, vm_id: str) -> dict[str, Any]:
+def stop_vm(emu: Any, query: Any, body: Any, vm_id: str) -> dict[str, Any]:
     _stop(emu, emu._get_vm(vm_id))
     return {"status": True, "message": "Virtual machine stop initiated"}
 
 
-def start_vm(emu: Emulator, query: Any, body: Any, vm_id: str) -> dict[str, Any]:
+def start_vm(emu: Any, query: Any, body: Any, vm_id: str) -> dict[str, Any]:
     vm = emu._get_vm(vm_id)
     status = emu._status(vm)[0]
     if status != "SHUTOFF":
-        raise _error(400, "bad_request", f"Virtual machine is {status}: only a SHUTOFF one can be started")
+        raise _error(emu, 400, "bad_request", f"Virtual machine is {status}: only a SHUTOFF one can be started")
     vm.power = Power("starting", time.monotonic())
     vm.events.append(emu._event(vm, "info", "STARTING", "Virtual machine start initiated"))
     if emu.nodes is not None:
@@ -97,10 +97,8 @@ ROUTES = [
 ]
 
 
-def admin(emu: Emulator, body: Any) -> tuple[int, Any]:
+def admin(emu: Any, body: Any) -> tuple[int, Any]:
     """POST /_emulator/drift: change a live VM behind the stack's back (`ACTIONS`)."""
-    from fakes.hyperstack_emulator import FLAVORS, ApiError
-
     if not isinstance(body, dict):
         return 400, {"status": False, "message": 'drift expects {"name": VM, "action": ' + " | ".join(ACTIONS) + "}"}
     name, action = str(body.get("name") or ""), str(body.get("action") or "")
@@ -122,7 +120,7 @@ def admin(emu: Emulator, body: Any) -> tuple[int, Any]:
                 return 200, {"status": True, "id": vm.id, "rule_id": rule.id, "action": action}
             if action == "resize":
                 if body.get("flavor_name"):
-                    flavor = next((f for f in FLAVORS if f["name"] == body["flavor_name"]), None)
+                    flavor = next((f for f in emu.catalog_flavors if f["name"] == body["flavor_name"]), None)
                     if flavor is None:
                         return 404, {"status": False, "message": f"no flavor {body['flavor_name']!r}"}
                     vm.flavor = flavor
@@ -130,6 +128,6 @@ def admin(emu: Emulator, body: Any) -> tuple[int, Any]:
                     vm.image_name = str(body["image_name"])
                 return 200, {"status": True, "id": vm.id, "action": action, "flavor_name": vm.flavor["name"],
                              "image_name": vm.image_name}
-        except ApiError as err:
+        except emu.Error as err:
             return err.status, {"status": False, "message": err.message}
     return 400, {"status": False, "message": f"unknown drift action {action!r} (actions: {', '.join(ACTIONS)})"}

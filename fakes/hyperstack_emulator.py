@@ -383,6 +383,11 @@ def _fingerprint(public_key: str) -> str:
 class Emulator:
     """Hyperstack on loopback. `with Emulator(...) as emu:` starts it on a thread; `emu.base_url` ends in /v1."""
 
+    # For fakes/hyperstack_drift.py, which this module imports (so it cannot import this one): its refusals and the
+    # flavors a resize may pick.
+    Error = ApiError
+    catalog_flavors = FLAVORS
+
     def __init__(
         self,
         *,

@@ -24,9 +24,11 @@ pytestmark = [pytest.mark.flow, pytest.mark.timeout(1200)]
 NODE_USD_PER_HOUR = 20.80
 
 
-def _rules_of(inventory: dict, vm_name: str) -> list[int]:
+def _rules_of(inventory: dict, vm_name: str) -> list[tuple]:
+    """The VM's rules as (protocol, first port or 0, from), sorted: what identifies each but its id."""
     vm_id = next(v["id"] for v in inventory["virtual_machines"] if v["name"] == vm_name)
-    return sorted(r["port_range_min"] for r in inventory["security_rules"] if r["vm_id"] == vm_id)
+    return sorted((r["protocol"], r["port_range_min"] or 0, r["remote_ip_prefix"]) for r in inventory["security_rules"]
+                  if r["vm_id"] == vm_id)
 
 
 def _vm(inventory: dict, vm_name: str) -> dict:
