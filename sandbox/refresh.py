@@ -97,7 +97,8 @@ def changes(docs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         shown = {k: ((old or {}).get("outputs", {}).get(k), (new or {}).get("outputs", {}).get(k)) for k in keys
                  if all(isinstance(v, (str, int, float, type(None))) and len(str(v)) <= 60
                         for v in ((old or {}).get("outputs", {}).get(k), (new or {}).get("outputs", {}).get(k)))}
-        rows.append({"op": event["op"], "type": _short_type(str(event.get("type") or urn.split("::")[-2])),
+        type_ = str(event.get("type") or urn.split("::")[-2].split("$")[-1])
+        rows.append({"op": event["op"], "type": _short_type(type_),
                      "name": urn.rsplit("::", 1)[-1], "keys": keys, "values": shown})
     return rows
 

@@ -111,7 +111,7 @@ def verdict(steps: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
         op, urn = str(step.get("op")), str(step.get("urn"))
         if op in ("same", "read", "refresh"):
             continue
-        type_ = urn.split("::")[-2].removeprefix("pulumi-python:dynamic/") if "::" in urn else ""
+        type_ = urn.split("::")[-2].split("$")[-1].removeprefix("pulumi-python:dynamic/") if "::" in urn else ""
         name = f"{type_} {urn.rsplit('::', 1)[-1]} ({op}{_keys(step)})"
         if type_ in KEPT_TYPES and op in REPLACING:
             found["replaced"].append(name)

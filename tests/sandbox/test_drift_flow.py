@@ -20,6 +20,9 @@ from .conftest import EMPTY, leftover_processes, ok, report
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(1200)]
 
+# An up that replaces a node runs its whole chain, and the other nodes' launches again (their peer list changed): a
+# few minutes on a loaded 2-core machine.
+REPLACING_UP_S = 900
 # The emulator's pricebook: $2.60 per H100 GPU-hour, 8 GPUs a node.
 NODE_USD_PER_HOUR = 20.80
 
@@ -71,7 +74,7 @@ def test_h100_drift_found_by_refresh_and_up_and_a_destroy_with_no_call_per_rule(
     assert "SHUTOFF" in status and f"STILL BILLS ${NODE_USD_PER_HOUR:.2f}/h" in status, status
     old_id = _vm(emulator.inventory(), "kimi-sandbox-node2")["id"]
     # up replaces it, saying which, and the whole chain runs on the new VM.
-    replaced = ok(run("up"))
+    replaced = ok(run("up", timeout=REPLACING_UP_S))
     assert re.search(r"VM kimi-sandbox-node2 \(id \d+\) is SHUTOFF.*it is REPLACED", replaced), replaced
     new = _vm(emulator.inventory(), "kimi-sandbox-node2")
     assert new["id"] != old_id and new["status"] == "ACTIVE"
@@ -82,7 +85,7 @@ def test_h100_drift_found_by_refresh_and_up_and_a_destroy_with_no_call_per_rule(
     drifted = run("refresh")
     assert "VM kimi-sandbox-node3 has flavor 'n3-H100x8', the stack's is 'n3-H100x8-NVLink'" in ok(drifted), \
         drifted.output
-    ok(run("up"))
+    ok(run("up", timeout=REPLACING_UP_S))
     assert emulator.inventory()["virtual_machines"] and all(
         v["status"] == "ACTIVE" for v in emulator.inventory()["virtual_machines"])
     ok(run("refresh", "--expect-no-changes"))
@@ -117,7 +120,7 @@ def test_b300_a_vm_deleted_behind_the_stacks_back_comes_back_with_its_chain(sand
     assert dropped.code == 1, dropped.output
     assert "hyperstack:VirtualMachine kimi-node0: deleted" in dropped.output, dropped.output
     assert "hyperstack:SecurityRule kimi-node0-ssh: deleted" in dropped.output, dropped.output
-    back = ok(run("up"))
+    back = ok(run("up", timeout=REPLACING_UP_S))
     assert "kimi-node0-launch" in back and "kimi-ready-wait" in back, back
     assert _rules_of(emulator.inventory(), "kimi-sandbox-node0") == rules
     ok(run("refresh", "--expect-no-changes"))
