@@ -85,7 +85,7 @@ def security_rules(parent: pulumi.Resource, prefix: str, vm: VirtualMachine,
     Each rule is `deleted_with` its VM: Hyperstack keeps a VM's rules on the VM (`/core/virtual-machines/{id}/
     sg-rules`), so deleting the VM deletes them, and Pulumi's engine skips a resource's delete when the resource
     named by its `deletedWith` is being deleted too (a destroy, or the VM's replacement). A destroy of the 4-node
-    stack thus makes no call per rule (tests/sandbox/test_destroy_flow.py counts them in the emulator's request log);
+    stack thus makes no call per rule (tests/sandbox/test_drift_flow.py counts them in the emulator's request log);
     a rule replaced on its own (a new operatorCidr) is still deleted by its own call. The option is no input: adding
     it to a stack's rules changes nothing a diff sees (tests/sandbox/test_upgrade_flow.py)."""
     options = pulumi.ResourceOptions(parent=parent, deleted_with=vm)

@@ -90,8 +90,9 @@ def point_project_at_this_checkout(stacks: CliStacks) -> None:
         yaml.safe_dump(project, sort_keys=False))
 
 
-def preview_upgrade(workdir: Path, out: Any) -> list[dict[str, Any]]:
-    """`pulumi preview --diff --json` of the workdir's cluster stack with this checkout: its steps."""
+def preview_upgrade(workdir: Path, out: Any) -> dict[str, Any]:
+    """`pulumi preview --diff --json` of the workdir's cluster stack with this checkout: its plan, whose `steps`
+    list what would change (with `--diff`, what would not as well) and `changeSummary` counts each kind."""
     stacks = CliStacks(workdir, workdir / "secrets", out)
     point_project_at_this_checkout(stacks)
     stack = stacks.cluster
@@ -100,7 +101,7 @@ def preview_upgrade(workdir: Path, out: Any) -> list[dict[str, Any]]:
     docs = [d for d in json_documents(text) if "steps" in d]
     if not docs:
         raise ReleaseError(f"pulumi preview --json printed no plan: {text[-800:]}")
-    return list(docs[0]["steps"])
+    return docs[0]
 
 
 def verdict(steps: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:

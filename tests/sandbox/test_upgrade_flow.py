@@ -31,11 +31,14 @@ def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox)
     assert VERSION_OUTPUT not in run.outputs()  # 0.1.0 recorded no release
     assert "deployed by kimi-cluster before 0.2.0" in ok(run("status"))
 
-    steps = releases.preview_upgrade(run.workdir, io.StringIO())
-    found = releases.verdict(steps)
-    report(f"upgrade {releases.PREVIOUS_RELEASE} -> {__version__}: {len(steps)} steps in the preview; "
+    plan = releases.preview_upgrade(run.workdir, io.StringIO())
+    found = releases.verdict(plan["steps"])
+    summary = plan.get("changeSummary") or {}
+    report(f"upgrade {releases.PREVIOUS_RELEASE} -> {__version__}: the preview's changeSummary {summary}; "
            f"replaced {len(found['replaced'])}, updated {len(found['updated'])}, other {len(found['other'])}")
     assert found["replaced"] == [], releases.describe(found)
+    # Every resource of the 4-node stack is the same (the stack's outputs change: a new one, a fresh price's time).
+    assert set(summary) == {"same"} and summary["same"] >= 60, summary
     # No node step runs again, nothing else changes (the stack's outputs are no resource step).
     assert found["updated"] == [] and found["other"] == [], releases.describe(found)
 
