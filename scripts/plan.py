@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from components.operator.plan_report import build_plan, format_plan, render_scripts
 from components.release import deployed_outputs, release_view
@@ -20,6 +21,23 @@ from components.settings import SettingsError
 from components.settings.loader import load_settings, plain_credentials_in, read_stack_file
 
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _drift(stack: str, settings: Any, other: dict[str, Any], hourly: float | None) -> list[str]:
+    """The deployed stack's VMs that are not as it made them (a SHUTOFF one with what it still bills), when the
+    Hyperstack API can be asked (HYPERSTACK_API_KEY, or the stack's key through `pulumi config get`)."""
+    from components.operator.drift_report import drift_lines, stack_nodes
+    from components.operator.status_report import api_client
+
+    api = api_client(stack, other)
+    nodes = stack_nodes(stack, PROJECT_DIR) if api is not None else []
+    if api is None or not nodes:
+        return []
+    # A GPU node's price (the front's is a few cents an hour): the plan's, per GPU, times the GPUs a node has.
+    per_node = hourly / (settings.nodes * settings.replicas) if hourly else None
+    if settings.price is not None:
+        per_node = settings.price.usd_per_gpu_hour * settings.gpus_per_node_count
+    return drift_lines(api, nodes, settings, per_node)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     plan = build_plan(settings, other, os.path.relpath(path))
-    plan["release"] = release_view(deployed_outputs(stack, PROJECT_DIR))
+    deployed = deployed_outputs(stack, PROJECT_DIR)
+    plan["release"] = release_view(deployed)
+    plan["drift"] = _drift(stack, settings, other, plan["hourly_cost_usd"]) if deployed else []
     if args.render_dir:
         try:
             plan["rendered"] = render_scripts(settings, args.render_dir)
@@ -64,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(plan, indent=2) if args.json else format_plan(plan))
     if plan["release"]["note"] and not args.json:
         print(f"\nRelease: {plan['release']['note']}")
+    for line in [] if args.json else plan["drift"]:
+        print(f"Drift: {line}")
     if args.render_dir and not args.json:
         print(f"\nRendered {len(plan['rendered'])} scripts into {args.render_dir}")
     return 0
