@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 
 import pytest
 
 from components.release import VERSION_OUTPUT, __version__
 from sandbox import releases
 
-from .conftest import NOT_COMPILING, leftover_processes, ok, report
+from .conftest import NOT_COMPILING, leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(2400)]
 
@@ -52,3 +53,41 @@ def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox)
     ok(run("verify"))
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
+
+
+def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same upgrade under traffic: two b300x1-vllm replicas behind the front, chats and streams through it for
+    the whole `up` with the working tree; not one request fails, and nothing is replaced."""
+    from benchmarks.bench_replicas import Tally, run_load
+
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # answers in about a second: many during the up
+    old = releases.release_checkout(releases.PREVIOUS_RELEASE)
+    run = sandbox()
+    first = releases.sandbox_command(old, run.workdir, "up", "--topology", "b300x1-vllm", "--config", "replicas=2",
+                                     "--no-timeline", "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
+    assert first.returncode == 0, first.stdout[-4000:]
+    found = releases.verdict(releases.preview_upgrade(run.workdir, io.StringIO())["steps"])
+    assert found == {"replaced": [], "updated": [], "other": []}, releases.describe(found)
+
+    outputs = run.outputs()
+    ca = run.workdir / "upgrade-ca.pem"
+    ca.write_text(outputs["ca_certificate"])
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], str(ca), outputs["served_model_name"], 4,
+                       stop, tally)
+    try:
+        assert wait_for("a request through the front", lambda: tally.requests >= 4, 60)
+        before = tally.requests
+        upgraded = ok(run("up"))
+        during = tally.requests - before
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    summary = upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0]
+    assert not re.search(r"created|replaced|deleted|updated", summary), summary
+    report(f"upgrade with 2 replicas: {during} requests during the up, {len(tally.failed)} failed, "
+           f"{len(tally.streams_cut)} streams cut, {len(tally.stream_refused)} refused")
+    assert during > 0 and tally.failed == [] and tally.streams_cut == [] and tally.stream_refused == [], tally
+    ok(run("verify"))
+    ok(run("destroy"))
