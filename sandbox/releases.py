@@ -49,7 +49,11 @@ def _run(argv: list[str], cwd: Path, timeout: float = INSTALL_TIMEOUT_S) -> str:
 
 def release_checkout(commit: str = PREVIOUS_RELEASE, cache: Path = CACHE) -> Path:
     """The release's worktree with its virtualenv installed (made once, then reused)."""
-    full = _run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], REPO_ROOT, 60).strip()
+    try:
+        full = _run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], REPO_ROOT, 60).strip()
+    except ReleaseError:
+        raise ReleaseError(f"the release's commit {commit} is not in this clone's history (a shallow clone?): "
+                           "git fetch --unshallow, then run again") from None
     place = cache / full[:12]
     python = place / ".venv" / "bin" / "python"
     done_marker = place / ".venv" / "kimi-release-installed"

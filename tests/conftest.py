@@ -32,6 +32,12 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # Seconds each flow (by test function, all under tests/sandbox/) took in a whole-suite run on 6 workers (this
 # 2-core machine, the real Pulumi CLI, 2026-12-02); only their order matters. A flow not listed: DEFAULT_FLOW_SECONDS.
 FLOW_SECONDS = {
+    # The first run also makes the previous release's worktree and virtualenv (about 190 s), kept in ~/.cache.
+    "test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced": 99,
+    "test_h100_rule_drift_found_by_refresh_and_up_and_a_destroy_with_no_call_per_rule": 146,
+    "test_two_replicas_behind_a_front_upgrade_with_no_failed_request": 111,
+    "test_b300_a_vm_deleted_behind_the_stacks_back_comes_back_with_its_chain": 89,
+    "test_b300_a_vm_stopped_or_resized_behind_the_stacks_back_is_reported_and_replaced": 81,
     "test_destroy_then_up_restores_the_kernels_and_a_corrupt_archive_starts_cold": 236,
     "test_a_lost_replica_comes_back_from_its_twin_with_no_hub_bytes": 171,
     "test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_request": 159,

@@ -51,6 +51,12 @@ def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox)
     assert "no changes" in ok(run("refresh", "--expect-no-changes"))
     assert "no changes" in ok(run("up", "--expect-no-changes"))
     ok(run("verify"))
+    # The upgrade's up recorded each rule's deletedWith (an option: no step, but the state takes it), so the
+    # upgraded stack's destroy makes no call per rule either.
+    rules = [r for r in run.resources() if r["type"].endswith("hyperstack:SecurityRule")]
+    with_vm = [r for r in rules if r.get("deletedWith")]
+    report(f"upgraded stack: {len(with_vm)} of {len(rules)} rules record deletedWith")
+    assert rules and len(with_vm) == len(rules), rules[0]
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
 
