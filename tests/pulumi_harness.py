@@ -76,6 +76,7 @@ class Res:
     urn: str = ""  # the full URN the engine would give it (parent types, type, name)
     parent_urn: str = ""
     dep_urns: list[str] = field(default_factory=list)
+    deleted_with: str = ""  # the name of the resource whose delete takes this one along (the deletedWith option)
 
     def plain(self) -> Any:
         """The inputs with every secret replaced by a marker: what would be readable in state."""
@@ -134,6 +135,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
             secret_outputs=list(request.additionalSecretOutputs),
             timeouts={"create": t.create, "update": t.update} if t else {},
             parent_urn=request.parent, dep_urns=list(request.dependencies),
+            deleted_with=short(request.deletedWith) if request.deletedWith else "",
         )
         response = super().RegisterResource(request)
         for res in self.recording.resources[::-1]:  # new_resource has just recorded it (the last of its name)

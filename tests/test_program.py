@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import kimi_cluster
 from kimi_cluster.deploy import tls
 from tests.pulumi_harness import Recording, dumps, run_program
 
@@ -147,6 +148,7 @@ def test_outputs_contract(dev):
     assert (out["topology"], out["engine"], out["hourly_cost_usd"]) == ("h100x4-sglang", "sglang", 83.2)
     assert set(out["client_configs"]) >= {"openai", "claude_code", "kimi_code", "openclaw"}
     assert out["api_key"] == CANARY_API and dev.export_secrets == {"api_key"}
+    assert out["kimi_cluster_version"] == kimi_cluster.__version__ != "unknown"
 
 
 def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
@@ -159,6 +161,21 @@ def test_secrets_never_reach_a_plain_input_or_output(dev, b300):
             if key not in rec.export_secrets:
                 for canary in (CANARY_SSH, CANARY_HF, CANARY_HS, CANARY_API, CANARY_TLS, CA_KEY):
                     assert canary not in json.dumps(value), f"{canary} in output {key}"
+
+
+def test_each_rule_goes_with_its_vm_and_no_stateless_providers_code_is_a_secret(dev, b300):
+    for rec in (dev, b300):
+        rules = rec.of_type(":SecurityRule")
+        assert rules
+        for rule in rules:
+            # deletedWith names the VM the rule is on (its vm_id input comes from that VM).
+            assert rule.deleted_with and rule.deleted_with in {v.name for v in rec.of_type(":VirtualMachine")}
+            assert rule.deleted_with in rule.deps, (rule.name, rule.deleted_with, rule.deps)
+        for res in rec.resources:
+            if "__provider" in res.raw:
+                # Only a serialized provider that captured a secret would be one: none of ours does.
+                assert "__provider" not in res.secret_paths(), res.name
+        assert all(not r.deleted_with for r in rec.resources if not r.typ.endswith(":SecurityRule"))
 
 
 def test_only_the_heads_proxy_and_readiness_get_the_key_never_a_worker_or_an_engine(dev, b300):

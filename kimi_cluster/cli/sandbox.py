@@ -1,6 +1,7 @@
 """See kimi-cluster work with no account and no GPU: `kimi-cluster sandbox up | verify | status | destroy`
-(up deploys the sandbox stack onto fake nodes, verify runs the verification stack, status is `kimi_cluster.cli.status`
-against the sandbox, `reclaim NODE` takes a VM away as the cloud would, destroy leaves nothing).
+(up deploys the sandbox stack onto fake nodes, verify runs the verification stack, status is `kimi-cluster status`
+against the sandbox, `refresh` is `pulumi refresh` of its stack, `reclaim NODE` takes a VM away as the cloud would,
+destroy leaves nothing).
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ def _rate(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kimi-cluster sandbox", description=__doc__)
-    parser.add_argument("command", choices=["up", "verify", "status", "reclaim", "destroy"])
+    parser.add_argument("command", choices=["up", "verify", "status", "refresh", "reclaim", "destroy"])
     parser.add_argument("node", nargs="?", help="reclaim: the VM (name or address) the cloud takes away")
-    parser.add_argument("--mode", choices=["delete", "error", "unreachable"], default="delete",
+    parser.add_argument("--mode", choices=["delete", "error", "unreachable", "stop"], default="delete",
                         help="reclaim: the VM is deleted (default) or left in ERROR, its processes gone either way; "
-                             "or unreachable: still ACTIVE, every packet to and from it dropped")
+                             "or unreachable: still ACTIVE, every packet to and from it dropped; or stop: SHUTOFF, "
+                             "as a stop in the console leaves it (it still bills)")
+    parser.add_argument("--expect-no-changes", action="store_true",
+                        help="refresh, up: fail (exit 1) if anything changed, as pulumi's own flag does; up then "
+                             "runs pulumi up --expect-no-changes on the stack as it stands")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
@@ -50,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch", nargs="?", type=float, const=10.0, default=None, metavar="SECONDS",
                         help="status: refresh every SECONDS (default 10) until Ctrl-C")
     parser.add_argument("--json", action="store_true", help="status: print it as JSON")
-    args = parser.parse_args(argv)
+    # Intermixed: `reclaim --workdir DIR NODE` as well as `reclaim NODE --workdir DIR`.
+    args = parser.parse_intermixed_args(argv)
     if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None) and args.command != "up":
         parser.error("--topology, --config, --no-timeline and --[no-]kernel-cache apply to up only")
+    if args.expect_no_changes and args.command not in ("up", "refresh"):
+        parser.error("--expect-no-changes applies to up and refresh only")
     config: dict[str, str] = {}
     for item in args.config:
         key, sep, value = item.partition("=")
@@ -64,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sandbox = Sandbox(args.workdir)
     try:
+        if args.command == "refresh" or (args.command == "up" and args.expect_no_changes):
+            from kimi_cluster.sandbox import refresh
+
+            if args.command == "up":
+                return refresh.up_expecting_no_changes(sandbox)
+            return refresh.refresh(sandbox, expect_no_changes=args.expect_no_changes)
         if args.command == "up":
             return sandbox.up(args.topology, echo=not args.quiet, config=config,
                               hub_bytes_per_second=args.hub_bytes_per_second, timeline=not args.no_timeline,

@@ -25,6 +25,7 @@ from kimi_cluster.plan.pricing import Quote
 from kimi_cluster.plan.steps.model import FRONT, VmPlan, VmSpot
 from kimi_cluster.plan.steps.render import render_vm_scripts
 from kimi_cluster.plan.steps.table import BY_NAME
+from kimi_cluster.release import VERSION_OUTPUT, __version__
 from kimi_cluster.settings import Settings
 
 
@@ -156,6 +157,8 @@ class InferenceCluster(pulumi.ComponentResource):
             "region": placement.region,
             "client_configs": pulumi.Output.all(endpoint_url, ca_pem).apply(
                 lambda a: o.client_configs(a[0], ca_certificate=a[1])),
+            # The release that made or last upgraded this stack (kimi_cluster/release.py): plan and status compare it.
+            VERSION_OUTPUT: __version__,
         }
         if door is not None:
             self.outputs.update({

@@ -24,4 +24,4 @@ def front_group(parent: pulumi.Resource, name: str, *, vm: VirtualMachine,
                 rules: list[RuleSpec]) -> tuple[StepGroup, list[SecurityRule]]:
     """The front's component and its rules, under it; its steps come after the rules."""
     front = StepGroup(FRONT_TYPE, name, pulumi.ResourceOptions(parent=parent))
-    return front, security_rules(front, name, vm.vm_id, rules)
+    return front, security_rules(front, name, vm, rules)

@@ -61,7 +61,7 @@ def replica_rules(parent: pulumi.Resource, args: ReplicaArgs, *, vms: list[Virtu
     size = len(vms)
     peer_ips = [vm.private_ip for vm in vms]
     others = [ip for i, ip in enumerate(fan_out_ips) if i // size != args.index]
-    rules = [security_rules(parent, f"{args.prefix}-node{rank}", vms[rank].vm_id,
+    rules = [security_rules(parent, f"{args.prefix}-node{rank}", vms[rank],
                             args.rules[rank].at(list(peer_ips), front_private_ip, others))
              for rank in range(size)]
     return Replica(args.index, vms, host_keys, rules)

@@ -55,6 +55,11 @@ def vm_with_host_key(parent: pulumi.Resource, resource_name: str, place: VmPlace
 class _HostKeyProvider(dyn.ResourceProvider):
     """Makes one ed25519 host key at create time; stateless, and everything it needs is imported inside."""
 
+    # Not a secret (see kimi_cluster.deploy.hyperstack.providers.HyperstackProvider): stateless, pickled by reference,
+    # and its diff never reads `__provider`.
+    serialize_as_secret_always = False
+
+
     def create(self, props: dict[str, Any]) -> dyn.CreateResult:
         import os
         import shutil

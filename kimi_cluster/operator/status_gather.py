@@ -33,6 +33,7 @@ from kimi_cluster.operator.node_exec import NodeRunner, probe_command
 from kimi_cluster.operator.stack_state import NodeRecord, StackState
 from kimi_cluster.operator.status_replicas import replicas_view
 from kimi_cluster.plan.pricing import catalog_quote, token_cost
+from kimi_cluster.release import release_view
 from kimi_cluster.settings import Settings
 
 PROBE = Path(__file__).resolve().parents[1] / "node" / "node_status.py"
@@ -225,8 +226,14 @@ def _endpoint_view(base_url: str, api_key: str | None, model: str, verify: str |
     return view
 
 
-def advice(nodes: list[dict[str, Any]], endpoint: Mapping[str, Any]) -> str | None:
+def advice(nodes: list[dict[str, Any]], endpoint: Mapping[str, Any], per_node_usd: float | None = None) -> str | None:
     """One line: the first thing stuck, and what to do about it."""
+    for node in nodes:
+        status = str(node.get("vm", {}).get("status"))
+        if status in ("SHUTOFF", "STOPPING"):
+            cost = f"${per_node_usd:,.2f}/h" if per_node_usd is not None else "its hourly price"
+            return (f"{node['name']}: the VM is {status} (stopped behind Pulumi's back): it serves nothing and STILL "
+                    f"BILLS {cost}; `pulumi up` replaces it (a new VM, its whole chain and rules)")
     for node in nodes:
         engine = (node.get("probe") or {}).get("engine") or {}
         if engine.get("restart_count", 0) >= CRASH_LOOP_RESTARTS or engine.get("restarting"):
@@ -306,7 +313,8 @@ def gather(state: StackState, settings: Settings, runner: NodeRunner, api: Hyper
     # engine the cost per token counts the earlier hours against fewer tokens, never the other way round.
     report["token_cost"] = token_cost(cost_so_far, endpoint.get("prompt_tokens"),
                                       endpoint.get("generation_tokens"), settings.api_price).to_json()
-    report["advice"] = advice(nodes, endpoint)
+    report["advice"] = advice(nodes, endpoint, per_node)
+    report["release"] = release_view(state.outputs)
 
     if (replicas := replicas_view(state, nodes, runner, settings.engine_port)) is not None:
         report["replicas"] = replicas

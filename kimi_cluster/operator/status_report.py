@@ -111,6 +111,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.extend(format_replicas(report["replicas"]))
     if report.get("caretaker"):
         lines.extend(format_caretaker(report["caretaker"]))
+    if (report.get("release") or {}).get("note"):
+        lines.append(f"release: {report['release']['note']}")
     if report.get("advice"):
         lines.append(f"advice: {report['advice']}")
     # Node and endpoint text was made printable when it was read; this also covers the API's and the state's.

@@ -329,7 +329,7 @@ class Sandbox:
                 what = "drops every packet to and from it (the API still shows it ACTIVE)"
             else:
                 answer = reclaim.ask_emulator(record["emulator_url"], name, mode)
-                what = f"{'deletes' if mode == 'delete' else 'shows in ERROR'} VM {answer.get('id')}; its node is gone"
+                what = f"{reclaim.DONE[mode]} VM {answer.get('id')}; its node is gone"
         except (RuntimeError, OSError, FabricError) as exc:  # a VM already gone, an emulator that is not running
             raise SandboxUsageError(f"cannot reclaim {name}: {exc}") from None
         self.say(f"reclaimed {name} ({addresses[name]}): the cloud {what}, in {time.monotonic() - started:.2f} s")

@@ -15,8 +15,11 @@ from typing import Any
 
 from kimi_cluster.fakes.hyperstack.admin import ADMIN_PREFIX
 
-# How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), or still ACTIVE and silent.
-MODES = ("delete", "error", "unreachable")
+# How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), still ACTIVE and silent, or
+# stopped (SHUTOFF, as a stop in the console or through the API leaves it: it still bills, and runs nothing).
+MODES = ("delete", "error", "unreachable", "stop")
+# What the cloud did, as `reclaim` says it.
+DONE = {"delete": "deletes", "error": "shows in ERROR", "stop": "stops (SHUTOFF, still billing)"}
 
 
 def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
@@ -29,10 +32,12 @@ def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
 
 
 def ask_emulator(api_url: str, name: str, mode: str) -> dict[str, Any]:
-    """POST the emulator's admin route `reclaim` (it must run with --admin, as the sandbox starts it)."""
+    """POST the emulator's admin route `reclaim` (`drift` for a stop: kimi_cluster/fakes/hyperstack/drift.py); it must
+    run with --admin, as the sandbox starts it."""
     base = api_url.rstrip("/").removesuffix("/v1")
-    request = urllib.request.Request(f"{base}{ADMIN_PREFIX}reclaim", method="POST",
-                                     data=json.dumps({"name": name, "mode": mode}).encode(),
+    route, body = ("drift", {"name": name, "action": "stop"}) if mode == "stop" else \
+        ("reclaim", {"name": name, "mode": mode})
+    request = urllib.request.Request(f"{base}{ADMIN_PREFIX}{route}", method="POST", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:

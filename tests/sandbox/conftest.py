@@ -74,6 +74,15 @@ class EmulatorAdmin:
     def vm_posts(self) -> int:
         return sum(1 for r in self.requests() if r["method"] == "POST" and r["path"] == "/core/virtual-machines")
 
+    def drift(self, name: str, action: str, **fields: Any) -> dict:
+        """A change behind the stack's back (kimi_cluster/fakes/hyperstack/drift.py): stop, delete-rule (port=),
+        resize."""
+        base = self.url.removesuffix("/v1")
+        body = json.dumps({"name": name, "action": action, **fields}).encode()
+        request = urllib.request.Request(f"{base}/_emulator/drift", data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return dict(json.loads(answer.read()))
+
     def arm(self, kind: str, **fields: Any) -> None:
         """A fault from now on (the admin route's kinds: rate-limit, server-error, vm-error, stuck-in-build, ...)."""
         base = self.url.removesuffix("/v1")

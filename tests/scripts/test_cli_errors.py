@@ -94,6 +94,16 @@ def test_the_sandboxs_up_options_are_refused_on_another_command(tmp_path, capsys
     assert not (tmp_path / "w").exists()
 
 
+def test_expect_no_changes_is_for_refresh_and_up_and_a_refresh_needs_a_deployed_sandbox(tmp_path, capsys):
+    with pytest.raises(SystemExit) as caught:
+        sandbox_cli.main(["verify", "--workdir", str(tmp_path / "w"), "--expect-no-changes"])
+    assert caught.value.code == 2 and "applies to up and refresh only" in capsys.readouterr().err
+    for argv in (["refresh"], ["refresh", "--expect-no-changes"], ["up", "--expect-no-changes"]):
+        assert sandbox_cli.main([*argv, "--workdir", str(tmp_path / "w")]) == 2
+        one_error_line(capsys)  # no sandbox there: one line, no traceback
+    assert not (tmp_path / "w").exists()
+
+
 def test_sandbox_reports_a_broken_record_in_one_line(tmp_path, capsys):
     work = Workdir(tmp_path / "w")
     work.claim(create=True)

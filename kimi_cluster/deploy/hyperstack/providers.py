@@ -35,7 +35,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from kimi_cluster.deploy.hyperstack import progress, vm_create
+from kimi_cluster.deploy.hyperstack import drift, progress, vm_create
 from kimi_cluster.deploy.hyperstack.failures import ProvisioningError, transient
 from kimi_cluster.deploy.hyperstack.inputs import (
     as_int,
@@ -90,6 +90,14 @@ def client() -> HyperstackClient:
 
 
 class HyperstackProvider(ResourceProvider):
+    # The serialized provider (the `__provider` input and output of every resource of this type) is a secret only
+    # when it captured a secret Output (pulumi/dynamic/dynamic.py, Resource.__init__: `serialize_as_secret_always or
+    # contains_secrets`). This class holds nothing on self and its pickle names its module and class only (dill
+    # pickles an importable class by reference), so there is nothing in it to hide; as a secret it only cost an
+    # encryption per resource on every write of the state and a decryption on every read. Its own diff never reads
+    # `__provider`, so a stack whose state holds the old, secret blob sees no change.
+    serialize_as_secret_always = False
+
     def configure(self, req: ConfigureRequest) -> None:
         for key in _CONFIG_KEYS:
             value = req.config.get(key)
@@ -288,30 +296,14 @@ class VirtualMachineProvider(HyperstackProvider):
         # created, or the replacement would adopt the VM that is about to be deleted.
         olds = {**olds, "user_data": user_data_digest(olds)}
         news = {**news, "user_data": user_data_digest(news)}
-        lost = self._lost(_id)
-        if lost:
-            # The cloud took it away (a reclaim, a hardware fault): `pulumi up` alone brings it back, no refresh needed.
-            progress.warn(f"VM {news.get('name') or _id} (id {_id}) {lost}: it is created again")
-            return DiffResult(changes=True, replaces=["name"], delete_before_replace=True)
+        drifted = drift.asked(lambda api: drift.vm_drift(api, _id, olds), client)
+        if drifted:
+            # Changed behind Pulumi's back (a reclaim, a fault, a stop, a resize): `pulumi up` alone makes it again.
+            reason, keys = drifted
+            progress.warn(f"VM {news.get('name') or _id} (id {_id}) {reason}: it is REPLACED (deleted first, then "
+                          "created again with its whole chain and its rules)")
+            return DiffResult(changes=True, replaces=keys, delete_before_replace=True)
         return diff_inputs(olds, news, VM_REPLACE, VM_UPDATE, True)
-
-    @staticmethod
-    def _lost(id_: str) -> str | None:
-        """Why the VM with this id is gone or dead (404, DELETING, ERROR), or None; an unreadable API says nothing:
-        the diff then goes by the inputs alone, as without this check."""
-        if not id_ or not str(id_).isdigit():
-            return None
-        try:
-            with client() as api:
-                vm = api.get_vm(as_int(id_))
-        except HyperstackError as err:
-            return "no longer exists (the API answers 404)" if err.not_found else None
-        status = str(vm.get("status") or "")
-        if status in GONE:
-            return f"is {status} although nothing here deleted it"
-        if status == "ERROR":
-            return "is in ERROR"
-        return None
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         require_valid(self, props)
@@ -359,6 +351,7 @@ class VirtualMachineProvider(HyperstackProvider):
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         timings = timing_inputs(VmSpec, props)
+        drift.forget(id_)
         with client() as api:
             delete_vm_and_wait(api, as_int(id_), f"VM {props.get('name', id_)!r} (id {id_})",
                                timings["delete_timeout_seconds"], timings["poll_interval_seconds"])
@@ -374,6 +367,11 @@ class SecurityRuleProvider(HyperstackProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         changed = [k for k in RULE_INPUTS if rule_value(olds, k) != rule_value(news, k)]
+        if not changed and drift.asked(lambda api: drift.rule_gone(api, _id, olds, news), client):
+            port = opt_int(olds.get("port_range_min"))
+            progress.warn(f"firewall rule {_id} ({olds.get('protocol')} port {port} from {olds.get('remote_ip_prefix')}"
+                          f") is gone from VM {olds.get('vm_id')}: it is created again")
+            changed = ["vm_id"]
         # Create-before-delete: the new rule is in place before the old one goes, so access never lapses.
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
@@ -381,6 +379,7 @@ class SecurityRuleProvider(HyperstackProvider):
         require_valid(self, props)
         vm_id = as_int(props["vm_id"])
         wanted = rule_key(props)
+        drift.forget(vm_id)
         with client() as api:
             rule = self._find(api, vm_id, wanted)
             if rule is None:
@@ -420,6 +419,7 @@ class SecurityRuleProvider(HyperstackProvider):
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         with client() as api:
+            drift.forget(props["vm_id"])
             try:
                 api.delete_vm_security_rule(as_int(props["vm_id"]), as_int(id_))
             except HyperstackError as err:

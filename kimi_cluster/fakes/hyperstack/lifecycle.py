@@ -8,6 +8,7 @@ import time
 from kimi_cluster.hyperstack.records import FlavorRecord, VmEventRecord
 
 from .catalog import DEFAULT_VMS_IN_STOCK
+from .power import power_status
 from .state import Cloud, Vm, now_iso
 
 
@@ -21,6 +22,8 @@ def status(cloud: Cloud, vm: Vm) -> tuple[str, str | None, str | None]:
     life = cloud.lifecycle
     if vm.deleting_since is not None:
         return "DELETING", None, None
+    if (powered := power_status(cloud, vm)) is not None:  # a stop or start behind its status (drift.py)
+        return powered
     age = time.monotonic() - vm.created
     if age < life.creating_seconds:
         return "CREATING", "ATTACHING" if vm.assign_floating_ip else None, None

@@ -18,7 +18,7 @@ from kimi_cluster.hyperstack.records import (
 from .lifecycle import status, vms_left
 from .state import Cloud, Vm
 
-_VM_STATES = {"ACTIVE": "active", "ERROR": "error", "DELETING": "deleted"}
+_VM_STATES = {"ACTIVE": "active", "ERROR": "error", "DELETING": "deleted", "SHUTOFF": "stopped"}
 
 
 def environment_record(env: dict[str, Any]) -> EnvironmentRecord:
@@ -60,7 +60,7 @@ def vm_record(cloud: Cloud, vm: Vm) -> VmRecord:
                             features={})
     return VmRecord(
         id=vm.id, name=vm.name, status=state,
-        power_state="RUNNING" if state == "ACTIVE" else "NOSTATE",
+        power_state={"ACTIVE": "RUNNING", "SHUTOFF": "SHUTDOWN"}.get(state, "NOSTATE"),
         vm_state=_VM_STATES.get(state, "building"),
         fixed_ip=None if state == "CREATING" else vm.fixed_ip,
         floating_ip=floating_ip, floating_ip_status=fip_status,

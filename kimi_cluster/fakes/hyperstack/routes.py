@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from . import billing, catalog_api, environments, rules, vms
+from . import billing, catalog_api, drift, environments, rules, vms
 from .state import ApiError, Cloud
 
 _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
@@ -32,6 +32,7 @@ _ROUTE_TABLE: list[tuple[str, str, Callable[..., Any]]] = [
     ("POST", r"/core/virtual-machines/(\d+)/sg-rules", rules.add_rule),
     ("DELETE", r"/core/virtual-machines/(\d+)/sg-rules/(\d+)", rules.delete_rule),
     ("GET", r"/billing/billing/history/virtual-machine", billing.vm_billing_history),
+    *drift.ROUTES,
 ]
 ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = [(m, re.compile(p), f) for m, p, f in _ROUTE_TABLE]
 

@@ -64,6 +64,7 @@ class Vm:
     deleting_since: float | None = None
     rules: dict[int, Rule] = field(default_factory=dict)
     events: list[VmEventRecord] = field(default_factory=list)
+    power: Any = None  # a stop or start behind its status (power.py, drift.py)
 
 
 @dataclass
@@ -151,7 +152,7 @@ class Cloud:
             self.nodes.shutdown(vm.fixed_ip)
 
     def firewall(self, vm: Vm) -> None:
-        if self.nodes is not None and vm.fate == "active":
+        if self.nodes is not None and vm.fate == "active" and vm.power is None:  # a stopped node runs no firewall
             self.nodes.firewall(vm.fixed_ip, [r.fields() for r in vm.rules.values()])
 
     def find_env(self, name: str) -> dict[str, Any] | None:

@@ -1,0 +1,111 @@
+"""A running cluster survives its own upgrade: a sandbox stack brought up by the previous release (a git worktree
+of its commit, named in docs/CHANGELOG.md, with its own virtualenv) is upgraded by `up` with the working tree on the
+same workdir and state. The CLI's own preview (`pulumi preview --diff --json`) proves that no VM, keypair,
+environment, rule, certificate, host key or generated secret is replaced, created or deleted, and that no node step
+runs again but those the changelog's entry for this release names ("Steps that run again:"); the up itself creates,
+replaces and deletes nothing, and `verify` passes. A change that would replace a VM fails this test on its own:
+its changelog entry must then say so, and this test must be told to expect it.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from kimi_cluster.release import VERSION_OUTPUT, __version__
+from kimi_cluster.sandbox import releases
+
+from .conftest import NOT_COMPILING, leftover_processes, ok, report, wait_for
+
+pytestmark = [pytest.mark.flow, pytest.mark.timeout(2400)]
+CHANGELOG = (Path(__file__).resolve().parents[2] / "docs" / "CHANGELOG.md").read_text()
+# What this release's changelog entry says an up runs again on every stack (the flows' stacks set no key that adds
+# more: no kernelCache, kernelWarmup or guard).
+RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__)
+
+
+def _no_change_but_the_named_steps(summary_text: str, updated: list[str]) -> None:
+    """The up's own summary: nothing created, replaced or deleted; as many updated as the preview's named steps."""
+    assert not re.search(r"created|replaced|deleted", summary_text), summary_text
+    count = re.search(r"(\d+) updated", summary_text)
+    assert (int(count.group(1)) if count else 0) == len(updated), (summary_text, updated)
+
+
+def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox) -> None:
+    old = releases.release_checkout(releases.PREVIOUS_RELEASE)
+    run = sandbox()
+    first = releases.sandbox_command(old, run.workdir, "up", "--topology", "h100x4-sglang", "--no-timeline",
+                                     "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert VERSION_OUTPUT not in run.outputs()  # 0.1.0 recorded no release
+    assert "deployed by kimi-cluster before 0.2.0" in ok(run("status"))
+
+    plan = releases.preview_upgrade(run.workdir, io.StringIO())
+    found = releases.verdict(plan["steps"])
+    summary = plan.get("changeSummary") or {}
+    report(f"upgrade {releases.PREVIOUS_RELEASE} -> {__version__}: the preview's changeSummary {summary}; "
+           f"replaced {len(found['replaced'])}, updated {len(found['updated'])}, other {len(found['other'])}")
+    assert found["replaced"] == [], releases.describe(found)
+    # Every resource of the 4-node stack is the same but the steps the changelog names (the stack's outputs change:
+    # a new one, a fresh price's time).
+    assert set(summary) <= {"same", "update"} and summary["same"] >= 40, summary
+    assert releases.unexpected_updates(found["updated"], RUN_AGAIN) == [], releases.describe(found)
+    assert found["other"] == [], releases.describe(found)
+
+    upgraded = ok(run("up"))
+    _no_change_but_the_named_steps(upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0], found["updated"])
+    assert run.outputs()[VERSION_OUTPUT] == __version__
+    assert "release:" not in ok(run("status"))
+    assert "no changes" in ok(run("refresh", "--expect-no-changes"))
+    assert "no changes" in ok(run("up", "--expect-no-changes"))
+    ok(run("verify"))
+    # The upgrade's up recorded each rule's deletedWith (an option: no step, but the state takes it), so the
+    # upgraded stack's destroy makes no call per rule either.
+    rules = [r for r in run.resources() if r["type"].endswith("hyperstack:SecurityRule")]
+    with_vm = [r for r in rules if r.get("deletedWith")]
+    report(f"upgraded stack: {len(with_vm)} of {len(rules)} rules record deletedWith")
+    assert rules and len(with_vm) == len(rules), rules[0]
+    ok(run("destroy"))
+    assert leftover_processes(run.workdir) == []
+
+
+def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same upgrade under traffic: two b300x1-vllm replicas behind the front, chats and streams through it for
+    the whole `up` with the working tree; not one request fails, and nothing is replaced."""
+    from benchmarks.bench_replicas import Tally, run_load
+
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # answers in about a second: many during the up
+    old = releases.release_checkout(releases.PREVIOUS_RELEASE)
+    run = sandbox()
+    first = releases.sandbox_command(old, run.workdir, "up", "--topology", "b300x1-vllm", "--config", "replicas=2",
+                                     "--no-timeline", "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
+    assert first.returncode == 0, first.stdout[-4000:]
+    found = releases.verdict(releases.preview_upgrade(run.workdir, io.StringIO())["steps"])
+    assert found["replaced"] == [] and found["other"] == [], releases.describe(found)
+    assert releases.unexpected_updates(found["updated"], RUN_AGAIN) == [], releases.describe(found)
+
+    outputs = run.outputs()
+    ca = run.workdir / "upgrade-ca.pem"
+    ca.write_text(outputs["ca_certificate"])
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], str(ca), outputs["served_model_name"], 4,
+                       stop, tally)
+    try:
+        assert wait_for("a request through the front", lambda: tally.requests >= 4, 60)
+        before = tally.requests
+        upgraded = ok(run("up"))
+        during = tally.requests - before
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    _no_change_but_the_named_steps(upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0], found["updated"])
+    report(f"upgrade with 2 replicas: {during} requests during the up, {len(tally.failed)} failed, "
+           f"{len(tally.streams_cut)} streams cut, {len(tally.stream_refused)} refused")
+    assert during > 0 and tally.failed == [] and tally.streams_cut == [] and tally.stream_refused == [], tally
+    ok(run("verify"))
+    ok(run("destroy"))
