@@ -411,8 +411,8 @@ def test_legitimate_namespaces_are_accepted(tmp_path):
     ({"hyperstack:retryBaseSeconds": "1e9"}, "hyperstack:retryBaseSeconds '1e9' is not a number of seconds"),
 ], ids=["namespace", "retry base"])
 def test_the_program_refuses_before_registering_anything(extra, needle):
+    from tests.deploy.test_program import config, outputs_for
     from tests.pulumi_harness import Recording, run_program
-    from tests.test_program import config, outputs_for
 
     cfg, secret = config()
     recording = Recording()
@@ -422,8 +422,8 @@ def test_the_program_refuses_before_registering_anything(extra, needle):
 
 
 def test_the_program_refuses_a_retry_base_variable(monkeypatch):
+    from tests.deploy.test_program import config, outputs_for
     from tests.pulumi_harness import run_program
-    from tests.test_program import config, outputs_for
 
     monkeypatch.setenv("HYPERSTACK_RETRY_BASE_SECONDS", "inf")
     with pytest.raises(pulumi.RunError, match="HYPERSTACK_RETRY_BASE_SECONDS 'inf' is not a number of seconds"):

@@ -181,8 +181,8 @@ def test_a_benchmark_sent_sigterm_runs_its_finally_which_destroys_its_sandbox(tm
 def test_the_program_checks_the_caretakers_key_before_registering_anything(key_text, needle):
     import pulumi
 
+    from tests.deploy.test_program import config, outputs_for
     from tests.pulumi_harness import Recording, run_program
-    from tests.test_program import config, outputs_for
 
     cfg, secret = config(idleStopMinutes="15", caretakerApiKey=key_text)
     recording = Recording()

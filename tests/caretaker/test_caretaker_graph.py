@@ -11,9 +11,9 @@ import re
 
 import pytest
 
+from tests.deploy.test_program import config
+from tests.deploy.test_replicas import outputs_for  # the front's address too
 from tests.pulumi_harness import Recording, run_program
-from tests.test_program import config
-from tests.test_replicas import outputs_for  # the front's address too
 
 CANARY_CARETAKER = "caretaker-canary-key-3e9f"
 

@@ -15,9 +15,9 @@ from kimi_cluster.plan import kernel_cache_key
 from kimi_cluster.plan.steps.render import render_node_scripts
 from kimi_cluster.plan.steps.table import STEPS
 from kimi_cluster.settings import SettingsError
+from tests.deploy.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import dumps, run_program
-from tests.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
 
 CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"  # well-formed: credentials without their ':' are refused
 

@@ -9,8 +9,8 @@ import pulumi
 import pytest
 
 from kimi_cluster.deploy.ssh_agent import dead_agent_socket
+from tests.deploy.test_program import config, outputs_for
 from tests.pulumi_harness import Recording, run_program
-from tests.test_program import config, outputs_for
 
 
 def test_no_agent_socket_is_fine() -> None:

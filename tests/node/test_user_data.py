@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.deploy.vm import _HostKeyProvider
+from tests.deploy.test_program import config, outputs_for
 from tests.pulumi_harness import run_program
-from tests.test_program import config, outputs_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(
     shutil.which("cloud-init") is None,

@@ -15,8 +15,8 @@ from kimi_cluster.plan.steps.model import FRONT, VmSpot
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings import Settings
 from kimi_cluster.settings.loader import load_settings
-from tests.steps.graph_record import STACKS, TLS, outputs_for, run_stack
-from tests.test_program import config
+from tests.deploy.test_program import config
+from tests.plan.graph_record import STACKS, TLS, outputs_for, run_stack
 
 
 def stack_settings(stack: str) -> Settings:
@@ -26,7 +26,7 @@ def stack_settings(stack: str) -> Settings:
 
 
 def mock_spots(settings: Settings) -> dict[str, VmSpot]:
-    """What the program's VMs report under the mocks (tests/test_replicas.py outputs_for), as spots."""
+    """What the program's VMs report under the mocks (tests/deploy/test_replicas.py outputs_for), as spots."""
     assert TLS is not None
     vms = resolve_vms(settings, "kimi")
     at = {vm.resource: outputs_for("hyperstack:index:VirtualMachine", vm.resource, {}) for vm in vms}

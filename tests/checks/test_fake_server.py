@@ -16,7 +16,7 @@ from kimi_cluster.checks import make_split_png
 from kimi_cluster.fakes.inference.cli import settings_from_args
 from kimi_cluster.fakes.inference.png import colour_name, half_colours
 from kimi_cluster.fakes.inference.settings import FakeSettings
-from tests.verification.conftest import KEY, MODEL, REPO
+from tests.checks.conftest import KEY, MODEL, REPO
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

@@ -23,7 +23,7 @@ from kimi_cluster.operator import status_gather, status_replicas
 from kimi_cluster.operator.stack_state import parse_state
 from kimi_cluster.operator.status_report import format_report
 from tests.node.conftest import make_settings
-from tests.status.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
+from tests.operator.test_status_parts import HOST_KEY, PRIVATE, _export, _secret
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

@@ -16,9 +16,9 @@ from kimi_cluster.plan.step_scripts import PLAN_TLS
 from kimi_cluster.plan.steps import render as steps_render
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
+from tests.deploy.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
+from tests.deploy.test_program import outputs_for as one_replica_outputs
 from tests.pulumi_harness import dumps, run_program
-from tests.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
-from tests.test_program import outputs_for as one_replica_outputs
 
 # Replica r, rank n: public 198.51.100.<10 + 10r + n>, private 10.0.<r>.<10 + n>; the front .200 / 10.0.9.9.
 FRONT_PUBLIC, FRONT_PRIVATE = "198.51.100.200", "10.0.9.9"

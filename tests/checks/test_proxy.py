@@ -16,7 +16,7 @@ from kimi_cluster.deploy import tls
 from kimi_cluster.fakes.head import ProxiedEngine
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
-from tests.verification.conftest import KEY, MODEL
+from tests.checks.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

@@ -11,8 +11,8 @@ from kimi_cluster.plan import kernel_cache_key, launch
 from kimi_cluster.plan.admission import admit
 from kimi_cluster.settings import SettingsError, catalog
 from kimi_cluster.settings.loader import load_settings
+from tests.deploy.test_program import CANARY_API, config, outputs_for
 from tests.pulumi_harness import run_program
-from tests.test_program import CANARY_API, config, outputs_for
 
 LAYOUT_FLAGS = {
     "tp8": ["--tensor-parallel-size 8"],

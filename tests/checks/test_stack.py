@@ -21,7 +21,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime.settings import SETTINGS
 
 from kimi_cluster.checks import CHECK_NAMES, VerificationFailed, verification_resource, verification_stack
-from tests.verification.conftest import KEY, MODEL, VERIFICATION_DIR, tls_material
+from tests.checks.conftest import KEY, MODEL, VERIFICATION_DIR, tls_material
 
 CLUSTER = "organization/kimi-cluster/dev"
 DYNAMIC_TYPE = "pulumi-python:dynamic/kimi-verification:EndpointVerification"

@@ -16,8 +16,8 @@ from kimi_cluster.plan import kernel_cache_key, launch, proxy
 from kimi_cluster.plan.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
+from tests.deploy.test_program import CANARY_API, config, outputs_for
 from tests.pulumi_harness import run_program
-from tests.test_program import CANARY_API, config, outputs_for
 
 IMAGE = "lightseekorg/tokenspeed:0.1.1@sha256:" + "ab" * 32
 BASE = {"operatorCidr": "203.0.113.7/32", "sshPublicKey": "ssh-ed25519 AAAAC3Nza test",

@@ -15,7 +15,7 @@ import pulumi
 import pytest
 
 from kimi_cluster.settings import Settings
-from tests.steps.graph_record import STACKS, run_stack
+from tests.plan.graph_record import STACKS, run_stack
 
 
 def _holds_settings(value: Any, path: str, seen: set[int]) -> Iterator[str]:

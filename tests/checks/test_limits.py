@@ -20,7 +20,7 @@ from requests.adapters import HTTPAdapter
 
 from kimi_cluster import checks as v
 from kimi_cluster.checks.client import MAX_ANSWER_BYTES
-from tests.verification.conftest import KEY, MODEL
+from tests.checks.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

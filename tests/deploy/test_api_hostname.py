@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 
 from kimi_cluster.deploy import tls
+from tests.deploy.test_program import config, outputs_for
 from tests.pulumi_harness import dumps, run_program
-from tests.test_program import config, outputs_for
 
 HOST = "kimi.team.example.com"
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kimi_cluster.checks import CHECK_NAMES
-from tests.verification.conftest import KEY, MODEL, REPO, tls_material
+from tests.checks.conftest import KEY, MODEL, REPO, tls_material
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

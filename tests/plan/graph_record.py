@@ -1,8 +1,8 @@
 """The program's whole graph under Pulumi's mocks, as plain data a fixture can hold: every resource's URN, parent,
 dependencies and custom timeouts, and every remote command's text (its script included) and secret stdin.
 
-`python -m tests.steps.graph_record` writes tests/fixtures/step_graph/*.json from the code as it stands (run it only
-to record a deliberate change); tests/steps/test_graph_unchanged.py compares the program against them. The
+`python -m tests.plan.graph_record` writes tests/fixtures/step_graph/*.json from the code as it stands (run it only
+to record a deliberate change); tests/plan/test_graph_unchanged.py compares the program against them. The
 certificates are fixed (tls.json), so the proxy scripts that carry them stay byte-identical run to run.
 """
 
@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.deploy.test_program import config
+from tests.deploy.test_replicas import outputs_for as replica_outputs
 from tests.pulumi_harness import Recording, run_program
-from tests.test_program import config
-from tests.test_replicas import outputs_for as replica_outputs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "step_graph"
 TLS = json.loads((FIXTURES / "tls.json").read_text()) if (FIXTURES / "tls.json").exists() else None
@@ -38,8 +38,8 @@ STACKS: dict[str, dict[str, str]] = {
 
 
 def outputs_for(typ: str, name: str, inputs: dict) -> dict:
-    """tests/test_replicas.py's addresses (one replica and many, the front), with the fixed certificates."""
-    assert TLS is not None, "record tls.json first (python -m tests.steps.graph_record --tls)"
+    """tests/deploy/test_replicas.py's addresses (one replica and many, the front), with the fixed certificates."""
+    assert TLS is not None, "record tls.json first (python -m tests.plan.graph_record --tls)"
     if typ.endswith(":CertificateAuthority"):
         return {"cert_pem": TLS["ca_pem"], "key_pem": TLS["ca_key"]}
     if typ.endswith(":ServerCertificate"):

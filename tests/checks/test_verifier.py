@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kimi_cluster import checks as v
-from tests.verification.conftest import KEY, MODEL
+from tests.checks.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 

@@ -1,6 +1,6 @@
 """A live stack upgrades without change: the program's URNs, parents, component types, dependencies, timeouts,
 every remote command's text (its script byte for byte) and its secret stdin are what the recorded fixtures hold
-(tests/fixtures/step_graph/, written by `python -m tests.steps.graph_record` from the code before the step table).
+(tests/fixtures/step_graph/, written by `python -m tests.plan.graph_record` from the code before the step table).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.steps.graph_record import FIXTURES, STACKS, graph, run_stack
+from tests.plan.graph_record import FIXTURES, STACKS, graph, run_stack
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
