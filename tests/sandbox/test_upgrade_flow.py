@@ -28,6 +28,17 @@ CHANGELOG = (Path(__file__).resolve().parents[2] / "docs" / "CHANGELOG.md").read
 RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__)
 
 
+def _previous_release() -> Path:
+    """The previous release's checkout; a clone without its commit (a shallow one) cannot prove the upgrade, and
+    says how to get it rather than fail on a missing source."""
+    try:
+        return releases.release_checkout(releases.PREVIOUS_RELEASE)
+    except releases.ReleaseError as err:
+        if "not in this clone's history" in str(err):
+            pytest.skip(str(err))
+        raise
+
+
 def _no_change_but_the_named_steps(summary_text: str, updated: list[str]) -> None:
     """The up's own summary: nothing created, replaced or deleted; as many updated as the preview's named steps."""
     assert not re.search(r"created|replaced|deleted", summary_text), summary_text
@@ -36,7 +47,7 @@ def _no_change_but_the_named_steps(summary_text: str, updated: list[str]) -> Non
 
 
 def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox) -> None:
-    old = releases.release_checkout(releases.PREVIOUS_RELEASE)
+    old = _previous_release()
     run = sandbox()
     first = releases.sandbox_command(old, run.workdir, "up", "--topology", "h100x4-sglang", "--no-timeline",
                                      "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
@@ -79,7 +90,7 @@ def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, mon
     from benchmarks.bench_replicas import Tally, run_load
 
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # answers in about a second: many during the up
-    old = releases.release_checkout(releases.PREVIOUS_RELEASE)
+    old = _previous_release()
     run = sandbox()
     first = releases.sandbox_command(old, run.workdir, "up", "--topology", "b300x1-vllm", "--config", "replicas=2",
                                      "--no-timeline", "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
