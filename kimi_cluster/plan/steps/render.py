@@ -31,12 +31,13 @@ def render_spot_step(settings: Settings, step: str, spot: NodeSpot, timing: Timi
     return text + entry.suffix(settings) if entry.suffix is not None else text
 
 
-def render_vm_scripts(settings: Settings, vm: VmPlan, spot: VmSpot,
-                      steps: Sequence[str] | None = None) -> dict[str, str]:
+def render_vm_scripts(settings: Settings, vm: VmPlan, spot: VmSpot, steps: Sequence[str] | None = None,
+                      timing: Timing | None = None) -> dict[str, str]:
     """Every script `vm` runs (or those of `steps`), by step, in order: each step sees of `spot` only the fields
-    its table entry reads, so a spot that holds only those renders the same script."""
-    return {s.step: render_spot_step(settings, s.step, _seen(BY_NAME[s.step].view, vm, spot)) for s in vm.steps
-            if steps is None or s.step in steps}
+    its table entry reads, so a spot that holds only those renders the same script. `timing` defaults to the
+    stack's own."""
+    return {s.step: render_spot_step(settings, s.step, _seen(BY_NAME[s.step].view, vm, spot), timing)
+            for s in vm.steps if steps is None or s.step in steps}
 
 
 def _seen(view: View, vm: VmPlan, spot: VmSpot) -> NodeSpot:
@@ -74,7 +75,4 @@ def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_pri
         vm = dataclasses.replace(vm, peer_rank=peer_rank)
     spot = VmSpot(private_ip=private_ip, head_private_ip=head_private_ip, public_ip=public_ip,
                   tls=tls if rank == 0 and replica == 0 and not settings.has_front else None, peer_ips=peer_ips)
-    if timing is None:
-        return render_vm_scripts(settings, vm, spot)
-    return {s.step: render_spot_step(settings, s.step, _seen(BY_NAME[s.step].view, vm, spot), timing)
-            for s in vm.steps}
+    return render_vm_scripts(settings, vm, spot, timing=timing)
