@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kimi_cluster.fakes.hub import FakeHub, Faults
@@ -32,3 +34,15 @@ def hub():
 def hub_with(**faults) -> FakeHub:
     token = faults.pop("token", None)
     return FakeHub(REPO, REVISION, token=token, faults=Faults(**faults))
+
+
+def chmod_spy(tmp_path: Path, container: str) -> tuple[Path, Path]:
+    """A `chmod` to put first on PATH: before running the real one it records in the returned file which containers
+    named `container` run (their ids, one a line) and then `chmod`. (the folder to prepend, the record)"""
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    seen = tmp_path / "running-at-chmod"
+    (spy / "chmod").write_text(f'#!/bin/bash\ndocker ps -q --filter name=^{container}$ --filter status=running '
+                               f'>> {seen}\necho chmod >> {seen}\nexec /bin/chmod "$@"\n')
+    (spy / "chmod").chmod(0o755)
+    return spy, seen

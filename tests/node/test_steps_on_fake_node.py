@@ -15,7 +15,7 @@ import pytest
 
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan.steps.render import render_node_scripts, render_step
-from tests.node.conftest import FAST, REVISION, make_settings
+from tests.node.conftest import FAST, REVISION, chmod_spy, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
 
@@ -217,12 +217,7 @@ def test_tokenspeeds_recursive_chmod_of_the_cache_runs_only_once_the_old_engine_
     on PATH ahead of the real one records which engine containers run when it is called."""
     _weights_on_disk(node)
     image = "lightseekorg/tokenspeed:0.1.1@sha256:" + "ab" * 32
-    spy = tmp_path / "spy"
-    spy.mkdir()
-    seen = tmp_path / "running-at-chmod"
-    (spy / "chmod").write_text(f'#!/bin/bash\ndocker ps -q --filter name=^kimi-engine$ --filter status=running '
-                               f'>> {seen}\necho chmod >> {seen}\nexec /bin/chmod "$@"\n')
-    (spy / "chmod").chmod(0o755)
+    spy, seen = chmod_spy(tmp_path, "kimi-engine")
     path = f"{spy}:{node.env['PATH']}"
     ok(node.run(scripts_for(node, "b300x1-tokenspeed", image=image, maxModelLen=65536)["launch"], PATH=path))
     assert node.container("kimi-engine")["status"] == "running"

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.node.conftest import FAST, REVISION
+from tests.node.conftest import FAST, REVISION, chmod_spy
 from tests.node.test_steps_on_fake_node import ok, scripts_for
 
 pytestmark = pytest.mark.integration
@@ -27,12 +27,7 @@ def test_the_warmups_recursive_chmod_runs_only_once_an_earlier_warmup_container_
     # The earlier warm-up, still running with the cache mounted.
     ok(node.run("docker run -d --name kimi-warmup --restart no lightseekorg/tokenspeed:0.1.1 serve >/dev/null"))
     assert node.container("kimi-warmup")["status"] == "running"
-    spy = tmp_path / "spy"
-    spy.mkdir()
-    seen = tmp_path / "running-at-chmod"
-    (spy / "chmod").write_text(f'#!/bin/bash\ndocker ps -q --filter name=^kimi-warmup$ --filter status=running '
-                               f'>> {seen}\necho chmod >> {seen}\nexec /bin/chmod "$@"\n')
-    (spy / "chmod").chmod(0o755)
+    spy, seen = chmod_spy(tmp_path, "kimi-warmup")
     scripts = scripts_for(node, "b300x1-tokenspeed", image=IMAGE, kernelWarmup=True,
                           timing=replace(FAST, warmup_timeout_s=1))
     assert 'chmod -R a+rwX "$CACHE"' in scripts["warmup"]
