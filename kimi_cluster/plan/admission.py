@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kimi_cluster.plan import launch
 from kimi_cluster.plan.steps.clocks import deadline_s
+from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.plan.steps.table import CACHE_STEP_NAMES, NAMES, TABLE
 from kimi_cluster.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, NAMESPACE, Settings, SettingsError
 from kimi_cluster.settings.errors import shown
@@ -43,9 +44,11 @@ def step_deadline_problems(settings: Settings) -> list[str]:
 
 def node_timing_problems(settings: Settings) -> list[str]:
     """nodeTiming as a whole: no step's deadline past the week stepDeadlineMinutes allows (unless the defaults'
-    own already is, with a week-long downloadTimeoutMinutes), for the steps stepDeadlineMinutes leaves to it."""
+    own already is, with a week-long downloadTimeoutMinutes), for the steps this stack runs that stepDeadlineMinutes
+    leaves to it."""
     problems = []
-    for step, keys in ((s.name, s.timing_keys) for s in TABLE if s.timing_keys):
+    runs = {plan.step for vm in resolve_vms(settings, "admission") for plan in vm.steps}
+    for step, keys in ((s.name, s.timing_keys) for s in TABLE if s.timing_keys and s.name in runs):
         if settings.step_deadline_minutes.get(step):
             continue  # its own deadline bounds it
         limit = max(DURATION_MAX_MINUTES * 60, deadline_s(step, Timing(), settings))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kimi_cluster.plan import firewall, proxy
+from kimi_cluster.plan import firewall, proxy, resume
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING, FrontTuning
 from kimi_cluster.plan.render import render
 from kimi_cluster.settings import Settings, catalog
@@ -34,7 +34,8 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
                   admin_socket=proxy.ADMIN_SOCKET,
                   upstreams=upstreams(settings, head_private_ips), key_file=proxy.KEY_FILE,
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
-                  unauthorized_body=proxy.UNAUTHORIZED_BODY, caretaker=settings.guarded, **tuning.__dict__)
+                  unauthorized_body=proxy.UNAUTHORIZED_BODY, caretaker=settings.guarded,
+                  resume_to=resume.resume_address() if settings.resumes_streams else "", **tuning.__dict__)
 
 
 def front_rules(settings: Settings) -> list[firewall.RuleSpec]:

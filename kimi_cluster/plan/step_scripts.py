@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kimi_cluster.node import weights
-from kimi_cluster.plan import caretaker, front_config, kernel_cache_key, launch, proxy, warmup
+from kimi_cluster.plan import caretaker, front_config, kernel_cache_key, launch, proxy, resume, warmup
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
 from kimi_cluster.plan.render import ShellExpr, Verbatim
 from kimi_cluster.settings import WARMUP_ENGINE_PORT, Settings
@@ -284,6 +284,20 @@ def proxy_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,
 def front_ready_values(_settings: Settings, _step: str, _spot: NodeSpot, timing: Timing,
                        _deadline_s: int) -> dict[str, Any]:
     return {"cloud_init_timeout_s": timing.cloud_init_timeout_s, "docker_timeout_s": timing.docker_timeout_s}
+
+
+def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
+    """The front's resuming layer (resumeStreams): vLLM's render server in the engine's image, then the program."""
+    heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(settings.replicas)])
+    return {"container": resume.RENDER_CONTAINER, "unit": resume.UNIT, "image": settings.container_image,
+            "fingerprint": resume.render_fingerprint(settings), "fingerprint_label": resume.FINGERPRINT_LABEL,
+            "docker_argv": resume.render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
+            "render_url": resume.render_url(), "resume_address": resume.resume_address(),
+            "resumer_argv": resume.resumer_argv(heads, settings), "replicas": len(heads),
+            "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
+            "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,
+            "resume_timeout_s": timing.proxy_timeout_s, "log_tail": timing.log_tail,
+            "ship_files": shipped(resume.PROGRAM), "ship_packages": shipped_packages(resume.PROGRAM)}
 
 
 def readiness_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,

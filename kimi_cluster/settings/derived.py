@@ -62,6 +62,7 @@ class DerivedValues:
         region: str
         regions: list[str] | None
         replicas: int
+        resume_streams: bool
         served_model_name: str | None
         stack: str
         tls_certificate: str | None
@@ -247,6 +248,13 @@ class DerivedValues:
     @property
     def has_front(self) -> bool:
         return self.replicas > 1
+
+    @property
+    def resumes_streams(self) -> bool:
+        """Whether the front carries a stream on to the twin when its replica is lost: behind a front, with vLLM, the
+        one pinned engine with a token-level door (SGLang's /generate has no render and derender; TokenSpeed's smg
+        gateway none), unless resumeStreams is false."""
+        return self.has_front and self.engine_name == "vllm" and self.resume_streams
 
     @property
     def front_name(self) -> str:

@@ -113,6 +113,8 @@ class Settings(DerivedValues, BaseModel):
     front_os_image: str | None = Field(None, alias="frontOsImage")
     front_hourly_price_usd: float | None = Field(None, alias="frontHourlyPriceUsd", gt=0, le=1000,
                                                  allow_inf_nan=False)
+    # Behind a front, a stream whose replica is lost carries on on the twin (kimi_cluster/plan/resume.py); vLLM only.
+    resume_streams: bool = Field(True, alias="resumeStreams")
 
     # The API the cluster is compared with (plan: break-even; status: cost per token). Defaults: catalog.py.
     api_input_price_usd_per_m: float | None = Field(None, alias="apiInputPriceUsdPerM", ge=0, le=10_000,

@@ -90,11 +90,19 @@ TABLE: tuple[Step, ...] = (
     Step("front-ready", "wait for cloud-init and Docker on the front", v.front_ready_values,
          lambda t, _s: t.cloud_init_timeout_s + t.docker_timeout_s + t.deadline_slack_s, FRONT, CHAIN,
          after=("@rules",), timing_keys="cloudInitTimeoutS, dockerTimeoutS"),
+    # The front's resuming layer (resumeStreams, vLLM): its render server reads the model's tokenizer with the hub
+    # token. Before the proxy, which hands it the chat requests.
+    Step("resume", "start vLLM's render server and the resuming layer that carries a stream on to another replica "
+                   "when its own is lost", v.resume_values,
+         lambda t, _s: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts)
+         + 2 * t.proxy_timeout_s + t.deadline_slack_s, FRONT, CHAIN, when=lambda s, _p: s.resumes_streams,
+         after=("front-ready",), stdin=("hf_token",),
+         timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts), proxyTimeoutS"),
     # On the endpoint's VM. It needs only its image (on the head) and runs, answering 502 for anything but 401s,
     # while the weights arrive; the front's may start at once.
     Step("proxy", "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
          v.proxy_values, lambda t, _s: t.proxy_timeout_s + round(t.proxy_settle_seconds), ENDPOINT, CHAIN,
-         after=("image", "front-ready"), stdin=("api_key", "tls_private_key"),
+         after=("image", "front-ready", "resume"), stdin=("api_key", "tls_private_key"),
          timing_keys="proxyTimeoutS, proxySettleSeconds"),
     # The head answers only once every rank has joined the rendezvous: it waits on every launch and the proxy (the
     # front: its proxy and every replica's engine-ready). Its text carries every launch's fingerprint.

@@ -1,0 +1,244 @@
+"""One client request to `/v1/chat/completions`, from its body to its answer.
+
+- A resumable stream: rendered to tokens by vLLM's render server, generated across replicas (generation.py), each
+  chunk derendered by the same server with its stream state carried here, so the parsers see one unbroken stream.
+  The chunks keep one id and one `created` from the first to the last; while the stream waits (a loss, a pause) the
+  client gets an SSE comment every tick, which OpenAI clients skip.
+- A stream that cannot be resumed exactly (guided decoding, `n` > 1, stop strings: `not_resumable` says why) goes
+  to a replica's own chat endpoint as it is, and is retried elsewhere only before its first byte; cut later, it ends
+  with an error event naming the cause.
+- A request that is not streamed goes to a replica's own chat endpoint as it is; lost before its answer (a reset, or
+  silence while the replica's health check fails), it is sent whole to another one. Nothing was answered yet, so
+  nothing is answered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import wire
+from .generation import Generation, Limits, Unavailable, UpstreamError, read_while_alive
+from .pool import Pool, Replica, log
+
+CHAT_PATH = "/v1/chat/completions"
+RENDER_PATH = "/v1/chat/completions/render"
+DERENDER_PATH = "/v1/chat/completions/derender"
+GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                 "structural_tag")
+
+
+class Client(Protocol):
+    """What answers the client (server.py): a whole answer, or a stream of events and comments."""
+
+    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None: ...
+    def start_stream(self) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def end(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Front:
+    pool: Pool
+    render: tuple[str, int]  # the render server's host and port (the front's loopback)
+    limits: Limits = Limits()
+    render_timeout_s: float = 60.0
+
+
+def not_resumable(body: dict[str, Any]) -> str | None:
+    """Why a streamed chat request cannot be resumed exactly, or None. Guided decoding would restart its grammar on
+    the twin; more than one choice shares no single prefix; vLLM's streaming derender cannot hold back text a stop
+    string might cut (vLLM 0.33.0, vllm/entrypoints/scale_out/derender/serving.py)."""
+    if (body.get("n") or 1) != 1:
+        return "n > 1"
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return "guided decoding (response_format)"
+    for name in GUIDED_FIELDS:
+        if body.get(name) is not None:
+            return f"guided decoding ({name})"
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return "a forced tool_choice (guided decoding)"
+    if body.get("stop"):
+        return "stop strings"
+    if (body.get("stream_options") or {}).get("continuous_usage_stats"):
+        return "continuous usage stats"
+    return None
+
+
+def not_resumable_rendered(request: dict[str, Any]) -> str | None:
+    """What the render server's GenerateRequest shows that the body did not: the engine constraining the output
+    (a strict tool, Kimi K3's structural tags) is guided decoding too."""
+    params = request.get("sampling_params") or {}
+    if params.get("structured_outputs"):
+        return "guided decoding (the engine constrains this request's output)"
+    if (params.get("n") or 1) != 1:
+        return "n > 1"
+    if params.get("stop"):
+        return "stop strings"
+    if params.get("max_tokens") is None:
+        return "no max_tokens"
+    return None
+
+
+def handle(front: Front, raw: bytes, client: Client) -> None:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return client.whole(400, _error(400, "request body must be a JSON object"))
+    if not body.get("stream"):
+        return whole(front, raw, client)
+    reason = not_resumable(body)
+    if reason is None:
+        status, rendered, answer = wire.call_json(*front.render, RENDER_PATH, body, front.render_timeout_s)
+        if status != 200 or not isinstance(rendered, dict):
+            return client.whole(status if status >= 400 else 502, answer)
+        reason = not_resumable_rendered(rendered)
+        if reason is None:
+            return resumed(front, body, rendered, client)
+    log(f"a stream not resumed: {reason}")
+    return passed_through(front, raw, client)
+
+
+def resumed(front: Front, body: dict[str, Any], rendered: dict[str, Any], client: Client) -> None:
+    """Generate across replicas and derender every chunk, carrying the stream state."""
+    rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
+    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    prompt_ids = list(rendered["token_ids"])
+    started: list[bool] = []
+
+    def keep_alive(quiet_s: float) -> None:
+        if started:
+            client.write(b": waiting for the model (%.1f s)\n\n" % quiet_s)
+
+    generation = Generation(front.pool, rendered, front.limits, keep_alive)
+    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    state: Any = None
+    try:
+        for chunk in generation.chunks():
+            if not chunk.get("choices") and not want_usage:
+                continue
+            status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, {
+                "stream": True, "model": rendered.get("model"), "generate_chunk": chunk, "stream_state": state,
+                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": body,
+            }, front.render_timeout_s)
+            if status != 200 or not isinstance(answer, dict):
+                raise UpstreamError(status if status >= 400 else 502, raw)
+            state = answer["stream_state"]
+            out = dict(answer["chunk"], id=ident, created=created)
+            if not started:
+                client.start_stream()
+                started.append(True)
+            client.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+    except UpstreamError as exc:
+        if not started:
+            return client.whole(exc.status, exc.body)
+        _end_with_error(client, exc.status, exc.body.decode("utf-8", "replace"))
+        return
+    except (Unavailable, wire.Lost) as exc:
+        if not started:
+            return client.whole(503, _error(503, str(exc)))
+        _end_with_error(client, 503, str(exc))
+        return
+    if not started:
+        client.start_stream()
+    client.write(b"data: [DONE]\n\n")
+    client.end()
+
+
+def _send_to_replica(front: Front, raw: bytes, tried: tuple[Replica, ...], stream: bool,
+                     ) -> tuple[Replica, wire.Upstream]:
+    """Send the body as it is to a healthy replica's chat endpoint and read its status line and headers; a replica
+    that cannot take it (refused, reset, a 5xx, silent while down) is marked down and the next one tried."""
+    while True:
+        replica = front.pool.pick(wait_s=front.limits.pick_s)
+        if replica is None:
+            raise Unavailable("no replica is healthy" + (f" (tried {', '.join(r.url for r in tried)})"
+                                                         if tried else ""))
+        tried = (*tried, replica)
+        try:
+            up = wire.send(replica.host, replica.port, "POST", CHAT_PATH, raw,
+                           {"Content-Type": "application/json",
+                            "Accept": "text/event-stream" if stream else "application/json"}, front.limits.connect_s)
+            _read(front, replica, up, up.read_head)
+            if up.status >= 500:
+                up.close()
+                raise wire.Lost(f"HTTP {up.status}")
+            return replica, up
+        except wire.Lost as exc:
+            front.pool.release(replica)
+            front.pool.mark_lost(replica, str(exc))
+            if len(tried) > front.limits.resumes:
+                raise Unavailable(f"lost {len(tried)} replicas: {exc}") from None
+
+
+def whole(front: Front, raw: bytes, client: Client) -> None:
+    """A request that is not streamed: the first replica's whole answer, or the next one's if that one is lost."""
+    tried: tuple[Replica, ...] = ()
+    while True:
+        try:
+            replica, up = _send_to_replica(front, raw, tried, stream=False)
+        except Unavailable as exc:
+            return client.whole(503, _error(503, str(exc)))
+        tried = (*tried, replica)
+        try:
+            answer = _read(front, replica, up, up.read_body)
+            return client.whole(up.status, answer, up.headers.get("content-type", "application/json"))
+        except wire.Lost as exc:
+            front.pool.mark_lost(replica, str(exc))
+            log(f"a request that is not streamed lost {replica.url} ({exc}); sending it whole to another replica")
+        finally:
+            up.close()
+            front.pool.release(replica)
+
+
+def passed_through(front: Front, raw: bytes, client: Client) -> None:
+    """A stream that is not resumed: relayed as the replica sends it."""
+    try:
+        replica, up = _send_to_replica(front, raw, (), stream=True)
+    except Unavailable as exc:
+        return client.whole(503, _error(503, str(exc)))
+    try:
+        if up.status != 200:
+            return client.whole(up.status, _read(front, replica, up, up.read_body),
+                                up.headers.get("content-type", "application/json"))
+        client.start_stream()
+        while True:
+            data = _read(front, replica, up, up.take_body)
+            if not data:
+                break
+            client.write(data)
+        client.end()
+    except wire.Lost as exc:
+        front.pool.mark_lost(replica, str(exc))
+        _end_with_error(client, 503, f"the replica serving this stream was lost ({exc}); this request cannot be "
+                                     "resumed exactly")
+    finally:
+        up.close()
+        front.pool.release(replica)
+
+
+def _read(front: Front, replica: Replica, up: wire.Upstream, read: Callable[[float], Any]) -> Any:
+    return read_while_alive(front.pool, replica, up, read, front.limits)
+
+
+def _error(code: int, message: str) -> bytes:
+    """vLLM's error body (vllm/entrypoints/serve/engine/protocol.py ErrorResponse)."""
+    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(code, "InternalServerError")
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+def _end_with_error(client: Client, code: int, message: str) -> None:
+    """An error event, as vLLM streams one, then the end: the client's SDK raises it with this message."""
+    try:
+        client.write(b"data: " + _error(code, message) + b"\n\n")
+        client.end()
+    except OSError:
+        pass

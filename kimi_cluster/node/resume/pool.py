@@ -1,0 +1,122 @@
+"""The replicas this front balances over, and whether each may take a request.
+
+Each replica's `GET /health` is asked every `interval_s` (at most `timeout_s` for an answer): `fails` misses in a row
+mark it down, `passes` good answers in a row mark it up again, as the front's Caddy does. A replica that lost a
+request (a reset, an end before the finish, silence while it is down) is marked down at once and gets no new request
+until its health check passes again. New requests go to the healthy replica with the fewest in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from . import wire
+
+
+@dataclass(eq=False)  # one object per replica: compared by identity
+class Replica:
+    url: str
+    host: str
+    port: int
+    healthy: bool = True  # until its checks say otherwise: a front starts after its replicas serve
+    fails: int = 0
+    passes: int = 0
+    in_flight: int = 0
+    picked: int = 0  # how many requests it was given: a tie of in_flight goes to the one given fewer
+
+
+class Pool:
+    def __init__(self, urls: list[str], interval_s: float = 1.0, timeout_s: float = 1.0, fails: int = 2,
+                 passes: int = 2) -> None:
+        if not urls:
+            raise ValueError("at least one replica is needed")
+        self.replicas = [Replica(url, *wire.address(url)) for url in urls]
+        self.interval_s, self.timeout_s, self.fails, self.passes = interval_s, timeout_s, fails, passes
+        self.changed = threading.Condition()
+        self.stop = threading.Event()
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            threading.Thread(target=self._watch, args=(replica,), name=f"health {replica.url}", daemon=True).start()
+
+    def _watch(self, replica: Replica) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            self.record(replica, self._check(replica))
+            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def _check(self, replica: Replica) -> bool:
+        try:
+            up = wire.send(replica.host, replica.port, "GET", "/health", connect_timeout_s=self.timeout_s)
+        except wire.Lost:
+            return False
+        try:
+            up.read_head(self.timeout_s)
+            return up.status == 200
+        except (wire.Lost, wire.Quiet, ValueError):
+            return False
+        finally:
+            up.close()
+
+    def record(self, replica: Replica, good: bool) -> None:
+        """One health answer: the replica goes down after `fails` misses in a row, up after `passes` good ones."""
+        with self.changed:
+            if good:
+                replica.fails, replica.passes = 0, replica.passes + 1
+                if not replica.healthy and replica.passes >= self.passes:
+                    replica.healthy = True
+                    log(f"replica {replica.url} is back: {replica.passes} good health checks in a row")
+            else:
+                replica.passes, replica.fails = 0, replica.fails + 1
+                if replica.healthy and replica.fails >= self.fails:
+                    replica.healthy = False
+                    log(f"replica {replica.url} is down: {replica.fails} health checks missed in a row")
+            self.changed.notify_all()
+
+    def mark_lost(self, replica: Replica, why: str) -> None:
+        """A request lost on this replica: no new request goes there until its health check passes again."""
+        with self.changed:
+            if replica.healthy:
+                log(f"replica {replica.url} is down: {why}")
+            replica.healthy, replica.passes = False, 0
+            self.changed.notify_all()
+
+    def is_down(self, replica: Replica) -> bool:
+        with self.changed:
+            return not replica.healthy
+
+    def pick(self, exclude: tuple[Replica, ...] = (), wait_s: float = 0.0) -> Replica | None:
+        """The healthy replica (not in exclude) with the fewest requests in flight, waiting up to wait_s for one;
+        counted in flight until `release`."""
+        deadline = time.monotonic() + wait_s
+        with self.changed:
+            while True:
+                ready = [r for r in self.replicas if r.healthy and r not in exclude]
+                if ready:
+                    chosen = min(ready, key=lambda r: (r.in_flight, r.picked))
+                    chosen.in_flight += 1
+                    chosen.picked += 1
+                    return chosen
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.changed.wait(left)
+
+    def release(self, replica: Replica) -> None:
+        with self.changed:
+            replica.in_flight -= 1
+
+    @contextmanager
+    def holding(self, replica: Replica) -> Iterator[Replica]:
+        try:
+            yield replica
+        finally:
+            self.release(replica)
+
+
+def log(message: str) -> None:
+    print(f"kimi-resume: {message}", flush=True)

@@ -1,0 +1,103 @@
+"""The front's resuming layer (replicas >= 2, vLLM): vLLM's render server and kimi_cluster/node/resume, as data.
+
+What runs on the front beside Caddy, for `resumeStreams` (Settings.resumes_streams):
+- vLLM's own chat layer on the CPU, `vllm launch render` in the engine's pinned image (vLLM 0.33.0,
+  vllm/entrypoints/cli/launch.py: "a GPU-less rendering server for preprocessing and postprocessing only"), with
+  the chat flags of the replicas' `vllm serve` (kimi_cluster/plan/launch.py), so it renders and parses as they
+  would. `VLLM_TARGET_DEVICE=cpu` makes vLLM's CPU platform stand in on a VM without a GPU: without it the CUDA
+  image cannot even build its argument parser there ("Failed to infer device type"). It reads the model's config,
+  tokenizer and chat template (never a weight) from the hub into its own cache on the front, with the hub token
+  from a root-only env file;
+- the resuming layer (kimi_cluster/node/resume/), a systemd unit on the front's own Python, on loopback;
+- Caddy hands it `POST /v1/chat/completions` after the key check (kimi_cluster/plan/templates/front.Caddyfile.j2).
+Both listen on the front's loopback only (RESUME_PORT, RENDER_PORT); the replicas' engines already admit the front.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from kimi_cluster.plan.launch import PARSER, Word
+from kimi_cluster.plan.render import ShellExpr, shell_words
+from kimi_cluster.settings import RENDER_PORT, RESUME_PORT, Settings
+
+RENDER_CONTAINER = "kimi-render"
+FINGERPRINT_LABEL = "kimi-cluster.render-fingerprint"
+UNIT = "kimi-resume"
+LOOPBACK = "127.0.0.1"
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+# The node-side program, shipped with the modules it imports (kimi_cluster/plan/step_scripts.py shipped()).
+PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__main__.py",
+           "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
+           "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/chat.py",
+           "kimi_cluster/node/resume/server.py")
+
+
+def render_url() -> str:
+    return f"http://{LOOPBACK}:{RENDER_PORT}"
+
+
+def resume_address() -> str:
+    """Where Caddy hands the resumable requests."""
+    return f"{LOOPBACK}:{RESUME_PORT}"
+
+
+def render_server_argv(settings: Settings) -> list[str | tuple[str, ...]]:
+    """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
+    length, so that it renders and parses exactly as their `vllm serve` does."""
+    items: list[str | tuple[str, ...]] = [
+        ("launch", "render", settings.model),
+        ("--revision", settings.model_revision),
+        ("--served-model-name", settings.served_name),
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        ("--tool-call-parser", PARSER),
+        ("--reasoning-parser", PARSER),
+        ("--host", LOOPBACK),
+        ("--port", str(RENDER_PORT)),
+    ]
+    if settings.max_model_len:
+        items.append(("--max-model-len", str(settings.max_model_len)))
+    return items
+
+
+PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
+
+
+def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
+                       fingerprint: Word | None = PLACEHOLDER_FINGERPRINT) -> list:
+    """`docker run` of the render server: host network (it listens on the front's loopback), its hub cache mounted,
+    the hub token from a root-only env file (never an argument or a label), the engine's own image."""
+    items: list = [("docker", "run", "-d"), ("--name", RENDER_CONTAINER), ("--restart", "unless-stopped")]
+    if fingerprint is not None:
+        label = f"{FINGERPRINT_LABEL}={fingerprint}"
+        items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
+    mount = f"{hf_cache}:{CONTAINER_HF_HOME}"
+    items += [
+        ("--network", "host"),
+        ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
+        ("--env-file", env_file),
+        ("-e", "VLLM_TARGET_DEVICE=cpu"),
+        ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
+        ("-e", f"HF_ENDPOINT={settings.hf_endpoint}"),
+        ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
+        ("--entrypoint", "vllm"),
+        settings.container_image,
+        *render_server_argv(settings),
+    ]
+    return items
+
+
+def resumer_argv(head_private_ips: Sequence[str], settings: Settings) -> list[str]:
+    """The resuming layer's flags: where it listens, its render server, every replica's engine."""
+    argv = ["--listen", resume_address(), "--render", render_url()]
+    for ip in head_private_ips:
+        argv += ["--replica", f"http://{ip}:{settings.engine_port}"]
+    return argv
+
+
+def render_fingerprint(settings: Settings) -> str:
+    """Names one render server configuration (image, flags); a running one with the same label is left alone."""
+    argv = render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
+    return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]

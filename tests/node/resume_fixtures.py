@@ -1,0 +1,166 @@
+"""Stand-ins for the resuming layer's tests: a token server in the shape of vLLM's `/inference/v1/generate`, and a
+proxy in front of it that loses the connection after a given number of streamed events, by a reset or by silence.
+
+The token server is autoregressive like a model: its answer to a prompt is fixed (`REPLY`), and what follows the
+prompt's last `PROMPT_END` token is the part of the answer already generated, which it continues. So a generation
+cut anywhere and carried on elsewhere must come out as the uncut one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+PROMPT_END = 7
+EOS = 2
+REPLY = [100 + i for i in range(12)] + [EOS]
+
+
+class TokenServer(ThreadingHTTPServer):
+    daemon_threads = True
+    requests: list[dict[str, Any]]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Tokens(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: TokenServer
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(body)
+        ids = body["token_ids"]
+        done = ids[len(ids) - ids[::-1].index(PROMPT_END):]
+        left = REPLY[len(done):][:body["sampling_params"]["max_tokens"]]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, token in enumerate(left):
+            last = i == len(left) - 1
+            finish = ("stop" if token == EOS else "length") if last else None
+            self._event({"request_id": body.get("request_id", "x"),
+                         "choices": [{"index": 0, "token_ids": [token], "finish_reason": finish}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._event({"request_id": "x", "choices": [],
+                         "usage": {"prompt_tokens": len(ids), "completion_tokens": len(left),
+                                   "total_tokens": len(ids) + len(left)}})
+        self._send(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _event(self, chunk: dict[str, Any]) -> None:
+        self._send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+    def _send(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+@contextmanager
+def token_server() -> Iterator[TokenServer]:
+    server = TokenServer(("127.0.0.1", 0), _Tokens)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class CutProxy:
+    """Relays TCP to `upstream`; after `cut_after` server-sent events of a POST's answer it loses the replica:
+    `reset` closes both sides with RST, `silence` stops relaying anything and answers nothing from then on (new
+    connections, health checks included, are accepted and left hanging), as a VM whose packets are dropped."""
+
+    def __init__(self, upstream: str, cut_after: int | None, mode: str = "reset") -> None:
+        host, _, port = upstream.removeprefix("http://").rpartition(":")
+        self.upstream = (host, int(port))
+        self.cut_after, self.mode = cut_after, mode
+        self.lost = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.lost.is_set():
+                if self.mode == "silence":
+                    self.held.append(client)
+                else:
+                    _reset(client)
+                continue
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.upstream)
+        request = client.recv(1 << 20)
+        upstream.sendall(request)
+        cut_after = self.cut_after if request.startswith(b"POST") else None
+        seen = 0
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                break
+            if cut_after is not None:
+                events = data.count(b"data: ")
+                if seen + events > cut_after:
+                    client.sendall(data[:_event_start(data, cut_after - seen)])
+                    self.lost.set()
+                    if self.mode == "silence":
+                        self.held += [client, upstream]
+                        return
+                    _reset(client)
+                    upstream.close()
+                    return
+                seen += events
+            client.sendall(data)
+        client.close()
+        upstream.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.held:
+            sock.close()
+
+
+def _event_start(data: bytes, n: int) -> int:
+    """Where the chunk holding the (n+1)-th event of data starts (its chunk-size line): what comes before is whole."""
+    at = -1
+    for _ in range(n + 1):
+        at = data.index(b"data: ", at + 1)
+    size_line_end = data.rindex(b"\r\n", 0, at)
+    before = data.rfind(b"\r\n", 0, size_line_end)
+    return 0 if before < 0 else before + 2
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST (SO_LINGER 0), as a peer whose host is gone answers."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()

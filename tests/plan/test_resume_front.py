@@ -1,0 +1,89 @@
+"""The front's resuming layer in the plan (kimi_cluster/plan/resume.py): which stacks get it, what its step ships and
+starts, and the front's Caddyfile handing it the chat completions."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kimi_cluster.plan import front_config, resume
+from kimi_cluster.plan.render import shell_words
+from kimi_cluster.plan.step_scripts import PLAN_TLS
+from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.resolve import resolve_vms
+from tests.node.conftest import make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADS = ["10.0.0.21", "10.0.0.31"]
+
+
+def front_steps(**config: str) -> list[str]:
+    front = [vm for vm in resolve_vms(make_settings(**config), "kimi") if vm.kind == "front"]
+    return [s.step for s in front[0].steps] if front else []
+
+
+def front_scripts(settings) -> dict[str, str]:
+    front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
+    return render_vm_scripts(settings, front, VmSpot(private_ip="10.0.0.2", public_ip="203.0.113.9", tls=PLAN_TLS,
+                                                     front_upstreams=HEADS))
+
+
+def test_only_vllm_replicas_behind_a_front_resume_and_the_key_turns_it_off():
+    assert front_steps(topology="b300x1-vllm", replicas="2") == ["front-ready", "resume", "proxy", "readiness"]
+    assert "resume" not in front_steps(topology="b300x1-vllm", replicas="2", resumeStreams="false")
+    assert "resume" not in front_steps(topology="h100x4-sglang", replicas="2")  # SGLang has no render/derender
+    assert front_steps(topology="b300x1-vllm") == []  # one replica: no front, nothing changes
+
+
+def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
+    settings = make_settings("b300x1-vllm", replicas="2", hfToken="hf_" + "s" * 34)
+    script = front_scripts(settings)["resume"]
+    for path in resume.PROGRAM:
+        assert (ROOT / path).read_text(encoding="utf-8") in script, path
+    assert "hf_sss" not in script
+    # Every module of the program is shipped, and each import inside it is one of them.
+    shipped = {Path(p).stem for p in resume.PROGRAM}
+    folder = ROOT / "kimi_cluster/node/resume"
+    assert {p.stem for p in folder.glob("*.py")} == shipped
+    for module in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("kimi_cluster")):
+                names = [node.module.rsplit(".", 1)[-1]] if node.module else [a.name for a in node.names]
+                assert all(n in shipped for n in names), (module.name, names)
+    # The replicas' engines, and the render server on the front's loopback.
+    assert "--replica http://10.0.0.21:30000 --replica http://10.0.0.31:30000" in script
+    assert "--render http://127.0.0.1:20081" in script
+
+
+def test_the_render_server_has_the_replicas_chat_flags():
+    settings = make_settings("b300x1-vllm", replicas="2", maxModelLen="262144")
+    argv = shell_words(resume.render_server_argv(settings))
+    for flag in ("--revision", "--served-model-name", "--trust-remote-code", "--enable-auto-tool-choice",
+                 "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "--max-model-len 262144",
+                 "--host 127.0.0.1", "--port 20081"):
+        assert flag in argv
+    docker = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
+    assert "VLLM_TARGET_DEVICE=cpu" in docker and "--env-file /etc/render.env" in docker
+    assert "HF_TOKEN" not in docker
+
+
+def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp_path: Path):
+    on = front_config.caddyfile(make_settings("b300x1-vllm", replicas="2"), HEADS)
+    off = front_config.caddyfile(make_settings("b300x1-vllm", replicas="2", resumeStreams="false"), HEADS)
+    assert "reverse_proxy 127.0.0.1:20080" in on and "20080" not in off
+    block = re.search(r"@resumable \{(.*?)\n\t\}", on, re.S)
+    assert block and "path /v1/chat/completions" in block.group(1) and "{file../api-key}" in block.group(1)
+    caddy = ROOT / ".venv/bin/caddy"
+    if not caddy.exists():
+        pytest.skip("no caddy binary in .venv (requirements.txt installs it)")
+    (tmp_path / "Caddyfile").write_text(on)
+    adapted = subprocess.run([str(caddy), "adapt", "--config", "Caddyfile", "--adapter", "caddyfile"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert adapted.returncode == 0, adapted.stderr
+    # The resumable route comes before the replicas' own: Caddy keeps named matchers' handles in their order.
+    assert adapted.stdout.index("127.0.0.1:20080") < adapted.stdout.index("10.0.0.21:30000")
