@@ -30,7 +30,8 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # The node-side program, shipped with the modules it imports (kimi_cluster/plan/step_scripts.py shipped()).
 PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__main__.py",
            "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
-           "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/chat.py",
+           "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
+           "kimi_cluster/node/resume/chat.py",
            "kimi_cluster/node/resume/server.py")
 
 

@@ -59,6 +59,8 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
         # node).
         "FAKE_IP_ADDRS": "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/24,docker0=172.17.0.1/16",
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
+        # The real vLLM the front's render server runs (the resuming layer, replicas >= 2 with vLLM).
+        "FAKE_VLLM": str(parsers_vllm()),
         # The fake engine compiles this long when the kernels it needs are not in its cache folder.
         COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS),
         # The hub and the bucket are on the fabric's bridge: a proxy from the caller's environment must not get in
@@ -67,6 +69,11 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
         "no_proxy": no_proxy,
         **knobs,
     }
+
+
+def parsers_vllm() -> Path:
+    """The `vllm` of the engines' parsers venv (tests/engine_parsers/install.sh; KIMI_PARSERS_VENV names another)."""
+    return Path(os.environ.get("KIMI_PARSERS_VENV") or REPO_ROOT / ".venv-parsers") / "bin" / "vllm"
 
 
 def node_path() -> tuple[str, ...]:

@@ -4,6 +4,7 @@ starts, and the front's Caddyfile handing it the chat completions."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp
     off = front_config.caddyfile(make_settings("b300x1-vllm", replicas="2", resumeStreams="false"), HEADS)
     assert "reverse_proxy 127.0.0.1:20080" in on and "20080" not in off
     block = re.search(r"@resumable \{(.*?)\n\t\}", on, re.S)
-    assert block and "path /v1/chat/completions" in block.group(1) and "{file../api-key}" in block.group(1)
+    assert block and "path /v1/chat/completions /v1/messages" in block.group(1) and "{file../api-key}" in block.group(1)
     caddy = ROOT / ".venv/bin/caddy"
     if not caddy.exists():
         pytest.skip("no caddy binary in .venv (requirements.txt installs it)")
@@ -85,5 +86,11 @@ def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp
     adapted = subprocess.run([str(caddy), "adapt", "--config", "Caddyfile", "--adapter", "caddyfile"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert adapted.returncode == 0, adapted.stderr
-    # The resumable route comes before the replicas' own: Caddy keeps named matchers' handles in their order.
-    assert adapted.stdout.index("127.0.0.1:20080") < adapted.stdout.index("10.0.0.21:30000")
+    # The resumable route comes before the replicas' catch-all for keyed requests (the routes are tried in order).
+    routes = json.loads(adapted.stdout)["apps"]["http"]["servers"]["srv0"]["routes"]
+    dials = [{u["dial"] for h in r["handle"] for sub in h.get("routes", []) for hh in sub["handle"]
+              for u in hh.get("upstreams", [])} for r in routes]
+    resumable = dials.index({"127.0.0.1:20080"})
+    keyed = next(i for i, r in enumerate(routes) if "path" not in r.get("match", [{}])[0]
+                 and "vars" in r.get("match", [{}])[0])
+    assert resumable < keyed and dials[keyed] == {"10.0.0.21:30000", "10.0.0.31:30000"}

