@@ -89,13 +89,15 @@ def token_server() -> Iterator[TokenServer]:
 class CutProxy:
     """Relays TCP to `upstream`; after `cut_after` server-sent events of a POST's answer it loses the replica:
     `reset` closes both sides with RST, `silence` stops relaying anything and answers nothing from then on (new
-    connections, health checks included, are accepted and left hanging), as a VM whose packets are dropped."""
+    connections, health checks included, are accepted and left hanging), as a VM whose packets are dropped.
+    `cut_after=0` loses it before any byte of a POST's answer (a request that is not streamed has no events)."""
 
     def __init__(self, upstream: str, cut_after: int | None, mode: str = "reset") -> None:
         host, _, port = upstream.removeprefix("http://").rpartition(":")
         self.upstream = (host, int(port))
         self.cut_after, self.mode = cut_after, mode
         self.lost = threading.Event()
+        self.requests: list[dict[str, Any]] = []  # the JSON bodies of the POSTs it relayed
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.held: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -121,6 +123,17 @@ class CutProxy:
     def _serve(self, client: socket.socket) -> None:
         upstream = socket.create_connection(self.upstream)
         request = client.recv(1 << 20)
+        head, _, body = request.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            more = client.recv(1 << 20)
+            if not more:
+                break
+            body += more
+        request = head + b"\r\n\r\n" + body
+        if request.startswith(b"POST") and body:
+            self.requests.append(json.loads(body))
         upstream.sendall(request)
         cut_after = self.cut_after if request.startswith(b"POST") else None
         seen = 0
@@ -130,8 +143,9 @@ class CutProxy:
                 break
             if cut_after is not None:
                 events = data.count(b"data: ")
-                if seen + events > cut_after:
-                    client.sendall(data[:_event_start(data, cut_after - seen)])
+                if cut_after == 0 or seen + events > cut_after:
+                    if events:
+                        client.sendall(data[:_event_start(data, cut_after - seen)])
                     self.lost.set()
                     if self.mode == "silence":
                         self.held += [client, upstream]

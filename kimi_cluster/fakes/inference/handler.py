@@ -1,5 +1,6 @@
 """The fake's HTTP side in the engine's shape: its server (with the counters /metrics shows) and its routes: health,
-metrics, models, chat completions, messages, and vLLM's /invocations and /tokenize, open without the key."""
+metrics, models, chat completions, messages, vLLM's token door /inference/v1/generate (generate.py), and vLLM's
+/invocations and /tokenize, open without the key."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from . import generate
 from .compose import compose_reply, text_of, words
 from .settings import FakeSettings, HttpError
 from .wire import anthropic_events, anthropic_to_openai, message_payload, stream_chunks, then_done, token_usage
@@ -206,6 +208,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._chat(body)
             if path == "/v1/messages":
                 return self._messages(body)
+            if self.settings.engine == "vllm" and path == generate.PATH:
+                return self._generate(body)
             if self.settings.engine == "vllm" and path == "/invocations":
                 # SageMaker's route: a chat completion body is served as one, with no key.
                 return self._chat(body)
@@ -247,6 +251,24 @@ class Handler(BaseHTTPRequestHandler):
                          "finish_reason": reply.finish_reason}],
             "usage": usage,
         })
+
+    def _generate(self, body: dict[str, Any]) -> None:
+        """vLLM's token door: the tokens that carry on from the prompt (generate.py), streamed or whole."""
+        if body.get("model") is not None and body["model"] not in self.settings.model_ids:
+            raise HttpError(404, f"The model `{body['model']}` does not exist.")
+        if "server_error" in self.settings.faults:
+            raise HttpError(500, "Internal server error: CUDA error: an illegal memory access was encountered")
+        _, _, stream, _ = generate.request_fields(body)
+        if not stream:
+            answer = generate.whole(body, self.settings)
+            self.server.count(answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"], False)
+            self.server.stop_event.wait(self.settings.token_seconds * answer["usage"]["completion_tokens"])
+            return self._send_json(200, answer)
+        chunks = list(generate.stream_events(body, self.settings))
+        made = sum(len(c["choices"][0]["token_ids"]) for c in chunks if c["choices"])
+        self.server.count(len(body["token_ids"]), made)
+        events = (self._paced(b"data: " + json.dumps(c).encode() + b"\n\n") for c in chunks)
+        return self._send_sse(then_done(events))
 
     def _paced(self, event: bytes) -> bytes:
         """One SSE event, after one token's decode time."""

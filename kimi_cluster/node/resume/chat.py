@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -184,22 +186,47 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
 
 
 def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
-    """Generate across replicas and derender every chunk, carrying the stream state."""
+    """Generate across replicas and derender, carrying the stream state. vLLM's streaming derender is stateless: it
+    replays every earlier chunk through the parsers on each call (vllm/renderers/online_derenderer.py), so a call
+    costs more the longer the stream. The generation runs on a thread of its own; each derender call takes every
+    chunk that arrived while the previous one ran, merged into one (`merged`), so the stream keeps up with the
+    replica whatever a call costs (vLLM's parsers take multi-token chunks, as under speculative decoding)."""
     rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
     prompt_ids = list(rendered["token_ids"])
     chat_request = framing.chat_request()
-    started: list[bool] = []
+    arrived: queue.Queue[Any] = queue.Queue()
+    gone = threading.Event()  # the client went away: the generation stops, and its replica aborts the request
 
-    def keep_alive(_quiet_s: float) -> None:
-        if started:
-            client.write(framing.keep_alive)
+    def waiting(_quiet_s: float) -> None:
+        if gone.is_set():
+            raise GoneAway()
+        arrived.put(KEEP_ALIVE)
 
-    generation = Generation(front.pool, rendered, front.limits, keep_alive)
+    generation = Generation(front.pool, rendered, front.limits, waiting)
+
+    def produce() -> None:
+        try:
+            for chunk in generation.chunks():
+                if gone.is_set():
+                    return  # leaving the loop closes the generation and with it the replica's connection
+                arrived.put(chunk)
+            arrived.put(END)
+        except GoneAway:
+            return
+        except Exception as exc:  # noqa: BLE001  # handed to the consumer, which answers the client with it
+            arrived.put(exc)
+
+    threading.Thread(target=produce, name="generation", daemon=True).start()
+    started = False
     state: Any = None
     try:
-        for chunk in generation.chunks():
+        for item in _merged(arrived):
+            if item is KEEP_ALIVE:
+                if started:
+                    client.write(framing.keep_alive)
+                continue
             status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, {
-                "stream": True, "model": rendered.get("model"), "generate_chunk": chunk, "stream_state": state,
+                "stream": True, "model": rendered.get("model"), "generate_chunk": item, "stream_state": state,
                 "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": chat_request,
             }, front.render_timeout_s)
             if status != 200 or not isinstance(answer, dict):
@@ -208,7 +235,7 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
             frames = framing.frames(answer["chunk"])
             if frames and not started:
                 client.start_stream()
-                started.append(True)
+                started = True
             for frame in frames:
                 client.write(frame)
     except UpstreamError as exc:
@@ -219,10 +246,57 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
         if not started:
             return client.whole(503, _error(503, str(exc)))
         return _end_with(client, framing.error(503, str(exc)))
+    finally:
+        gone.set()
     if not started:
         client.start_stream()
     client.write(framing.done())
     client.end()
+
+
+KEEP_ALIVE, END = object(), object()
+
+
+class GoneAway(Exception):
+    """The client of a stream went away."""
+
+
+def _merged(arrived: queue.Queue[Any]) -> Iterator[Any]:
+    """The generation's chunks as they arrived, each run of token chunks already waiting merged into one (their
+    tokens in order, the last one's finish); a usage chunk, a keep-alive and the end stand alone. An exception the
+    generation raised is raised here, after the chunks before it."""
+    held: dict[str, Any] | None = None
+    while True:
+        item = arrived.get() if held is None else _next_waiting(arrived)
+        if item is None:  # nothing more waiting: the merged run goes out
+            yield held
+            held = None
+            continue
+        if isinstance(item, dict) and item.get("choices"):
+            if held is None:
+                held = item
+            else:
+                first, choice = held["choices"][0], item["choices"][0]
+                held = dict(held, choices=[dict(first, token_ids=(first.get("token_ids") or [])
+                                                + (choice.get("token_ids") or []),
+                                                finish_reason=choice.get("finish_reason"),
+                                                stop_reason=choice.get("stop_reason"))])
+            continue
+        if held is not None:
+            yield held
+            held = None
+        if item is END:
+            return
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
+
+def _next_waiting(arrived: queue.Queue[Any]) -> Any:
+    try:
+        return arrived.get_nowait()
+    except queue.Empty:
+        return None
 
 
 def _send_to_replica(front: Front, path: str, raw: bytes, tried: tuple[Replica, ...], stream: bool,

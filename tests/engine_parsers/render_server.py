@@ -1,0 +1,66 @@
+"""vLLM's real render server (`vllm launch render`, vLLM 0.33.0) on this machine's CPU, for the tests of the front's
+resuming layer: the engines' parsers venv (install.sh) runs it on a loopback port, serving the tiny model
+(kimi_cluster/fakes/tiny_model.py) with the chat flags the front gives it (kimi_cluster/plan/resume.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kimi_cluster.fakes import tiny_model
+from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("KIMI_PARSERS_VENV") or ROOT / ".venv-parsers")
+START_DEADLINE_S = 600  # vLLM's import and start on a loaded 2-core machine; measured 18 s on a quiet one
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def render_server(folder: Path) -> Iterator[str]:
+    """The render server's base URL, serving the tiny model written into `folder`; stopped on exit."""
+    model = tiny_model.write_model(folder / "model")
+    port = _free_port()
+    log = open(folder / "render.log", "wb")  # closed below, after the process
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([str(VENV / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
+                             "--port", str(port), "--served-model-name", DEFAULT_MODEL, "--enable-auto-tool-choice",
+                             "--tool-call-parser", "kimi_k3", "--reasoning-parser", "kimi_k3"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the render server exited ({proc.returncode}): "
+                                   f"{(folder / 'render.log').read_text(errors='replace')[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the render server did not answer within {START_DEADLINE_S} s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()

@@ -1,0 +1,218 @@
+"""The front's resuming layer over vLLM's real chat layer: vLLM's render server (`vllm launch render`, on this CPU,
+with the Kimi K3 parsers), the fake engine's token door as two replicas, and kimi_cluster/node/resume between them.
+
+A streamed tool-call turn with reasoning is cut after every one of its tokens, by a reset, and each cut stream,
+assembled by the official `openai` SDK's accumulator, is the uncut one: reasoning, content, the tool call's name
+and arguments, its id the same from its first delta to its last, the finish reason, and the usage (the original
+prompt's tokens and every generated one). Through the HTTP server with the official clients, a cut by silence and
+an Anthropic Messages stream (assembled by `anthropic`'s MessageStream) come out whole too; and every request the
+twin receives is a valid vLLM GenerateRequest (checked by vLLM's own model, in the parsers' venv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
+
+from kimi_cluster.checks.tools import TOOLS
+from kimi_cluster.fakes.inference import generate
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
+from kimi_cluster.node.resume import chat, server, wire
+from kimi_cluster.node.resume.generation import Limits
+from kimi_cluster.node.resume.pool import Pool
+from tests.engine_parsers.render_server import VENV, render_server
+from tests.node.resume_fixtures import CutProxy
+
+pytestmark = pytest.mark.integration
+
+if not (VENV / "bin" / "vllm").exists():
+    reason = f"vLLM is not installed at {VENV}: bash tests/engine_parsers/install.sh"
+    if os.environ.get("CI"):
+        raise RuntimeError(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=10.0, resumes=3, connect_s=2.0)
+TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools": TOOLS,
+             "stream_options": {"include_usage": True},
+             "messages": [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]}
+# 2 ms a token: the derender calls (a few ms each) take a few tokens at a time, so cuts fall on varied chunk
+# boundaries of the stream state vLLM replays.
+SETTINGS = FakeSettings(engine="vllm", token_seconds=0.002)
+
+
+@pytest.fixture(scope="module")
+def render(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    with render_server(tmp_path_factory.mktemp("render")) as url:
+        yield wire.address(url)
+
+
+class Recorder:
+    """chat.Client keeping the stream's bytes."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.data = b""
+
+    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.status, self.data = status, body
+
+    def start_stream(self) -> None:
+        self.status = 200
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def end(self) -> None:
+        pass
+
+
+def assembled(stream: bytes) -> tuple[dict[str, Any], set[str]]:
+    """The completion the openai SDK's accumulator makes of a chat stream, and every tool-call id in its deltas."""
+    state: ChatCompletionStreamState = ChatCompletionStreamState()
+    ids: set[str] = set()
+    for event in stream.split(b"\n\n"):
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            continue
+        chunk = json.loads(event[6:])
+        assert "error" not in chunk, chunk
+        for choice in chunk["choices"]:
+            ids |= {c["id"] for c in choice["delta"].get("tool_calls") or [] if c.get("id")}
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    final = state.get_final_completion().model_dump()
+    message = final["choices"][0]["message"]
+    for call in message.get("tool_calls") or []:
+        call.pop("id")  # vLLM draws a new one per request: compared for stability within the stream instead
+    return {"message": message, "finish": final["choices"][0]["finish_reason"], "usage": final["usage"]}, ids
+
+
+def run(render: tuple[str, int], body: dict[str, Any], replicas: list[str]) -> Recorder:
+    # A reset is its own news: the health checks only keep a replica that answers them in the pool, slowly enough
+    # that a loaded machine never takes the healthy twin for a lost one.
+    pool = Pool(replicas, interval_s=0.2, timeout_s=5.0, fails=3, passes=2)
+    pool.start()
+    client = Recorder()
+    try:
+        chat.handle(chat.Front(pool, render, QUICK), chat.CHAT_PATH, json.dumps(body).encode(), client)
+    finally:
+        pool.stop.set()
+    return client
+
+
+def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple[str, int]) -> None:
+    with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
+        uncut, uncut_ids = assembled(run(render, TOOL_TURN, [twin.url]).data)
+        assert uncut["finish"] == "tool_calls" and uncut["message"]["reasoning"]
+        assert uncut["message"]["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                                 "arguments": '{"city": "Oslo"}',
+                                                                 "parsed_arguments": None}
+        assert len(uncut_ids) == 1
+        total = uncut["usage"]["completion_tokens"]
+
+        def cut_at(position: int) -> str | None:
+            proxy = CutProxy(lost.url, cut_after=position)
+            try:
+                got, ids = assembled(run(render, TOOL_TURN, [proxy.url, twin.url]).data)
+            finally:
+                proxy.close()
+            if not proxy.lost.is_set():
+                return f"cut {position}: never cut"
+            if got != uncut or len(ids) != 1:
+                return f"cut {position}: {got} with ids {ids}, not {uncut}"
+            return None
+
+        with ThreadPoolExecutor(3) as pool:
+            wrong = [w for w in pool.map(cut_at, range(total)) if w]
+    assert total > 100 and wrong == [], wrong[:3]
+
+
+@pytest.fixture
+def front(render: tuple[str, int]) -> Iterator[tuple[str, CutProxy, CutProxy]]:
+    """The resuming layer's HTTP server over a replica behind a cutting proxy (first in line) and its twin behind
+    one that only records what it relays."""
+    with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
+        proxy, recorder = CutProxy(lost.url, cut_after=None), CutProxy(twin.url, cut_after=None)
+        args = server.parse(["--listen", "127.0.0.1:0", "--render", f"http://{render[0]}:{render[1]}",
+                             "--replica", proxy.url, "--replica", recorder.url, "--silence-s", "0.5",
+                             "--health-interval-s", "0.1", "--health-timeout-s", "0.2", "--health-fails", "1"])
+        front_server = server.build(args)
+        front_server.front.pool.start()
+        threading.Thread(target=front_server.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{front_server.server_address[1]}", proxy, recorder
+        finally:
+            front_server.shutdown()
+            front_server.front.pool.stop.set()
+            proxy.close()
+            recorder.close()
+
+
+# vLLM's own request and response models, in the parsers' venv: each JSON line is (model name, payload).
+_VALIDATE = """
+import json, sys
+from vllm.entrypoints.scale_out.token_in_token_out import protocol
+for line in sys.stdin:
+    name, payload = json.loads(line)
+    try:
+        getattr(protocol, name).model_validate(payload)
+    except Exception as exc:
+        print(name, str(exc).splitlines()[0], json.dumps(payload)[:300])
+"""
+
+
+def vllm_refuses(items: list[tuple[str, dict]]) -> str:
+    """What vLLM's own models refuse among (model name, payload) pairs: '' when all pass."""
+    lines = "\n".join(json.dumps(item) for item in items)
+    done = subprocess.run([str(VENV / "bin" / "python"), "-c", _VALIDATE], input=lines, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode", ["reset", "silence"])
+def test_the_openai_client_gets_a_whole_stream_across_a_loss(front, mode: str) -> None:
+    url, proxy, twin = front
+    proxy.mode, proxy.cut_after = mode, 60
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with client.chat.completions.stream(**{k: v for k, v in TOOL_TURN.items() if k != "stream"}) as stream:
+        for _ in stream:
+            pass
+        choice = stream.get_final_completion().choices[0]
+    assert proxy.lost.is_set()
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls and choice.message.tool_calls[0].function.arguments == '{"city": "Oslo"}'
+    # The twin carried on from the prompt and the 60 tokens delivered, with max_tokens lowered by as many.
+    carried = twin.requests[-1]
+    assert carried["sampling_params"]["max_tokens"] == 1000 - 60
+    # Everything the twin was sent is a request vLLM's own model takes, and what the fake streams back is a chunk
+    # its own model takes.
+    chunks = [("GenerateTokensStreamResponse", c) for c in generate.stream_events(carried, SETTINGS)]
+    assert vllm_refuses([("GenerateRequest", r) for r in twin.requests] + chunks) == ""
+
+
+@pytest.mark.parametrize("mode", ["reset", "silence"])
+def test_the_anthropic_client_gets_a_whole_stream_across_a_loss(front, mode: str) -> None:
+    url, proxy, twin = front
+    proxy.mode, proxy.cut_after = mode, 40
+    claude = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    weather = next(t["function"] for t in TOOLS if t["function"]["name"] == "get_weather")
+    with claude.messages.stream(model=DEFAULT_MODEL, max_tokens=1000, tools=[{
+            "name": "get_weather", "description": weather["description"], "input_schema": weather["parameters"]}],
+            messages=[{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]) as message_stream:
+        final = message_stream.get_final_message()
+    assert proxy.lost.is_set()
+    assert [block.type for block in final.content] == ["thinking", "tool_use"]
+    assert final.content[1].input == {"city": "Oslo"} and final.stop_reason == "tool_use"
+    assert twin.requests[-1]["sampling_params"]["max_tokens"] == 1000 - 40
+    assert vllm_refuses([("GenerateRequest", r) for r in twin.requests]) == ""
