@@ -185,7 +185,10 @@ def test_the_openai_client_gets_a_whole_stream_across_a_loss(front, mode: str) -
     url, proxy, twin = front
     proxy.mode, proxy.cut_after = mode, 60
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    with client.chat.completions.stream(**{k: v for k, v in TOOL_TURN.items() if k != "stream"}) as stream:
+    # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
+    with client.chat.completions.stream(model=DEFAULT_MODEL, max_tokens=1000, tools=TOOLS,  # type: ignore[arg-type]
+                                        messages=TOOL_TURN["messages"],  # type: ignore[arg-type]  # the same JSON
+                                        stream_options={"include_usage": True}) as stream:
         for _ in stream:
             pass
         choice = stream.get_final_completion().choices[0]
@@ -213,6 +216,8 @@ def test_the_anthropic_client_gets_a_whole_stream_across_a_loss(front, mode: str
         final = message_stream.get_final_message()
     assert proxy.lost.is_set()
     assert [block.type for block in final.content] == ["thinking", "tool_use"]
-    assert final.content[1].input == {"city": "Oslo"} and final.stop_reason == "tool_use"
+    call = final.content[1]
+    assert isinstance(call, anthropic.types.ToolUseBlock) and call.input == {"city": "Oslo"}
+    assert final.stop_reason == "tool_use"
     assert twin.requests[-1]["sampling_params"]["max_tokens"] == 1000 - 40
     assert vllm_refuses([("GenerateRequest", r) for r in twin.requests]) == ""
