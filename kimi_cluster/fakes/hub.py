@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-from kimi_cluster.fakes.hub_repo import LFS_POINTER_SIZE, HubFile, safetensors_bytes, synthetic_repo, tiny_repo
+from kimi_cluster.fakes.hub_repo import (
+    LFS_POINTER_SIZE,
+    HubFile,
+    chat_model_files,
+    safetensors_bytes,
+    synthetic_repo,
+    tiny_repo,
+)
 
 # The repository's files live in kimi_cluster/fakes/hub_repo.py; their names stay importable from here.
 __all__ = ["LFS_POINTER_SIZE", "STATS_PATH", "FakeHub", "Faults", "HubFile", "main", "safetensors_bytes",
@@ -361,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies, per connection")
     ap.add_argument("--client-bytes-per-second", type=float, help="cap all bodies sent to one client address")
     ap.add_argument("--shard-bytes", type=int, help="serve a synthetic repository with shards of this many bytes")
+    ap.add_argument("--chat-model", action="store_true",
+                    help="serve the tiny chat model's config, tokenizer and chat template beside the weights "
+                         "(kimi_cluster/fakes/tiny_model.py), which a front's vLLM render server reads")
     ap.add_argument("--log-file", help="append one JSON line per answer: path, status, bytes sent, client address")
     ap.add_argument("--tls-cert", help="serve https with this certificate (PEM; with --tls-key)")
     ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -376,6 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     faults = Faults(private=token is not None, missing_repo=args.missing_repo,
                     bytes_per_second=args.bytes_per_second, client_bytes_per_second=args.client_bytes_per_second)
     files = synthetic_repo(args.shards, args.shard_bytes) if args.shard_bytes else tiny_repo(args.shards)
+    if args.chat_model:
+        chat = {f.path: f for f in chat_model_files()}
+        files = [chat.pop(f.path, f) for f in files] + list(chat.values())
     hub = FakeHub(args.repo, args.revision, files, token=token, faults=faults, host=args.host, port=args.port,
                   log_file=args.log_file, cdn_host=args.cdn_host,
                   tls=(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None)

@@ -9,6 +9,8 @@ import random
 import struct
 from dataclasses import dataclass
 
+from kimi_cluster.fakes import tiny_model
+
 LFS_POINTER_SIZE = 134  # the size of a git-lfs pointer file, which the hub reports alongside the real size
 
 
@@ -44,6 +46,12 @@ def safetensors_bytes(tensors: dict[str, list[float]]) -> bytes:
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format pads the header to 8 bytes
     return struct.pack("<Q", len(text)) + text + data
+
+
+def chat_model_files() -> list[HubFile]:
+    """The tiny chat model's config, tokenizer and chat template (tiny_model.py), which vLLM's render server on a
+    front reads from the hub as it would the real checkpoint's (the config replaces the repository's own)."""
+    return [HubFile(name, data, lfs=False) for name, data in tiny_model.files().items()]
 
 
 def tiny_repo(shards: int = 3, floats_per_shard: int = 4096) -> list[HubFile]:

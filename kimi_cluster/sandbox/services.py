@@ -126,7 +126,9 @@ class SandboxServices:
                     settings.model_revision,
                     # The hub answers only with this token: the checkpoint downloads prove it reached each node.
                     "--token-file", str(self.dir.secret_path("hf_token")), "--host", host,
-                    "--cdn-host", CDN_NAME, "--tls-cert", str(cert), "--tls-key", str(key), *throttle),
+                    "--cdn-host", CDN_NAME, "--tls-cert", str(cert), "--tls-key", str(key), *throttle,
+                    # The tokenizer and chat template a front's render server reads (replicas with vLLM).
+                    "--chat-model"),
                 host=host, port=port, marker="kimi_cluster.fakes.hub", log_dir=self.dir.logs,
             )
             record.setdefault("services", {})["hub"] = service.to_json()

@@ -188,9 +188,10 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
 def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
     """Generate across replicas and derender, carrying the stream state. vLLM's streaming derender is stateless: it
     replays every earlier chunk through the parsers on each call (vllm/renderers/online_derenderer.py), so a call
-    costs more the longer the stream. The generation runs on a thread of its own; each derender call takes every
-    chunk that arrived while the previous one ran, merged into one (`merged`), so the stream keeps up with the
-    replica whatever a call costs (vLLM's parsers take multi-token chunks, as under speculative decoding)."""
+    costs more the longer the stream. The generation runs on a thread of its own; once a call takes MERGE_AFTER_S or
+    more, the next one takes every chunk that arrived meanwhile, merged into one (`merged`), so the stream keeps up
+    with the replica whatever a call costs (vLLM's parsers take multi-token chunks, as under speculative decoding),
+    and a cheap stream still goes out a chunk per token."""
     rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
     prompt_ids = list(rendered["token_ids"])
     chat_request = framing.chat_request()
@@ -219,16 +220,19 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     threading.Thread(target=produce, name="generation", daemon=True).start()
     started = False
     state: Any = None
+    slow = [False]  # the last derender call took MERGE_AFTER_S or more
     try:
-        for item in _merged(arrived):
+        for item in _merged(arrived, lambda: slow[0]):
             if item is KEEP_ALIVE:
                 if started:
                     client.write(framing.keep_alive)
                 continue
+            called = time.monotonic()
             status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, {
                 "stream": True, "model": rendered.get("model"), "generate_chunk": item, "stream_state": state,
                 "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": chat_request,
             }, front.render_timeout_s)
+            slow[0] = time.monotonic() - called >= MERGE_AFTER_S
             if status != 200 or not isinstance(answer, dict):
                 raise UpstreamError(status if status >= 400 else 502, raw)
             state = answer["stream_state"]
@@ -255,19 +259,23 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
 
 
 KEEP_ALIVE, END = object(), object()
+# A derender call this long or longer (vLLM's replay of a stream some hundreds of tokens long: 4 ms at 100 tokens,
+# 29 ms at 1,000, 126 ms at 4,000, measured on a 2-core machine, docs/operations.md) makes the next call take every
+# chunk waiting.
+MERGE_AFTER_S = 0.02
 
 
 class GoneAway(Exception):
     """The client of a stream went away."""
 
 
-def _merged(arrived: queue.Queue[Any]) -> Iterator[Any]:
-    """The generation's chunks as they arrived, each run of token chunks already waiting merged into one (their
-    tokens in order, the last one's finish); a usage chunk, a keep-alive and the end stand alone. An exception the
-    generation raised is raised here, after the chunks before it."""
+def _merged(arrived: queue.Queue[Any], behind: Callable[[], bool]) -> Iterator[Any]:
+    """The generation's chunks as they arrived; while `behind()`, each run of token chunks already waiting merged
+    into one (their tokens in order, the last one's finish). A usage chunk, a keep-alive and the end stand alone. An
+    exception the generation raised is raised here, after the chunks before it."""
     held: dict[str, Any] | None = None
     while True:
-        item = arrived.get() if held is None else _next_waiting(arrived)
+        item = arrived.get() if held is None else (_next_waiting(arrived) if behind() else None)
         if item is None:  # nothing more waiting: the merged run goes out
             yield held
             held = None
