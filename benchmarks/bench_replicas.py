@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import ssl
@@ -62,6 +63,13 @@ class Tally:
     trips_started: int = 0
     trips_done: int = 0
     open_streams: int = 0
+    streams_wrong: list[str] = field(default_factory=list)
+    # The first completed stream of each kind, which every later one must equal (the fake engines answer a prompt
+    # the same way every time): a stream carried on on the twin must come out whole, no token twice or lost.
+    reference: dict[str, Any] = field(default_factory=dict)
+    loss_at: float | None = None  # when the replica was lost (time.monotonic)
+    # For each stream open at the loss: its longest wait between two chunks, in seconds.
+    gaps_across_loss: list[float] = field(default_factory=list)
 
     def add(self, **counts: int) -> None:
         with self.lock:
@@ -71,6 +79,16 @@ class Tally:
     def note(self, which: str, text: str) -> None:
         with self.lock:
             getattr(self, which).append(text)
+
+    def check(self, kind: str, got: Any, times: list[float], started: float) -> None:
+        """A completed stream: as the first of its kind, and its longest chunk gap if it was open at the loss."""
+        with self.lock:
+            expected = self.reference.setdefault(kind, got)
+            if got != expected:
+                self.streams_wrong.append(f"{kind}: {str(got)[:200]} instead of {str(expected)[:200]}")
+            if self.loss_at is not None and started < self.loss_at < times[-1]:
+                stamps = [started, *times]
+                self.gaps_across_loss.append(max(b - a for a, b in itertools.pairwise(stamps)))
 
 
 # The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
@@ -168,15 +186,37 @@ def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
     tally.note("failed", "tool round trip: still calling tools after 4 turns")
 
 
-def _stream(client: openai.OpenAI, model: str, tally: Tally) -> None:
-    chunks = 0
+def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> None:
+    """One streamed turn, assembled: plain text, or (tools) reasoning and a tool call, each tool call's id the
+    same in every chunk that names one."""
+    chunks, times, started = 0, [], time.monotonic()
+    text: dict[str, str] = {"content": "", "reasoning": ""}
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
     tally.add(streams_started=1, open_streams=1)
     try:
-        stream = client.chat.completions.create(model=model, stream=True, max_tokens=256,
-                                                messages=[{"role": "user", "content": "Tell me about Kimi."}])
-        for _ in stream:
+        stream = client.chat.completions.create(  # type: ignore[call-overload]  # TOOLS is plain JSON
+            model=model, stream=True, max_tokens=256,
+            messages=[{"role": "user", "content": TOOL_TASK if tools else "Tell me about Kimi."}],
+            **({"tools": TOOLS} if tools else {}))
+        for chunk in stream:
             chunks += 1
+            times.append(time.monotonic())
+            for choice in chunk.choices:
+                delta = choice.delta
+                text["content"] += delta.content or ""
+                text["reasoning"] += (delta.model_extra or {}).get("reasoning") or ""
+                for call in delta.tool_calls or []:
+                    slot = calls.setdefault(call.index, {"ids": set(), "name": "", "arguments": ""})
+                    slot["ids"] |= {call.id} if call.id else set()
+                    if call.function is not None:
+                        slot["name"] += call.function.name or ""
+                        slot["arguments"] += call.function.arguments or ""
+                finish = choice.finish_reason or finish
         tally.add(streams_done=1)
+        got = (text["content"], text["reasoning"], finish,
+               [(c["name"], c["arguments"], len(c["ids"])) for _, c in sorted(calls.items())])
+        tally.check("tool-call stream" if tools else "stream", got, times or [started], started)
     except openai.OpenAIError as exc:
         # Before the first chunk the front could still have sent it elsewhere: that one is a refused request.
         which = "streams_cut" if chunks else "stream_refused"
@@ -190,7 +230,10 @@ def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop
     def worker(index: int) -> None:
         client = _client(base_url, key, ca_file)
         while not stop.is_set():
-            (_round_trip if index % 2 == 0 else _stream)(client, model, tally)
+            if index % 2 == 0:
+                _round_trip(client, model, tally)
+            else:  # every other stream worker streams a tool call with its reasoning
+                _stream(client, model, tally, tools=index % 4 == 3)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(chats)]
     for t in threads:
@@ -297,6 +340,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     ca, tally, stop, threads = start_load(outputs, args)
     before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
     reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
+    tally.loss_at = reclaimed_at
     sandbox.reclaim(lost, args.lose)
     # A deleted VM's address is free: the observer takes it. A silent one keeps it, and drops what reaches it.
     observer = Observer(Fabric(FabricConfig.load(sandbox.dir.root / "fabric.json")), lost_ip, engine_port) \
@@ -319,7 +363,10 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     proxied = [(t - reclaimed_at, line) for t, peer, line in seen if peer == front and not line.startswith(health)]
     probes = [t - reclaimed_at for t, peer, line in seen if peer == front and line.startswith(health)]
     elsewhere = [f"{t - reclaimed_at:.2f} s from {peer}: {line[:80]}" for t, peer, line in seen if peer != front]
-    tried = front_tries(sandbox.dir.nodes / outputs["front_public_ip"], f"{lost_ip}:{engine_port}", reclaimed_wall)
+    front_dir = sandbox.dir.nodes / outputs["front_public_ip"]
+    tried = front_tries(front_dir, f"{lost_ip}:{engine_port}", reclaimed_wall)
+    carried = [line for log_file in front_dir.glob("**/kimi-cluster/resume.log")
+               for line in log_file.read_text(errors="replace").splitlines() if ": carried on by " in line]
     return {
         "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
         "lost_replica_head": lost, "lost_as": args.lose, "chats": args.chats, "token_seconds": args.token_seconds,
@@ -329,7 +376,10 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
         "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
         "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
-        "streams_hung": hung,
+        "streams_hung": hung, "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
+        "streams_open_at_loss_completed": len(tally.gaps_across_loss),
+        "carried_on_by_the_twin": len(carried), "carried": carried[:10],
+        "longest_chunk_gap_across_loss_s": round(max(tally.gaps_across_loss, default=0.0), 2),
         "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
@@ -365,6 +415,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
             "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
             "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
             "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
+            "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
             "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
             "restart_order": sorted(order, key=lambda o: o[2])}
 
@@ -378,6 +429,7 @@ def format_rolling(f: dict[str, Any]) -> str:
         f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
         f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
         f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
+        f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
         f"{f['tool_round_trips_started']}",
         "restart order (s from the first launch):",
@@ -385,6 +437,7 @@ def format_rolling(f: dict[str, Any]) -> str:
     lines += [f"  {label:<18} {step:<13} {start - t0:7.1f} -> {'' if end is None else f'{end - t0:.1f}'}"
               for label, step, start, end in f["restart_order"]]
     lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
+    lines += [f"  wrong: {x}" for x in f["wrong"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
     return "\n".join(lines)
 
@@ -414,6 +467,10 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{'streams: started / completed / cut / refused / hung':<52} {f['streams_started']} / "
         f"{f['streams_completed']} / {f['streams_cut']} / {f['streams_refused_before_first_chunk']} / "
         f"{f['streams_hung']}",
+        f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
+        f"{'longest chunk gap of a stream open at the loss, s':<52} {f['longest_chunk_gap_across_loss_s']} "
+        f"(over {f['streams_open_at_loss_completed']} such streams that completed)",
+        f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']}",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
         f"{f['tool_round_trips_started']}",
         f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "
@@ -423,7 +480,7 @@ def format_figures(f: dict[str, Any]) -> str:
         f"({f['front_log_tries']} failed tries in the front's log after the reclaim)",
     ]
     lines += [f"  failed: {x}" for x in f["failures"]]
-    lines += [f"  cut: {x}" for x in f["cut"]]
+    lines += [f"  cut: {x}" for x in f["cut"]] + [f"  wrong: {x}" for x in f["wrong"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
     lines += [f"  reached the lost replica at {x}" for x in f["reaching_lost_replica"]]
     lines += [f"  not from the front, at {x}" for x in f["connections_from_elsewhere"]]

@@ -77,6 +77,7 @@ class FakeHub:
         self.faults = faults or Faults()
         self.requests: list[tuple[str, str, str]] = []  # (method, path, range header)
         self.body_bytes = 0  # file bytes sent (GET bodies), for tests proving a re-run downloads nothing
+        self.body_bytes_by_client: Counter = Counter()  # the same, per client address
         self.lock = threading.Lock()
         self.log_file = log_file
         self.sent: Counter = Counter()  # client address -> body bytes sent
@@ -255,7 +256,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if url.path == STATS_PATH:
                 # The fake's own counters (not a hub route): what a test reads of a hub running as a service.
                 with hub.lock:
-                    stats = {"requests": len(hub.requests), "body_bytes": hub.body_bytes}
+                    stats = {"requests": len(hub.requests), "body_bytes": hub.body_bytes,
+                             "body_bytes_by_client": dict(hub.body_bytes_by_client)}
                 self._json(stats)  # outside the lock: answering logs the answer, which takes it
                 return
             with hub.lock:
@@ -315,6 +317,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self._send(status, data[: len(data) // 2], headers)
                 with hub.lock:
                     hub.body_bytes += len(data) // 2
+                    hub.body_bytes_by_client[self.client_address[0]] += len(data) // 2
                 return
             if self.command == "HEAD":
                 self._send(status, b"", headers, length=len(data))
@@ -340,6 +343,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                     sent += len(chunk)
                     with hub.lock:
                         hub.body_bytes += len(chunk)
+                        hub.body_bytes_by_client[client] += len(chunk)
                     if hub.faults.bytes_per_second:
                         self.wfile.flush()
                         time.sleep(step / hub.faults.bytes_per_second)

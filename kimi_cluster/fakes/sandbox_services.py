@@ -48,6 +48,10 @@ class Service:
     def running(self) -> bool:
         return _is(self.pid, self.marker) and port_open(self.host, self.port)
 
+    def started_with(self, word: str) -> bool:
+        """Whether its command line holds `word`: a service another release started may lack a flag."""
+        return word in _cmdline(self.pid)
+
 
 # Ports for services started later are drawn from here: above the well-known services many machines run, below the
 # kernel's ephemeral range (Linux's default starts at 32768, IANA's and the BSDs' at 49152).

@@ -157,6 +157,10 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--host", host),
             ("--port", port),
         ]
+        if settings.resumes_streams:
+            # The token API (`/inference/v1/generate`) the front's resuming layer generates through: `vllm serve`
+            # answers it 403 without this flag (vLLM 0.33.0, vllm/entrypoints/scale_out/factories.py).
+            items.append("--enable-scale-out")
         max_len = settings.max_model_len
         if max_len is None and settings.engine_layout == "tp8-dcp8":
             # The layout exists for long sessions: ask for the model's whole context unless maxModelLen says less.

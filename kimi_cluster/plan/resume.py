@@ -102,3 +102,12 @@ def render_fingerprint(settings: Settings) -> str:
     """Names one render server configuration (image, flags); a running one with the same label is left alone."""
     argv = render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
     return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
+
+
+def resumer_fingerprint(argv: Sequence[str], files: Sequence[tuple[str, str]]) -> str:
+    """Names one resuming-layer configuration (its flags and its program's files, as (path, body)): a running unit
+    with the same one is left alone, so an image change, which restarts only the render server, cuts no stream."""
+    digest = hashlib.sha256("\0".join(argv).encode())
+    for path, body in files:
+        digest.update(f"\0{path}\0{body}".encode())
+    return digest.hexdigest()[:16]

@@ -11,6 +11,7 @@ virtualenv, as this checkout's sandbox writes them; the stack's config stays as 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -22,12 +23,13 @@ from typing import Any
 
 import yaml
 
+from kimi_cluster.plan.steps.table import BY_NAME
 from kimi_cluster.sandbox.cli_stacks import CliStacks
 from kimi_cluster.sandbox.refresh import json_documents
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The first release (docs/CHANGELOG.md, "0.1.0"): main as issue 47 was filed.
-PREVIOUS_RELEASE = "ca9c2dc"
+# The release before this checkout's (docs/CHANGELOG.md names each release's commit): 0.2.0.
+PREVIOUS_RELEASE = "5cba958"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kimi-cluster" / "releases"
 INSTALL_TIMEOUT_S = 1200
 # What an upgrade must never replace (nor delete or create anew): each bills, holds the cluster's identity or is
@@ -56,10 +58,17 @@ def release_checkout(commit: str = PREVIOUS_RELEASE, cache: Path = CACHE) -> Pat
         raise ReleaseError(f"the release's commit {commit} is not in this clone's history (a shallow clone?): "
                            "git fetch --unshallow, then run again") from None
     place = cache / full[:12]
+    cache.mkdir(parents=True, exist_ok=True)
+    # One maker at a time: two tests (two xdist workers) asking for the same release wait for one checkout.
+    with open(cache / f"{full[:12]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_checkout(place, full)
+
+
+def _make_checkout(place: Path, full: str) -> Path:
     python = place / ".venv" / "bin" / "python"
     done_marker = place / ".venv" / "kimi-release-installed"
     if not (place / ".git").exists():
-        cache.mkdir(parents=True, exist_ok=True)
         _run(["git", "worktree", "prune"], REPO_ROOT, 60)
         _run(["git", "worktree", "add", "--force", "--detach", str(place), full], REPO_ROOT, 300)
     head = _run(["git", "rev-parse", "HEAD"], place, 60).strip()
@@ -74,8 +83,8 @@ def release_checkout(commit: str = PREVIOUS_RELEASE, cache: Path = CACHE) -> Pat
 
 def sandbox_command(checkout: Path, workdir: Path, *args: str, env: Mapping[str, str] | None = None,
                     timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    """`python -m scripts.sandbox ARGS --workdir WORKDIR` of that checkout, with its own virtualenv (0.1.0's door,
-    which 0.2.0 keeps as an alias of `kimi-cluster sandbox`)."""
+    """`python -m scripts.sandbox ARGS --workdir WORKDIR` of that checkout, with its own virtualenv (the door every
+    release has: 0.1.0's, which later releases keep as an alias of `kimi-cluster sandbox`)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERSTACK_", "PYTHONPATH"))}
     environment.update(env or {})
     environment["PYTHONUNBUFFERED"] = "1"
@@ -129,23 +138,64 @@ def verdict(steps: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     return found
 
 
-def steps_run_again(changelog: str, version: str) -> tuple[str, ...]:
-    """The node steps the changelog's entry for `version` says an upgrade runs again on every stack: the backticked
-    names of its "Steps that run again:" paragraph, before the first "with" (what follows depends on the stack's
-    keys)."""
+def steps_run_again(changelog: str, version: str, keys: Iterable[str] = ()) -> tuple[str, ...]:
+    """The node steps the changelog's entry for `version` says an upgrade runs again on a stack that sets `keys`:
+    the backticked names of its "Steps that run again:" paragraph before its first "with" clause (every stack's),
+    and those of each "with `key` ...: names" clause (after a semicolon) that names one of `keys`; what stands in
+    parentheses is an aside, not a name."""
+    return _named_steps(changelog, version, "Steps that run again:", keys)
+
+
+def steps_added(changelog: str, version: str, keys: Iterable[str] = ()) -> tuple[str, ...]:
+    """The node steps an upgrade creates on a stack that sets `keys`: the "Steps added:" paragraph, read as
+    `steps_run_again` reads its own."""
+    return _named_steps(changelog, version, "Steps added:", keys)
+
+
+def _named_steps(changelog: str, version: str, heading: str, keys: Iterable[str]) -> tuple[str, ...]:
     entry = changelog.split(f"\n## {version}\n", 1)[1].split("\n## ", 1)[0]
-    if "Steps that run again:" not in entry:
+    if heading not in entry:
         return ()
-    paragraph = entry.split("Steps that run again:", 1)[1].split("\n\n", 1)[0]
-    return tuple(re.findall(r"`([a-z-]+)`", paragraph.split("; with", 1)[0]))
+    paragraph = entry.split(heading, 1)[1].split("\n\n", 1)[0]
+    while re.search(r"\([^()]*\)", paragraph):  # an aside names paths, units and reasons, never a step
+        paragraph = re.sub(r"\([^()]*\)", "", paragraph)
+    every, *clauses = re.split(r"(?:^\s*|;\s*)with\s", paragraph)
+    wanted = set(keys)
+    names = _STEP_NAME.findall(every)
+    for clause in clauses:
+        head, _, body = clause.partition(":")
+        if wanted & set(re.findall(r"`(\w+)`", head)):
+            names += _STEP_NAME.findall(body)
+    return tuple(dict.fromkeys(names))
+
+
+# A step's name in backticks (the table's names are lower case with hyphens; a path or a key is not one).
+_STEP_NAME = re.compile(r"`([a-z][a-z-]*)`")
 
 
 def unexpected_updates(updated: Iterable[str], steps: Iterable[str]) -> list[str]:
     """The updated resources (as `verdict` names them) that are not a command of one of `steps`."""
-    allowed = tuple(steps)
-    return [name for name in updated
-            if not (name.startswith("command:remote:Command ")
-                    and any(name.split(" ")[1].endswith(f"-{step}") for step in allowed))]
+    return [name for name in updated if not _is_step_command(name, steps)]
+
+
+def unexpected_others(other: Iterable[str], added: Iterable[str]) -> list[str]:
+    """The other changes (as `verdict` names them) that are not the creation of a command of one of `added`."""
+    return [name for name in other if not (name.endswith(" (create)") and _is_step_command(name, added))]
+
+
+def _is_step_command(name: str, steps: Iterable[str]) -> bool:
+    """Whether `name` is the command of one of `steps`: named `...-<step>`, or as its table entry's wrap names it
+    (the readiness wait's command is `<group>-ready-wait`)."""
+    if not name.startswith("command:remote:Command "):
+        return False
+    resource = name.split(" ")[1]
+    return any(resource.endswith(suffix) for step in steps for suffix in _command_suffixes(step))
+
+
+def _command_suffixes(step: str) -> tuple[str, ...]:
+    entry = BY_NAME.get(step)
+    wrapped = entry.wrap.command.split("}", 1)[-1] if entry is not None and entry.wrap is not None else None
+    return (f"-{step}",) + ((wrapped,) if wrapped else ())
 
 
 def _keys(step: Mapping[str, Any]) -> str:

@@ -29,6 +29,8 @@ CARETAKER_TIMING = json.dumps({"pollSeconds": 1, "minuteSeconds": SANDBOX_MINUTE
 EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
 # The kernel-cache bucket (an S3 API, moto).
 KERNEL_BUCKET = "kimi-sandbox-kernels"
+# The hub's flag that adds the tiny chat model's tokenizer and template, which a front's render server reads.
+CHAT_MODEL_FLAG = "--chat-model"
 
 
 def _service(record: Mapping[str, Any], name: str) -> services.Service | None:
@@ -113,9 +115,10 @@ class SandboxServices:
         assert fabric is not None, "the fake nodes' network comes first"
         cert, key, _ = self.network.hub_tls(fabric)
         previous = _service(record, "hub")
-        if previous is not None and previous.host != host:
+        # A hub started by an earlier release (an upgraded sandbox) serves no chat model: a new one does.
+        if previous is not None and (previous.host != host or not previous.started_with(CHAT_MODEL_FLAG)):
             services.stop(previous)
-            previous = None
+            previous = previous if previous.host == host else None  # the same port, if on the same host
         if previous is None or not previous.running():
             port = _port_for(previous, host)
             # A throttled hub keeps the weights step busy long enough to watch it (`status` mid-download).
@@ -128,7 +131,7 @@ class SandboxServices:
                     "--token-file", str(self.dir.secret_path("hf_token")), "--host", host,
                     "--cdn-host", CDN_NAME, "--tls-cert", str(cert), "--tls-key", str(key), *throttle,
                     # The tokenizer and chat template a front's render server reads (replicas with vLLM).
-                    "--chat-model"),
+                    CHAT_MODEL_FLAG),
                 host=host, port=port, marker="kimi_cluster.fakes.hub", log_dir=self.dir.logs,
             )
             record.setdefault("services", {})["hub"] = service.to_json()

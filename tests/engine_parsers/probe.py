@@ -36,7 +36,8 @@ def vllm(argv: list[str]) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in (
         "model_tag", "revision", "served_model_name", "trust_remote_code", "tensor_parallel_size",
         "data_parallel_size", "decode_context_parallel_size", "enable_expert_parallel", "max_model_len",
-        "load_format", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "host", "port")}
+        "load_format", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "host", "port",
+        "enable_scale_out")}
 
 
 def _tokenspeed_engine_options(server_args: Path) -> tuple[set[str], dict[str, list[str]]]:

@@ -71,6 +71,8 @@ VLLM_LAYOUTS = [
     ("tp8-dcp8", {"tensor_parallel_size": 8, "data_parallel_size": 1, "decode_context_parallel_size": 8,
                   "enable_expert_parallel": False, "max_model_len": 1048576}),
 ]
+# Behind a front: the head binds its private address, and serves the token API the front's resuming layer uses.
+VLLM_REPLICAS = {"topology": "b300x1-vllm", "replicas": 2}
 TOKENSPEED = {"topology": "b300x1-tokenspeed", "image": "lightseekorg/tokenspeed:0.1.1"}
 SGLANG = {"topology": "h100x4-sglang"}
 SGLANG_RANKS = range(4)
@@ -108,7 +110,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[st
     asked += [("sglang", _rendered(SGLANG, rank)) for rank in SGLANG_RANKS]
     asked += [("sglang-compile-tool", _warmup(SGLANG, rank)) for rank in SGLANG_RANKS]
     asked += [("vllm", _warmup(_vllm_raw(layout))) for layout, _ in VLLM_LAYOUTS]
-    asked += [("tokenspeed", _warmup(TOKENSPEED))]
+    asked += [("tokenspeed", _warmup(TOKENSPEED)), ("vllm", _rendered(VLLM_REPLICAS))]
     base = tmp_path_factory.getbasetemp()
     shared = base if worker_id == "master" else base.parent  # this run's directory, never an earlier run's
     # Named by what was asked and with which probe, so no other request set can read these answers.
@@ -123,6 +125,13 @@ def answers(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[st
 
 def _key(engine: str, argv: list[str]) -> str:
     return json.dumps([engine, argv])
+
+
+def test_a_replicas_vllm_serves_the_token_api_on_its_private_address(answers):
+    answer = answers[_key("vllm", _rendered(VLLM_REPLICAS))]
+    assert answer["ok"], answer
+    assert answer["values"]["enable_scale_out"] is True and answer["values"]["host"] == "10.0.0.1"
+    assert "--enable-scale-out" not in _rendered(_vllm_raw(None))  # one replica: no front, no token API
 
 
 @pytest.mark.parametrize("layout,expected", VLLM_LAYOUTS)

@@ -33,7 +33,7 @@ from kimi_cluster.node.resume import chat, server, wire
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
 from tests.engine_parsers.render_server import VENV, render_server
-from tests.node.resume_fixtures import CutProxy
+from tests.node.resume_fixtures import CutProxy, RestartingServer
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools"
              "messages": [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]}
 # 2 ms a token: the derender calls (a few ms each) take a few tokens at a time, so cuts fall on varied chunk
 # boundaries of the stream state vLLM replays.
-SETTINGS = FakeSettings(engine="vllm", token_seconds=0.002)
+SETTINGS = FakeSettings(engine="vllm", token_seconds=0.002, scale_out=True)
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +135,27 @@ def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple
         with ThreadPoolExecutor(3) as pool:
             wrong = [w for w in pool.map(cut_at, range(total)) if w]
     assert total > 100 and wrong == [], wrong[:3]
+
+
+def test_a_render_server_restarting_mid_stream_loses_nothing(render: tuple[str, int]) -> None:
+    """An image change restarts the render server under streams: theirs wait for it (each derender call carries
+    the whole stream) and come out as the uncut one; a stream that starts while it is away is served unresumed."""
+    with FakeInferenceServer(SETTINGS) as replica:
+        uncut, _ = assembled(run(render, TOOL_TURN, [replica.url]).data)
+        # Connection 1 renders the prompt; 2 onwards derender chunks: 10 of those find no server.
+        restarting = RestartingServer(render, down_from=6, down_to=15)
+        try:
+            got, ids = assembled(run(restarting.address, TOOL_TURN, [replica.url]).data)
+        finally:
+            restarting.close()
+        away = RestartingServer(render, down_from=1, down_to=1)
+        try:
+            unresumed, _ = assembled(run(away.address, TOOL_TURN, [replica.url]).data)
+        finally:
+            away.close()
+    assert restarting.refused == 10 and got == uncut and len(ids) == 1, got
+    assert away.refused == 1 and away.seen == 1, away.seen  # not rendered: straight to the replica's own chat
+    assert unresumed["finish"] == "tool_calls" and unresumed["message"]["tool_calls"], unresumed
 
 
 @pytest.fixture

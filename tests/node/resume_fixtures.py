@@ -178,3 +178,53 @@ def _reset(sock: socket.socket) -> None:
     """Close with RST (SO_LINGER 0), as a peer whose host is gone answers."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+class RestartingServer:
+    """A forwarder in front of a server (the render server) that goes away for a while, as a container restarted by
+    an image change does: connections `down_from` to `down_to` (counted from 1) are closed unanswered, every other
+    one is forwarded whole. `refused` counts the ones closed."""
+
+    def __init__(self, upstream: tuple[str, int], down_from: int, down_to: int) -> None:
+        self.upstream, self.down = upstream, range(down_from, down_to + 1)
+        self.seen = self.refused = 0
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.sock.getsockname()[1])
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.seen += 1
+                closed = self.seen in self.down
+                self.refused += closed
+            if closed:
+                _reset(client)
+            else:
+                threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _forward(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.upstream) as server:
+            def pump(src: socket.socket, dst: socket.socket) -> None:
+                try:
+                    while data := src.recv(65536):
+                        dst.sendall(data)
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:  # either side gone: the other's recv ends too
+                    pass
+
+            back = threading.Thread(target=pump, args=(server, client), daemon=True)
+            back.start()
+            pump(client, server)
+            back.join()
+
+    def close(self) -> None:
+        self.sock.close()

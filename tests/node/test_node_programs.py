@@ -4,15 +4,15 @@ a step's command, and a step re-runs only when its program's bytes change."""
 
 from __future__ import annotations
 
+import ast
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from kimi_cluster.operator import status_gather
 from kimi_cluster.operator.stack_state import Connection, NodeRecord
-from kimi_cluster.plan import step_scripts
+from kimi_cluster.plan import resume, step_scripts
 from kimi_cluster.plan.steps.render import render_node_scripts
 from tests.node.conftest import make_settings
 
@@ -28,11 +28,32 @@ def test_the_node_side_programs_are_read_from_node_programs():
     for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
         assert program[0].startswith("kimi_cluster/node/") and all((ROOT / path).is_file() for path in program)
     # Every module of this repository a shipped module imports is shipped beside it.
-    for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
-        for path in program:
-            for module in re.findall(r"^from ((?:components|node_programs)\.\w+) import", (ROOT / path).read_text(),
-                                     re.M):
-                assert module.replace(".", "/") + ".py" in program, f"{path} imports {module}, not shipped"
+    programs: list[tuple[str, ...]] = [step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM,
+                                       resume.PROGRAM]
+    for files in programs:
+        imported = [(path, module) for path in files for module in _repository_imports(path)]
+        assert imported  # each is made of several modules
+        for path, module in imported:
+            assert module.replace(".", "/") + ".py" in files, f"{path} imports {module}, not shipped"
+
+
+def _repository_imports(path: str) -> list[str]:
+    """The modules of this repository that the file imports, absolute (kimi_cluster.x) or relative (from . import
+    x, from .x import y), as dotted names."""
+    package = path.rsplit("/", 1)[0].replace("/", ".")
+    found = []
+    for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+            if node.module:
+                found.append(f"{base}.{node.module}")
+            else:
+                found += [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kimi_cluster."):
+            found.append(str(node.module))
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("kimi_cluster.")]
+    return found
 
 
 @pytest.mark.parametrize("topology", ["h100x4-sglang", "b300x1-vllm"])

@@ -69,7 +69,7 @@ class Recorder:
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["reset", "silence"])
 def test_a_request_not_streamed_goes_whole_to_the_twin_and_is_answered_once(mode: str) -> None:
-    settings = FakeSettings(engine="vllm", token_seconds=0.002)
+    settings = FakeSettings(engine="vllm", token_seconds=0.002, scale_out=True)
     with FakeInferenceServer(settings) as lost, FakeInferenceServer(settings) as twin:
         proxy = CutProxy(lost.url, cut_after=0, mode=mode)
         pool = Pool([proxy.url, twin.url], interval_s=0.05, timeout_s=0.1, fails=1, passes=2)

@@ -37,6 +37,11 @@ def test_the_changelog_is_by_version_and_names_the_previous_releases_commit():
     assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
     first = CHANGELOG[CHANGELOG.index("\n## 0.1.0"):]
     assert "ca9c2dc" in first.split("\n## ", 2)[1]
+    # This release's entry names the previous release's commit, which the upgrade flow brings a stack up with.
+    from kimi_cluster.sandbox.releases import PREVIOUS_RELEASE
+
+    this = CHANGELOG.split(f"\n## {PYPROJECT_VERSION}\n", 1)[1].split("\n## ", 1)[0]
+    assert f"`{PREVIOUS_RELEASE}`" in this
     for entry in re.split(r"^## ", CHANGELOG, flags=re.M)[1:]:
         # Each entry says what an `up` does to a running stack.
         assert "What an `up` does to a running stack" in entry, entry.splitlines()[0]
@@ -60,10 +65,32 @@ def test_this_releases_entry_names_the_steps_an_upgrade_runs_again() -> None:
     from kimi_cluster.plan.steps.table import NAMES
     from kimi_cluster.sandbox import releases
 
-    named = releases.steps_run_again(CHANGELOG, release.__version__)
+    named = releases.steps_run_again(CHANGELOG, release.__version__, keys=("replicas",))
     assert named and set(named) <= set(NAMES), named
+    added = releases.steps_added(CHANGELOG, release.__version__, keys=("replicas",))
+    assert set(added) <= set(NAMES), added
     weights = f"command:remote:Command kimi-node3-{named[0]} (update: create)"
     assert releases.unexpected_updates([weights], named) == []
     assert releases.unexpected_updates(["command:remote:Command kimi-node0-ready-x (update: create)"], named) != []
+    wait = "command:remote:Command kimi-front-ready-wait (update: create)"  # the readiness step's wrapped command
+    assert releases.unexpected_updates([wait], ("readiness",)) == [] and releases.unexpected_updates([wait], ()) != []
     assert releases.unexpected_updates(["pulumi-python:dynamic/hyperstack:VirtualMachine kimi-node0 (update)"],
                                        named) != []
+
+
+def test_a_step_named_under_a_key_counts_only_for_a_stack_that_sets_it() -> None:
+    from kimi_cluster.sandbox import releases
+
+    log = ("# Changelog\n\n## 9.9.9\n\nSteps that run again: `weights` (its program, `kimi_cluster/node/`; moved); "
+           "with `kernelCache`: `cache-save`; with `idleStopMinutes` or `budgetUsd`: `proxy` and `caretaker`.\n\n"
+           "Steps added: with `replicas` (on vLLM, `resumeStreams` on): `resume`.\n\n## 9.9.8\n\n"
+           "Steps added: `launch`.\n")
+    assert releases.steps_run_again(log, "9.9.9") == ("weights",)
+    assert releases.steps_run_again(log, "9.9.9", keys=("budgetUsd",)) == ("weights", "proxy", "caretaker")
+    assert releases.steps_added(log, "9.9.9") == ()
+    assert releases.steps_added(log, "9.9.9", keys=("replicas",)) == ("resume",)
+    assert releases.steps_added(log, "9.9.9", keys=("resumeStreams",)) == ()  # named in an aside only
+    created = "command:remote:Command kimi-front-resume (create)"
+    assert releases.unexpected_others([created], ("resume",)) == []
+    assert releases.unexpected_others([created], ()) == [created]
+    assert releases.unexpected_others(["command:remote:Command kimi-front-resume (delete)"], ("resume",)) != []

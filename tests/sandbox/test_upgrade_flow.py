@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,11 @@ from .conftest import NOT_COMPILING, leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(2400)]
 CHANGELOG = (Path(__file__).resolve().parents[2] / "docs" / "CHANGELOG.md").read_text()
-# What this release's changelog entry says an up runs again on every stack (the flows' stacks set no key that adds
-# more: no kernelCache, kernelWarmup or guard).
+# What this release's changelog entry says an up runs again, or adds, on each flow's stack: the 4-node stack sets no
+# key that adds more (no kernelCache, kernelWarmup or guard); the replicas' stack sets `replicas`.
 RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__)
+REPLICAS_RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__, keys=("replicas",))
+REPLICAS_ADDED = releases.steps_added(CHANGELOG, __version__, keys=("replicas",))
 
 
 def _previous_release() -> Path:
@@ -39,11 +42,13 @@ def _previous_release() -> Path:
         raise
 
 
-def _no_change_but_the_named_steps(summary_text: str, updated: list[str]) -> None:
-    """The up's own summary: nothing created, replaced or deleted; as many updated as the preview's named steps."""
-    assert not re.search(r"created|replaced|deleted", summary_text), summary_text
-    count = re.search(r"(\d+) updated", summary_text)
-    assert (int(count.group(1)) if count else 0) == len(updated), (summary_text, updated)
+def _no_change_but_the_named_steps(summary_text: str, updated: Sequence[str], created: Sequence[str] = ()) -> None:
+    """The up's own summary: nothing replaced or deleted; as many updated, and created, as the preview's named
+    steps."""
+    assert not re.search(r"replaced|deleted", summary_text), summary_text
+    for word, named in (("updated", updated), ("created", created)):
+        count = re.search(rf"(\d+) {word}", summary_text)
+        assert (int(count.group(1)) if count else 0) == len(named), (summary_text, word, named)
 
 
 def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox) -> None:
@@ -52,8 +57,9 @@ def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox)
     first = releases.sandbox_command(old, run.workdir, "up", "--topology", "h100x4-sglang", "--no-timeline",
                                      "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
     assert first.returncode == 0, first.stdout[-4000:]
-    assert VERSION_OUTPUT not in run.outputs()  # 0.1.0 recorded no release
-    assert "deployed by kimi-cluster before 0.2.0" in ok(run("status"))
+    deployed = run.outputs()[VERSION_OUTPUT]
+    assert deployed != __version__
+    assert f"deployed by kimi-cluster {deployed}; this checkout is {__version__}" in ok(run("status"))
 
     plan = releases.preview_upgrade(run.workdir, io.StringIO())
     found = releases.verdict(plan["steps"])
@@ -96,8 +102,9 @@ def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, mon
                                      "--no-timeline", "--no-kernel-cache", "--quiet", env=NOT_COMPILING)
     assert first.returncode == 0, first.stdout[-4000:]
     found = releases.verdict(releases.preview_upgrade(run.workdir, io.StringIO())["steps"])
-    assert found["replaced"] == [] and found["other"] == [], releases.describe(found)
-    assert releases.unexpected_updates(found["updated"], RUN_AGAIN) == [], releases.describe(found)
+    assert found["replaced"] == [], releases.describe(found)
+    assert releases.unexpected_updates(found["updated"], REPLICAS_RUN_AGAIN) == [], releases.describe(found)
+    assert releases.unexpected_others(found["other"], REPLICAS_ADDED) == [], releases.describe(found)
 
     outputs = run.outputs()
     ca = run.workdir / "upgrade-ca.pem"
@@ -114,7 +121,8 @@ def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, mon
         stop.set()
         for thread in threads:
             thread.join(60)
-    _no_change_but_the_named_steps(upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0], found["updated"])
+    _no_change_but_the_named_steps(upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0], found["updated"],
+                                   found["other"])
     report(f"upgrade with 2 replicas: {during} requests during the up, {len(tally.failed)} failed, "
            f"{len(tally.streams_cut)} streams cut, {len(tally.stream_refused)} refused")
     assert during > 0 and tally.failed == [] and tally.streams_cut == [] and tally.stream_refused == [], tally

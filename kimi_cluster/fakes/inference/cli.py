@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the engines' loader; 'dummy' (random weights) compiles the same kernels, as they do")
     parser.add_argument("--compile-only", action="store_true",
                         help="compile the kernels, then exit 0 without serving (SGLang's compile_deep_gemm)")
+    parser.add_argument("--enable-scale-out", action="store_true",
+                        help="vLLM's scale-out endpoints: the token API /inference/v1/generate (403 without it)")
     parser.add_argument("--fault", action="append", default=[],
                         help="break the server on purpose (repeatable or comma list): " + ", ".join(FAULTS))
     parser.add_argument("--slow-seconds", type=float, default=30.0, help="delay of the 'slow' fault")
@@ -84,6 +86,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> tuple[FakeSettings,
         faults=faults,
         slow_seconds=args.slow_seconds,
         token_seconds=float(os.environ.get("FAKE_ENGINE_TOKEN_SECONDS") or 0),
+        scale_out=args.enable_scale_out,
     )
     return settings, args, ignored
 

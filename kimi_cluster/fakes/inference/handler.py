@@ -104,7 +104,8 @@ class Handler(BaseHTTPRequestHandler):
         if status == 401:
             self._send_json(401, {"error": "Unauthorized"})
         else:
-            kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(status, "Error")
+            kind = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError",
+                    500: "InternalServerError"}.get(status, "Error")
             self._send_json(status, {"object": "error", "message": message, "type": kind, "code": status})
 
     def _send_sse(self, events: Iterator[bytes]) -> None:
@@ -209,6 +210,9 @@ class Handler(BaseHTTPRequestHandler):
             if path == "/v1/messages":
                 return self._messages(body)
             if self.settings.engine == "vllm" and path == generate.PATH:
+                if not self.settings.scale_out:  # vLLM's own answer without the flag
+                    raise HttpError(403, "Scale-out endpoints are disabled. Restart vllm serve with "
+                                         "--enable-scale-out to enable them.")
                 return self._generate(body)
             if self.settings.engine == "vllm" and path == "/invocations":
                 # SageMaker's route: a chat completion body is served as one, with no key.

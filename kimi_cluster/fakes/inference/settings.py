@@ -44,6 +44,9 @@ class FakeSettings:
     # Decode time per generated token (FAKE_ENGINE_TOKEN_SECONDS): a stream is paced by it and a non-streamed
     # answer comes after all of it, as on a real engine, so that load tests have requests in flight.
     token_seconds: float = 0.0
+    # vLLM's scale-out endpoints (the token API `/inference/v1/generate`): `vllm serve` answers them 403 unless
+    # started with --enable-scale-out (vLLM 0.33.0, vllm/entrypoints/scale_out/factories.py).
+    scale_out: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

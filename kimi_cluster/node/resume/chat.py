@@ -7,6 +7,11 @@
 - A stream that cannot be resumed exactly (guided decoding, `n` > 1, stop strings: `not_resumable` says why) goes
   to a replica's own chat endpoint as it is, and is retried elsewhere only before its first byte; cut later, it ends
   with an error event naming the cause.
+- A replica that does not serve the token API (`vllm serve` without --enable-scale-out: one not yet restarted by
+  the upgrade that turned this on) gets the request at its own chat endpoint, unresumed.
+- While the render server does not answer (an image change restarts it), a new stream passes through unresumed,
+  and a stream already going waits for it, with its keep-alives, up to `render_timeout_s`: each derender call
+  carries the whole stream so far, so a restarted server picks it up where the old one was.
 - A request that is not streamed goes to a replica's own chat endpoint as it is; lost before its answer (a reset, or
   silence while the replica's health check fails), it is sent whole to another one. Nothing was answered yet, so
   nothing is answered twice.
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import messages, wire
-from .generation import Generation, Limits, Unavailable, UpstreamError, read_while_alive
+from .generation import Generation, Limits, NoTokenApi, Unavailable, UpstreamError, read_while_alive
 from .pool import Pool, Replica, log
 
 CHAT_PATH = "/v1/chat/completions"
@@ -175,12 +180,22 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
         return whole(front, path, raw, client)
     reason = route.refuses(body)
     if reason is None:
-        status, rendered, answer = wire.call_json(*front.render, route.render_path, body, front.render_timeout_s)
+        try:
+            status, rendered, answer = wire.call_json(*front.render, route.render_path, body,
+                                                      front.render_timeout_s)
+        except wire.Lost as exc:  # the render server restarts (a new image) or died: the stream is still served
+            status, rendered, answer = 503, None, str(exc).encode()
+        if 400 <= status < 500 and status != 429:
+            return client.whole(status, answer)  # the request's own fault, as the replica would have said it
         if status != 200 or not isinstance(rendered, dict):
-            return client.whole(status if status >= 400 else 502, answer)
-        reason = not_resumable_rendered(rendered)
+            reason = f"the render server answers {status}: {answer[:200].decode('utf-8', 'replace')}"
+        else:
+            reason = not_resumable_rendered(rendered)
         if reason is None:
-            return resumed(front, route.framing(body, rendered), rendered, client)
+            try:
+                return resumed(front, route.framing(body, rendered), rendered, client)
+            except NoTokenApi as exc:  # raised only before the stream's first byte
+                reason = f"a replica answers {exc.status} to the token API (started without --enable-scale-out?)"
     log(f"a stream not resumed: {reason}")
     return passed_through(front, path, raw, client)
 
@@ -220,7 +235,11 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     threading.Thread(target=produce, name="generation", daemon=True).start()
     started = False
     state: Any = None
-    slow = [False]  # the last derender call took MERGE_AFTER_S or more
+    slow = [False]
+
+    def keep_alive() -> None:
+        client.write(framing.keep_alive)
+  # the last derender call took MERGE_AFTER_S or more
     try:
         for item in _merged(arrived, lambda: slow[0]):
             if item is KEEP_ALIVE:
@@ -228,13 +247,11 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
                     client.write(framing.keep_alive)
                 continue
             called = time.monotonic()
-            status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, {
+            answer = _derender(front, {
                 "stream": True, "model": rendered.get("model"), "generate_chunk": item, "stream_state": state,
                 "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": chat_request,
-            }, front.render_timeout_s)
+            }, keep_alive if started else _nothing)
             slow[0] = time.monotonic() - called >= MERGE_AFTER_S
-            if status != 200 or not isinstance(answer, dict):
-                raise UpstreamError(status if status >= 400 else 502, raw)
             state = answer["stream_state"]
             frames = framing.frames(answer["chunk"])
             if frames and not started:
@@ -243,6 +260,8 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
             for frame in frames:
                 client.write(frame)
     except UpstreamError as exc:
+        if isinstance(exc, NoTokenApi) and not started:
+            raise
         if not started:
             return client.whole(exc.status, exc.body)
         return _end_with(client, framing.error(exc.status, exc.body.decode("utf-8", "replace")))
@@ -263,6 +282,29 @@ KEEP_ALIVE, END = object(), object()
 # 29 ms at 1,000, 126 ms at 4,000, measured on a 2-core machine, docs/operations.md) makes the next call take every
 # chunk waiting.
 MERGE_AFTER_S = 0.02
+
+
+def _nothing() -> None:
+    pass
+
+
+def _derender(front: Front, payload: dict[str, Any], waiting: Callable[[], None]) -> dict[str, Any]:
+    """One derender call. The render server may be restarting (an image change restarts it; a crash, its unit):
+    every call carries the whole stream so far, so the call is made again, with a keep-alive each tick, until it
+    answers or front.render_timeout_s has passed since the first failure."""
+    deadline = time.monotonic() + front.render_timeout_s
+    while True:
+        try:
+            status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, payload, front.render_timeout_s)
+        except wire.Lost as exc:
+            status, answer, raw = 503, None, str(exc).encode()
+        if status == 200 and isinstance(answer, dict):
+            return answer
+        if status < 500 or time.monotonic() >= deadline:
+            raise UpstreamError(status if status >= 400 else 502, raw)
+        log(f"derender: the render server answers {status}; again in {front.limits.tick_s:g} s")
+        waiting()
+        time.sleep(front.limits.tick_s)
 
 
 class GoneAway(Exception):

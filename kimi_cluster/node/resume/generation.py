@@ -52,6 +52,11 @@ class UpstreamError(Exception):
         self.status, self.body = status, body
 
 
+class NoTokenApi(UpstreamError):
+    """The replica does not serve the token API (403: `vllm serve` without --enable-scale-out, as a replica not yet
+    restarted by an upgrade runs; 404: no such route): the request can still go to its chat endpoint as it is."""
+
+
 @dataclass
 class Resume:
     """One loss survived: where, why, after how many tokens, and how long the stream waited for its next tokens."""
@@ -147,6 +152,8 @@ class Generation:
             self._wait(up, replica, up.read_head)
             if up.status >= 500:
                 raise wire.Lost(f"HTTP {up.status} from {GENERATE_PATH}")
+            if up.status in (403, 404):
+                raise NoTokenApi(up.status, self._wait(up, replica, up.read_body))
             if up.status != 200:
                 raise UpstreamError(up.status, self._wait(up, replica, up.read_body))
             while True:
