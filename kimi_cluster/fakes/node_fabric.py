@@ -276,7 +276,31 @@ class Fabric:
                 _run("ip", "-n", other, "neigh", "flush", "to", address, check=False)
         return namespace
 
+    def refresh_env(self) -> list[str]:
+        """Every running node's sshd takes the fabric's environment as it is now (its config rewritten, then SIGHUP,
+        on which sshd re-executes itself and reads it; open sessions go on): an `up` by another checkout, or with
+        other settings, must reach nodes an earlier `up` started. Returns the addresses refreshed."""
+        done = []
+        for pid_file in sorted((Path(self.config.nodes_dir).parent / "sshd").glob("*/sshd.pid")):
+            address = pid_file.parent.name
+            host_key = self.node_dir(address) / "etc" / "ssh" / "ssh_host_ed25519_key"
+            try:
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, 0)  # a deleted VM's sshd is gone: nothing to tell
+            except (OSError, ValueError):
+                continue
+            self._write_sshd_config(address, self.config.namespace(address), host_key)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
+                done.append(address)
+        return done
+
     def _start_sshd(self, address: str, namespace: str, host_key: Path) -> None:
+        run = self._write_sshd_config(address, namespace, host_key)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+        _run("ip", "netns", "exec", namespace, SSHD, "-f", str(run / "sshd_config"), "-E", str(run / "sshd.log"))
+
+    def _write_sshd_config(self, address: str, namespace: str, host_key: Path) -> Path:
         node, run = self.node_dir(address), self._sshd_dir(address)
         run.mkdir(parents=True, exist_ok=True)
         # `ip netns exec` bind-mounts /etc/netns/NS/* over /etc: in this namespace only, the image's user logs in
@@ -309,8 +333,7 @@ class Fabric:
             f"SetEnv {setenv}",
             "",
         ]))
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-        _run("ip", "netns", "exec", namespace, SSHD, "-f", str(run / "sshd_config"), "-E", str(run / "sshd.log"))
+        return run
 
     def firewall(self, address: str, rules: Iterable[Mapping[str, Any]]) -> None:
         """The VM's security rules, in place of whatever its namespace had: ingress only what a rule allows."""

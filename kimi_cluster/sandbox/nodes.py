@@ -111,8 +111,12 @@ class NodeNetwork:
                # The hub is https on the bridge (a token never crosses a network in clear): the nodes trust its CA,
                # as a machine trusts a mirror's private CA (OpenSSL's and requests' variables).
                "SSL_CERT_FILE": str(ca), "REQUESTS_CA_BUNDLE": str(ca)}
+        before = config
         config = FabricConfig(config.id, config.subnet, config.nodes_dir, node_path(), env)
         self.path.write_text(json.dumps(config.to_json(), indent=2) + "\n")
+        if (before.env, tuple(before.path)) != (config.env, tuple(config.path)):
+            # Nodes an earlier up started (another checkout's: an upgrade) run what this one's environment says.
+            Fabric(config).refresh_env()
         return config
 
     def hub_tls(self, fabric: FabricConfig) -> tuple[Path, Path, Path]:

@@ -158,6 +158,15 @@ def test_a_render_server_restarting_mid_stream_loses_nothing(render: tuple[str, 
     assert unresumed["finish"] == "tool_calls" and unresumed["message"]["tool_calls"], unresumed
 
 
+def test_a_replica_without_the_token_api_gets_the_stream_at_its_chat_endpoint(render: tuple[str, int]) -> None:
+    """A replica started without --enable-scale-out (one the 0.3.0 upgrade has not restarted yet) answers the token
+    API 403, as vLLM does: the stream goes to its chat endpoint instead, unresumed but whole."""
+    old = FakeSettings(engine="vllm", token_seconds=0.002)
+    with FakeInferenceServer(old) as replica:
+        got, _ = assembled(run(render, TOOL_TURN, [replica.url]).data)
+    assert got["finish"] == "tool_calls" and got["message"]["tool_calls"], got
+
+
 @pytest.fixture
 def front(render: tuple[str, int]) -> Iterator[tuple[str, CutProxy, CutProxy]]:
     """The resuming layer's HTTP server over a replica behind a cutting proxy (first in line) and its twin behind
