@@ -90,12 +90,18 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
     return items
 
 
-def resumer_argv(head_private_ips: Sequence[str], settings: Settings) -> list[str]:
-    """The resuming layer's flags: where it listens, its render server, every replica's engine."""
-    argv = ["--listen", resume_address(), "--render", render_url()]
-    for ip in head_private_ips:
-        argv += ["--replica", f"http://{ip}:{settings.engine_port}"]
-    return argv
+REPLICAS_FILE = ShellExpr("${STATE}/resume-replicas")
+
+
+def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[str]:
+    """Every replica's engine, as the resuming layer reaches it (each head's private address)."""
+    return [f"http://{ip}:{settings.engine_port}" for ip in head_private_ips]
+
+
+def resumer_argv() -> list[str]:
+    """The resuming layer's flags: where it listens, its render server, and the file it reads the replicas from
+    (written by the step, read again when it changes: a replica re-created at a new address restarts nothing)."""
+    return ["--listen", resume_address(), "--render", render_url(), "--replicas-file", REPLICAS_FILE]
 
 
 def render_fingerprint(settings: Settings) -> str:

@@ -289,12 +289,13 @@ def front_ready_values(_settings: Settings, _step: str, _spot: NodeSpot, timing:
 def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing, _deadline_s: int) -> dict[str, Any]:
     """The front's resuming layer (resumeStreams): vLLM's render server in the engine's image, then the program."""
     heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(settings.replicas)])
-    argv, files = resume.resumer_argv(heads, settings), shipped(resume.PROGRAM)
+    argv, files = resume.resumer_argv(), shipped(resume.PROGRAM)
     return {"container": resume.RENDER_CONTAINER, "unit": resume.UNIT, "image": settings.container_image,
             "fingerprint": resume.render_fingerprint(settings), "fingerprint_label": resume.FINGERPRINT_LABEL,
             "docker_argv": resume.render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
             "render_url": resume.render_url(), "resume_address": resume.resume_address(),
-            "resumer_argv": argv, "replicas": len(heads),
+            "resumer_argv": argv, "replica_urls": resume.replica_urls(heads, settings),
+            "replicas_file": resume.REPLICAS_FILE,
             "resumer_fingerprint": resume.resumer_fingerprint(argv, [(f.path, f.body) for f in files]),
             "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
             "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,

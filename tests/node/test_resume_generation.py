@@ -91,3 +91,41 @@ def test_with_every_replica_lost_the_generation_says_so() -> None:
             pool.stop.set()
             proxy.close()
     assert tokens(got) == REPLY[:2]
+
+
+def test_a_new_replica_list_from_the_file_takes_effect_with_no_restart(tmp_path) -> None:
+    """The step rewrites the replicas file when a replica comes back at a new address: the running layer reads it,
+    the new replica takes requests once its health check passes, the old one takes none, and a request running on
+    a replica that stays goes on."""
+    import threading
+
+    from kimi_cluster.node.resume import server
+
+    with token_server() as first, token_server() as second:
+        listed = tmp_path / "replicas"
+        listed.write_text(f"{first.url}\n")
+        args = server.parse(["--listen", "127.0.0.1:0", "--render", "http://127.0.0.1:9", "--replicas-file",
+                             str(listed), "--health-interval-s", "0.05", "--health-passes", "1"])
+        front = server.build(args)
+        pool = front.front.pool
+        pool.start()
+        threading.Thread(target=server.follow, args=(pool, str(listed), 0.05), daemon=True).start()
+        try:
+            held = pool.pick()
+            assert held is not None and held.url == first.url
+            listed.write_text(f"# re-created\n{second.url}\n")
+            with pool.changed:  # set_urls and every health answer notify it
+                assert pool.changed.wait_for(lambda: [r.url for r in pool.replicas] == [second.url]
+                                             and pool.replicas[0].healthy, timeout=30)
+            picked = pool.pick(wait_s=30)
+            assert picked is not None and picked.url == second.url
+            pool.release(held)  # the request on the replica that went finishes as it was
+            pool.release(picked)
+            listed.write_text("not a url\n")  # refused: `follow` keeps the list it had
+            with pytest.raises(ValueError):
+                server.read_replicas(str(listed))
+        finally:
+            pool.stop.set()
+            front.server_close()
+    with pytest.raises(SystemExit):
+        server.parse(["--render", "http://127.0.0.1:9"])  # no replicas at all

@@ -57,7 +57,9 @@ def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
                 names = [node.module.rsplit(".", 1)[-1]] if node.module else [a.name for a in node.names]
                 assert all(n in shipped for n in names), (module.name, names)
     # The replicas' engines, and the render server on the front's loopback.
-    assert "--replica http://10.0.0.21:30000 --replica http://10.0.0.31:30000" in script
+    # The replicas' engines go to a file the running layer reads again, so an address change restarts nothing.
+    assert "printf '%s\\n' http://10.0.0.21:30000" in script and "printf '%s\\n' http://10.0.0.31:30000" in script
+    assert '--replicas-file "${STATE}/resume-replicas"' in script
     assert "--render http://127.0.0.1:20081" in script
 
 

@@ -4,6 +4,10 @@ Each replica's `GET /health` is asked every `interval_s` (at most `timeout_s` fo
 mark it down, `passes` good answers in a row mark it up again, as the front's Caddy does. A replica that lost a
 request (a reset, an end before the finish, silence while it is down) is marked down at once and gets no new request
 until its health check passes again. New requests go to the healthy replica with the fewest in flight.
+
+The list can change while requests run (`set_urls`: a replica re-created at a new address): a replica that stays
+keeps its state, a new one takes requests once its health check passes, and one that goes takes no new request
+while those it carries finish.
 """
 
 from __future__ import annotations
@@ -38,13 +42,38 @@ class Pool:
         self.interval_s, self.timeout_s, self.fails, self.passes = interval_s, timeout_s, fails, passes
         self.changed = threading.Condition()
         self.stop = threading.Event()
+        self.started = False
 
     def start(self) -> None:
+        self.started = True
         for replica in self.replicas:
-            threading.Thread(target=self._watch, args=(replica,), name=f"health {replica.url}", daemon=True).start()
+            self._start_watch(replica)
+
+    def _start_watch(self, replica: Replica) -> None:
+        threading.Thread(target=self._watch, args=(replica,), name=f"health {replica.url}", daemon=True).start()
+
+    def urls(self) -> list[str]:
+        with self.changed:
+            return [r.url for r in self.replicas]
+
+    def set_urls(self, urls: list[str]) -> None:
+        """The replicas are now these (in this order); see the module's docstring."""
+        if not urls:
+            raise ValueError("at least one replica is needed")
+        with self.changed:
+            kept = {r.url: r for r in self.replicas}
+            added = [Replica(url, *wire.address(url), healthy=False) for url in urls if url not in kept]
+            new = {r.url: r for r in added}
+            gone = [url for url in kept if url not in urls]
+            self.replicas = [kept.get(url) or new[url] for url in urls]
+            self.changed.notify_all()
+        for replica in added if self.started else ():
+            self._start_watch(replica)
+        if added or gone:
+            log(f"replicas now {', '.join(urls)}" + (f" (gone: {', '.join(gone)})" if gone else ""))
 
     def _watch(self, replica: Replica) -> None:
-        while not self.stop.is_set():
+        while not self.stop.is_set() and replica in self.replicas:
             started = time.monotonic()
             self.record(replica, self._check(replica))
             self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))

@@ -7,6 +7,7 @@ It listens on the front's loopback only (Caddy, beside it, holds TLS and the key
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -65,7 +66,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] == "/health":
-            return self.whole(200, b"")
+            # The replicas it balances over: the front's step waits until a new list shows here.
+            return self.whole(200, json.dumps({"replicas": self.server.front.pool.urls()}).encode())
         self.whole(404, b'{"detail":"Not Found"}')
 
     def do_POST(self) -> None:
@@ -103,7 +105,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m kimi_cluster.node.resume", description=__doc__.splitlines()[0])
     ap.add_argument("--listen", default="127.0.0.1:8100", help="HOST:PORT to serve on (the front's loopback)")
     ap.add_argument("--render", required=True, help="vLLM's render server, http://HOST:PORT")
-    ap.add_argument("--replica", action="append", required=True, help="a replica's engine, http://HOST:PORT")
+    ap.add_argument("--replica", action="append", default=[], help="a replica's engine, http://HOST:PORT")
+    ap.add_argument("--replicas-file", help="a file of replica URLs, one a line, read again whenever it changes "
+                    "(a replica re-created at a new address), so the list changes with no restart")
     limits = Limits()
     ap.add_argument("--silence-s", type=float, default=limits.silence_s,
                     help="silence after which a stream whose replica fails its health check is resumed elsewhere")
@@ -115,6 +119,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--health-fails", type=int, default=2)
     ap.add_argument("--health-passes", type=int, default=2)
     args = ap.parse_args(argv)
+    if bool(args.replica) == bool(args.replicas_file):
+        ap.error("give the replicas with --replica or with --replicas-file (one of them)")
     for name in ("silence_s", "tick_s", "pick_s", "health_interval_s", "health_timeout_s"):
         if not 0 < getattr(args, name) <= 3600:
             ap.error(f"--{name.replace('_', '-')} must be more than 0 and at most 3600")
@@ -124,8 +130,35 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def read_replicas(path: str) -> list[str]:
+    """The replica URLs of a --replicas-file, each checked as --replica's are."""
+    with open(path, encoding="utf-8") as handle:
+        urls = [line.strip() for line in handle if line.strip() and not line.startswith("#")]
+    for url in urls:
+        wire.address(url)
+    if not urls:
+        raise ValueError(f"{path} names no replica")
+    return urls
+
+
+def follow(pool: Pool, path: str, interval_s: float) -> None:
+    """Read the replicas file again every interval_s; a new list goes to the pool (one that cannot be read is
+    logged and the old list kept: the step writes the file whole, by a rename)."""
+    last = pool.urls()
+    while not pool.stop.wait(interval_s):
+        try:
+            urls = read_replicas(path)
+        except (OSError, ValueError) as exc:
+            log(f"the replicas file cannot be read ({exc}); keeping {', '.join(last)}")
+            continue
+        if urls != last:
+            pool.set_urls(urls)
+            last = urls
+
+
 def build(args: argparse.Namespace) -> Server:
-    pool = Pool(args.replica, args.health_interval_s, args.health_timeout_s, args.health_fails, args.health_passes)
+    urls = read_replicas(args.replicas_file) if args.replicas_file else args.replica
+    pool = Pool(urls, args.health_interval_s, args.health_timeout_s, args.health_fails, args.health_passes)
     host, port = wire.address("http://" + args.listen)
     server = Server((host, port), Handler)
     server.front = chat.Front(pool, wire.address(args.render),
@@ -141,8 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kimi-resume: {exc}", file=sys.stderr)
         return 2
     server.front.pool.start()
+    if args.replicas_file:
+        threading.Thread(target=follow, args=(server.front.pool, args.replicas_file, args.health_interval_s),
+                         name="replicas file", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    log(f"serving on {args.listen}: {len(args.replica)} replicas, render server {args.render}")
+    log(f"serving on {args.listen}: {len(server.front.pool.urls())} replicas, render server {args.render}")
     server.serve_forever(poll_interval=0.5)
     server.front.pool.stop.set()
     return 0
