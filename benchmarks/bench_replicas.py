@@ -338,12 +338,15 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     lost_ip = outputs["replica_head_private_ips"][1]
     engine_port = int(sandbox.dir.record()["engine_port"])
     ca, tally, stop, threads = start_load(outputs, args)
+    fabric = FabricConfig.load(sandbox.dir.root / "fabric.json")
+    # The reclaim waits (up to a minute) for a stream generating on the lost replica, so that one is carried on.
+    generating = generations_on(fabric, outputs["front_public_ip"], f"http://{lost_ip}:{engine_port}", 60.0)
     before = {"requests": tally.requests, "streams": tally.streams_started, "in_flight_streams": tally.open_streams}
     reclaimed_at, reclaimed_wall = time.monotonic(), time.time()
     tally.loss_at = reclaimed_at
     sandbox.reclaim(lost, args.lose)
     # A deleted VM's address is free: the observer takes it. A silent one keeps it, and drops what reaches it.
-    observer = Observer(Fabric(FabricConfig.load(sandbox.dir.root / "fabric.json")), lost_ip, engine_port) \
+    observer = Observer(Fabric(fabric), lost_ip, engine_port) \
         if args.lose == "delete" else None
     where = f"observer on {lost_ip}:{engine_port} after {observer.bound_at - reclaimed_at:.2f} s" if observer \
         else "no observer: its packets are dropped"
@@ -378,6 +381,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
         "streams_hung": hung, "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
         "streams_open_at_loss_completed": len(tally.gaps_across_loss),
+        "generating_on_lost_replica_at_reclaim": generating,
         "carried_on_by_the_twin": len(carried), "carried": carried[:10],
         "longest_chunk_gap_across_loss_s": round(max(tally.gaps_across_loss, default=0.0), 2),
         "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
@@ -442,6 +446,31 @@ def format_rolling(f: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# Asked inside the front's namespace: the resuming layer listens on the front's loopback only.
+_GENERATIONS = """
+import json, sys, urllib.request
+with urllib.request.urlopen("http://127.0.0.1:%d/health" % int(sys.argv[1]), timeout=5) as answer:
+    print(json.loads(answer.read()).get("generating", {}).get(sys.argv[2], 0))
+"""
+
+
+def generations_on(fabric: FabricConfig, front: str, replica_url: str, wait_s: float) -> int:
+    """The generations the front's resuming layer runs on `replica_url`, asked until there is one or wait_s has
+    passed (0 without a resuming layer: SGLang, or resumeStreams off)."""
+    from kimi_cluster.settings import RESUME_PORT
+
+    deadline, count = time.monotonic() + wait_s, 0
+    while True:
+        done = subprocess.run(["ip", "netns", "exec", fabric.namespace(front), sys.executable, "-c", _GENERATIONS,
+                               str(RESUME_PORT), replica_url], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            return 0  # nothing listens there: no resuming layer
+        count = int(done.stdout.strip() or 0)
+        if count or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.05)
+
+
 def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
     """Seconds after `since` at which the front's Caddy logged a proxied request to `upstream` failing (its log is
     JSON lines; the active health checker's own lines are left out: it keeps probing a lost replica on purpose)."""
@@ -470,7 +499,8 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
         f"{'longest chunk gap of a stream open at the loss, s':<52} {f['longest_chunk_gap_across_loss_s']} "
         f"(over {f['streams_open_at_loss_completed']} such streams that completed)",
-        f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']}",
+        f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']} "
+        f"({f['generating_on_lost_replica_at_reclaim']} generating on the lost replica at the reclaim)",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
         f"{f['tool_round_trips_started']}",
         f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "

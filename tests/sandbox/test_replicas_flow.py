@@ -38,7 +38,10 @@ def test_a_reclaimed_replica_costs_no_non_streamed_request(tmp_path: Path, monke
     # each as the uncut ones of its kind, reasoning and tool calls included.
     assert figures["streams_cut"] == 0, figures["cut"]
     assert figures["streams_wrong"] == 0, figures["wrong"]
-    assert figures["carried_on_by_the_twin"] > 0 and figures["streams_open_at_loss_completed"] > 0, figures
+    # The bench reclaims once a stream generates on the lost replica (it may still finish first: how many the front
+    # carried on is reported, not asserted; tests/engine_parsers/test_resume_chat_layer.py cuts one at every token).
+    assert figures["generating_on_lost_replica_at_reclaim"] > 0, figures
+    assert figures["streams_open_at_loss_completed"] > 0, figures
     assert figures["tool_round_trips_completed"] == figures["tool_round_trips_started"] > 0
     # The front's health checker keeps probing the lost address, so probes show the observer there is reachable
     # from the front: without them "nothing more reached it" would prove nothing.

@@ -110,7 +110,7 @@ class Generation:
                 return
             replica = self._pick(tried)
             tried = (*tried, replica)
-            with self.pool.holding(replica):
+            with self.pool.holding(replica, generating=True):
                 try:
                     yield from self._stream(replica)
                     return

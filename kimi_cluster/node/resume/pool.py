@@ -31,6 +31,7 @@ class Replica:
     passes: int = 0
     in_flight: int = 0
     picked: int = 0  # how many requests it was given: a tie of in_flight goes to the one given fewer
+    generating: int = 0  # of in_flight, the generations through the token API (those a loss carries on)
 
 
 class Pool:
@@ -140,11 +141,23 @@ class Pool:
             replica.in_flight -= 1
 
     @contextmanager
-    def holding(self, replica: Replica) -> Iterator[Replica]:
+    def holding(self, replica: Replica, generating: bool = False) -> Iterator[Replica]:
+        """The replica, released on the way out; `generating`: counted as a generation meanwhile."""
+        if generating:
+            with self.changed:
+                replica.generating += 1
         try:
             yield replica
         finally:
+            if generating:
+                with self.changed:
+                    replica.generating -= 1
             self.release(replica)
+
+    def generations(self) -> dict[str, int]:
+        """The generations running on each replica (the front's /health shows them)."""
+        with self.changed:
+            return {r.url: r.generating for r in self.replicas}
 
 
 def log(message: str) -> None:

@@ -66,8 +66,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] == "/health":
-            # The replicas it balances over: the front's step waits until a new list shows here.
-            return self.whole(200, json.dumps({"replicas": self.server.front.pool.urls()}).encode())
+            # The replicas it balances over (the front's step waits until a new list shows here), and the
+            # generations running on each.
+            pool = self.server.front.pool
+            return self.whole(200, json.dumps({"replicas": pool.urls(), "generating": pool.generations()}).encode())
         self.whole(404, b'{"detail":"Not Found"}')
 
     def do_POST(self) -> None:
