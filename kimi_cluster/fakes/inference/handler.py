@@ -77,6 +77,10 @@ class Server(ThreadingHTTPServer):
 VLLM_GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
+class Stopped(Exception):
+    """The server stopped while an answer was being decoded."""
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Server
@@ -120,6 +124,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
+        except Stopped:
+            self.close_connection = True  # no last chunk: the stream ends unfinished, as a killed engine's does
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -228,6 +234,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send_error(exc.status, exc.message)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+        except Stopped:
+            self.close_connection = True  # nothing more is written: the client sees the answer end unfinished
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -245,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
             chunks = stream_chunks(reply, self.settings, model, include_usage, usage)
             events = (self._paced(b"data: " + json.dumps(c).encode() + b"\n\n") for c in chunks)
             return self._send_sse(then_done(events))
-        self.server.stop_event.wait(self.settings.token_seconds * usage["completion_tokens"])
+        self._decode(self.settings.token_seconds * usage["completion_tokens"])
         self._send_json(200, {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
@@ -266,7 +274,7 @@ class Handler(BaseHTTPRequestHandler):
         if not stream:
             answer = generate.whole(body, self.settings)
             self.server.count(answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"], False)
-            self.server.stop_event.wait(self.settings.token_seconds * answer["usage"]["completion_tokens"])
+            self._decode(self.settings.token_seconds * answer["usage"]["completion_tokens"])
             return self._send_json(200, answer)
         chunks = list(generate.stream_events(body, self.settings))
         made = sum(len(c["choices"][0]["token_ids"]) for c in chunks if c["choices"])
@@ -277,8 +285,14 @@ class Handler(BaseHTTPRequestHandler):
     def _paced(self, event: bytes) -> bytes:
         """One SSE event, after one token's decode time."""
         if self.settings.token_seconds:
-            self.server.stop_event.wait(self.settings.token_seconds)
+            self._decode(self.settings.token_seconds)
         return event
+
+    def _decode(self, seconds: float) -> None:
+        """The decode time of some tokens. A server stopped meanwhile (SIGTERM, a test's stop) does not finish the
+        answer at once, which no engine does: the answer is abandoned, its connection closed unfinished."""
+        if self.server.stop_event.wait(seconds):
+            raise Stopped()
 
     def _messages(self, body: dict[str, Any]) -> None:
         model = self._generation_preamble(body)
