@@ -235,16 +235,16 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     threading.Thread(target=produce, name="generation", daemon=True).start()
     started = False
     state: Any = None
-    slow = [False]
+    slow = [False]  # the last derender call took MERGE_AFTER_S or more
 
     def keep_alive() -> None:
         client.write(framing.keep_alive)
-  # the last derender call took MERGE_AFTER_S or more
+
     try:
         for item in _merged(arrived, lambda: slow[0]):
             if item is KEEP_ALIVE:
                 if started:
-                    client.write(framing.keep_alive)
+                    keep_alive()
                 continue
             called = time.monotonic()
             answer = _derender(front, {
