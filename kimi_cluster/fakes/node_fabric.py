@@ -108,6 +108,11 @@ class FabricConfig:
     def bridge(self) -> str:
         return f"kb{self.id}"
 
+    @property
+    def bridge_mac(self) -> str:
+        """The bridge's own MAC, fixed: locally administered (02), then "kb" and the fabric's three id bytes."""
+        return ":".join(["02", "6b", "62", self.id[0:2], self.id[2:4], self.id[4:6]])
+
     def namespace(self, address: str) -> str:
         return f"kn{self.id}-{int(ipaddress.IPv4Address(address)) & 0xFF}"
 
@@ -197,7 +202,11 @@ class Fabric:
         c = self.config
         # Packets for the /24 die here if the bridge goes: they never take this machine's default route.
         _run("ip", "route", "add", "unreachable", c.subnet, "metric", "4242")
-        _run("ip", "link", "add", c.bridge, "type", "bridge")
+        # A MAC of its own, set once: a bridge without one takes the lowest of its ports' MACs and changes it when
+        # that port goes (a reclaimed VM's) or a lower one joins. The nodes would keep sending to the old MAC, their
+        # neighbour entry for the host confirmed by the host's own packets, and every answer to the operator would
+        # vanish for a minute. A cloud's gateway keeps its MAC whatever VM comes or goes.
+        _run("ip", "link", "add", c.bridge, "address", c.bridge_mac, "type", "bridge")
         _run("ip", "addr", "add", f"{c.host_address}/{c.network.prefixlen}", "dev", c.bridge)
         _run("ip", "link", "set", c.bridge, "up")
 
