@@ -70,6 +70,9 @@ class Tally:
     loss_at: float | None = None  # when the replica was lost (time.monotonic)
     # For each stream open at the loss: its longest wait between two chunks, in seconds.
     gaps_across_loss: list[float] = field(default_factory=list)
+    # For each stream open at the loss: how long its client waited from the loss to the next chunk (keep-alive
+    # comments are not chunks: the SDK skips them), in seconds.
+    resume_gaps: list[float] = field(default_factory=list)
 
     def add(self, **counts: int) -> None:
         with self.lock:
@@ -89,6 +92,7 @@ class Tally:
             if self.loss_at is not None and started < self.loss_at < times[-1]:
                 stamps = [started, *times]
                 self.gaps_across_loss.append(max(b - a for a, b in itertools.pairwise(stamps)))
+                self.resume_gaps.append(min(t for t in times if t > self.loss_at) - self.loss_at)
 
 
 # The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
@@ -384,6 +388,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "generating_on_lost_replica_at_reclaim": generating,
         "carried_on_by_the_twin": len(carried), "carried": carried[:10],
         "longest_chunk_gap_across_loss_s": round(max(tally.gaps_across_loss, default=0.0), 2),
+        "longest_resume_gap_s": round(max(tally.resume_gaps, default=0.0), 2),
         "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
@@ -497,6 +502,7 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{f['streams_completed']} / {f['streams_cut']} / {f['streams_refused_before_first_chunk']} / "
         f"{f['streams_hung']}",
         f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
+        f"{'longest wait from the loss to the next chunk, s':<52} {f['longest_resume_gap_s']}",
         f"{'longest chunk gap of a stream open at the loss, s':<52} {f['longest_chunk_gap_across_loss_s']} "
         f"(over {f['streams_open_at_loss_completed']} such streams that completed)",
         f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']} "

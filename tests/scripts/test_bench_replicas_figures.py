@@ -1,0 +1,31 @@
+"""benchmarks.bench_replicas' own figures from the streams it saw: which streams count as open at the loss, how long
+each one's client waited from the loss to its next chunk (`longest_resume_gap_s`) and its longest gap between two
+chunks, and which completed streams differ from the first of their kind."""
+
+from __future__ import annotations
+
+
+def test_a_stream_open_at_the_loss_counts_its_wait_from_the_loss_to_the_next_chunk():
+    from benchmarks.bench_replicas import Tally  # imports the openai SDK: only here
+
+    tally = Tally(loss_at=10.0)
+    # Open at the loss: chunks at 9.5 and 9.6, none until 11.4 (the twin's first), then one at 11.5.
+    tally.check("stream", "same", [9.5, 9.6, 11.4, 11.5], started=9.0)
+    # Started after the loss, and ended before it: neither was open at the loss.
+    tally.check("stream", "same", [12.0, 12.1], started=11.0)
+    tally.check("stream", "same", [8.5, 9.0], started=8.0)
+    assert [round(g, 3) for g in tally.resume_gaps] == [1.4]
+    assert [round(g, 3) for g in tally.gaps_across_loss] == [1.8]
+    assert tally.streams_wrong == []
+
+
+def test_a_stream_that_differs_from_the_first_of_its_kind_is_wrong():
+    from benchmarks.bench_replicas import Tally
+
+    tally = Tally()
+    tally.check("tool-call stream", ("", "thinking", "tool_calls", [("get_weather", '{"city": "Tokyo"}', 1)]),
+                [1.0], started=0.5)
+    tally.check("tool-call stream", ("", "thinking", "tool_calls", [("get_weather", '{"city": "Tok"}', 1)]),
+                [2.0], started=1.5)
+    tally.check("stream", "text", [3.0], started=2.5)  # another kind: its own reference
+    assert len(tally.streams_wrong) == 1 and "Tok" in tally.streams_wrong[0]
