@@ -13,7 +13,11 @@ or with `--lose unreachable` every packet to and from it is dropped); the load g
 prints:
 
 - failed non-streamed requests (each with the client's error);
-- streams started, completed and cut (a cut stream ends with an error; one still open when the load stops hangs);
+- streams started, completed and cut (a cut stream ends with an error; one still open when the load stops hangs),
+  and those whose assembled message differs from the first of their kind (`streams_wrong`);
+- `longest_resume_gap_s`: of the streams open at the loss, the longest wait for a chunk from the loss on (across the
+  cut: a stream carried on on the twin waits for its first chunk from there);
+- generations the front's resuming layer carried on on the twin (its log);
 - tool-call round trips completed of those started;
 - seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
   replica's address and engine port the moment its VM is gone and records every request line that reaches it from
@@ -68,10 +72,10 @@ class Tally:
     # the same way every time): a stream carried on on the twin must come out whole, no token twice or lost.
     reference: dict[str, Any] = field(default_factory=dict)
     loss_at: float | None = None  # when the replica was lost (time.monotonic)
-    # For each stream open at the loss: its longest wait between two chunks, in seconds.
-    gaps_across_loss: list[float] = field(default_factory=list)
-    # For each stream open at the loss: how long its client waited from the loss to the next chunk (keep-alive
-    # comments are not chunks: the SDK skips them), in seconds.
+    # For each completed stream that was open at the loss: the longest its client waited for a chunk from the loss
+    # on, the wait across the cut included (from its last chunk before the loss), in seconds. Keep-alive comments
+    # are not chunks: the SDK skips them. The replica goes some milliseconds after `loss_at` (the reclaim's own
+    # time), so the wait is measured between chunks, never from `loss_at`, which would leave that time out.
     resume_gaps: list[float] = field(default_factory=list)
 
     def add(self, **counts: int) -> None:
@@ -91,8 +95,7 @@ class Tally:
                 self.streams_wrong.append(f"{kind}: {str(got)[:200]} instead of {str(expected)[:200]}")
             if self.loss_at is not None and started < self.loss_at < times[-1]:
                 stamps = [started, *times]
-                self.gaps_across_loss.append(max(b - a for a, b in itertools.pairwise(stamps)))
-                self.resume_gaps.append(min(t for t in times if t > self.loss_at) - self.loss_at)
+                self.resume_gaps.append(max(b - a for a, b in itertools.pairwise(stamps) if b > self.loss_at))
 
 
 # The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
@@ -384,10 +387,9 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
         "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
         "streams_hung": hung, "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
-        "streams_open_at_loss_completed": len(tally.gaps_across_loss),
+        "streams_open_at_loss_completed": len(tally.resume_gaps),
         "generating_on_lost_replica_at_reclaim": generating,
         "carried_on_by_the_twin": len(carried), "carried": carried[:10],
-        "longest_chunk_gap_across_loss_s": round(max(tally.gaps_across_loss, default=0.0), 2),
         "longest_resume_gap_s": round(max(tally.resume_gaps, default=0.0), 2),
         "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
@@ -502,9 +504,8 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{f['streams_completed']} / {f['streams_cut']} / {f['streams_refused_before_first_chunk']} / "
         f"{f['streams_hung']}",
         f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
-        f"{'longest wait from the loss to the next chunk, s':<52} {f['longest_resume_gap_s']}",
-        f"{'longest chunk gap of a stream open at the loss, s':<52} {f['longest_chunk_gap_across_loss_s']} "
-        f"(over {f['streams_open_at_loss_completed']} such streams that completed)",
+        f"{'longest wait for a chunk from the loss on, s':<52} {f['longest_resume_gap_s']} "
+        f"(over {f['streams_open_at_loss_completed']} streams open at the loss that completed)",
         f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']} "
         f"({f['generating_on_lost_replica_at_reclaim']} generating on the lost replica at the reclaim)",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
