@@ -116,6 +116,10 @@ class FabricConfig:
     def namespace(self, address: str) -> str:
         return f"kn{self.id}-{int(ipaddress.IPv4Address(address)) & 0xFF}"
 
+    def port(self, address: str) -> str:
+        """The bridge's end of the link to the namespace at `address` (its other end is the namespace's eth0)."""
+        return f"kv{self.id}{int(ipaddress.IPv4Address(address)) & 0xFF}"
+
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "subnet": self.subnet, "nodes_dir": self.nodes_dir, "path": list(self.path),
                 "env": dict(self.env)}
@@ -271,7 +275,7 @@ class Fabric:
         c = self.config
         namespace = c.namespace(address)
         _run("ip", "netns", "add", namespace)
-        veth = f"kv{c.id}{int(ipaddress.IPv4Address(address)) & 0xFF}"
+        veth = c.port(address)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
         _run("ip", "link", "set", veth, "master", c.bridge, "up")
         _run("ip", "-n", namespace, "addr", "add", f"{address}/{c.network.prefixlen}", "dev", "eth0")

@@ -35,7 +35,7 @@ def test_the_bridge_keeps_its_mac_when_the_port_with_the_lowest_one_goes(tmp_pat
         before = _mac(config.bridge)
         assert before == config.bridge_mac
         # The port whose MAC is lowest: the one a bridge without a MAC of its own takes, and changes when it goes.
-        ports = {address: _mac(f"kv{config.id}{int(address.rsplit('.', 1)[1])}") for address in addresses}
+        ports = {address: _mac(config.port(address)) for address in addresses}
         lowest = min(ports, key=lambda a: ports[a])
         fabric.end_namespace(namespaces[lowest])
         assert _mac(config.bridge) == before, f"the bridge's MAC changed when {lowest}'s port went"
