@@ -453,11 +453,18 @@ def format_rolling(f: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# Asked inside the front's namespace: the resuming layer listens on the front's loopback only.
+# Run inside the front's namespace (the resuming layer listens on the front's loopback only), asking until the
+# replica has a generation or the wait is over: one process for the whole wait, not one per question.
 _GENERATIONS = """
-import json, sys, urllib.request
-with urllib.request.urlopen("http://127.0.0.1:%d/health" % int(sys.argv[1]), timeout=5) as answer:
-    print(json.loads(answer.read()).get("generating", {}).get(sys.argv[2], 0))
+import json, sys, time, urllib.request
+port, replica, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
+while True:
+    with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=5) as answer:
+        count = json.loads(answer.read()).get("generating", {}).get(replica, 0)
+    if count or time.monotonic() >= deadline:
+        print(count)
+        break
+    time.sleep(0.05)
 """
 
 
@@ -466,16 +473,12 @@ def generations_on(fabric: FabricConfig, front: str, replica_url: str, wait_s: f
     passed (0 without a resuming layer: SGLang, or resumeStreams off)."""
     from kimi_cluster.settings import RESUME_PORT
 
-    deadline, count = time.monotonic() + wait_s, 0
-    while True:
-        done = subprocess.run(["ip", "netns", "exec", fabric.namespace(front), sys.executable, "-c", _GENERATIONS,
-                               str(RESUME_PORT), replica_url], capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            return 0  # nothing listens there: no resuming layer
-        count = int(done.stdout.strip() or 0)
-        if count or time.monotonic() >= deadline:
-            return count
-        time.sleep(0.05)
+    done = subprocess.run(["ip", "netns", "exec", fabric.namespace(front), sys.executable, "-c", _GENERATIONS,
+                           str(RESUME_PORT), replica_url, str(wait_s)], capture_output=True, text=True,
+                          timeout=wait_s + 30)
+    if done.returncode != 0:
+        return 0  # nothing listens there: no resuming layer
+    return int(done.stdout.strip() or 0)
 
 
 def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
