@@ -18,6 +18,7 @@ from typing import Any
 import pulumi
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +169,10 @@ class _Mocks(pulumi.runtime.Mocks):
 def _install(recording: Recording, outputs_for: OutputsFor, stack: str, project: str) -> None:
     mocks = _Mocks(recording, outputs_for)
     mocks.monitor = _Monitor(mocks, recording)
+    # set_mocks makes a root stack only when the process has none: without this, every run would keep the first
+    # one's, named after whatever project and stack an earlier test in this process gave (the parent URN of every
+    # top-level resource would depend on the order the tests ran in).
+    pulumi_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=mocks.monitor)
 
 
@@ -200,7 +205,6 @@ def run_program(
     pulumi.runtime.set_all_config(config, secret_keys)
     root = pulumi.runtime.get_root_resource()
     assert isinstance(root, Stack)
-    root.outputs.clear()  # the mock runtime keeps one root stack per process
 
     @pulumi.runtime.test
     def _run():
