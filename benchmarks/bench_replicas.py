@@ -406,6 +406,9 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
     from kimi_cluster.operator.timeline_report import bars_from_state
 
     outputs, _ = sandbox.outputs()
+    # The front's resuming layer logs each stream it passes through unresumed: those from the roll on count.
+    resume_logs = {p: p.stat().st_size for p in (sandbox.dir.nodes / outputs["front_public_ip"]).glob(
+        "**/kimi-cluster/resume.log")}
     ca, tally, stop, threads = start_load(outputs, args)
     before = tally.requests
     started = time.monotonic()
@@ -420,6 +423,9 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
         bars = bars_from_state(json.loads(state.read_text()))
     order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
              if b.step in ("launch", "engine-ready")]
+    unresumed = [line.split("a stream not resumed: ", 1)[1] for path, size in resume_logs.items()
+                 for line in path.read_bytes()[size:].decode(errors="replace").splitlines()
+                 if "a stream not resumed: " in line]
     return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,
             "requests": tally.requests, "requests_before_up": before,
             "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
@@ -427,6 +433,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
             "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
             "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
             "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
+            "streams_not_resumed": len(unresumed), "not_resumed": unresumed[:10], "resume_logs_read": len(resume_logs),
             "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
             "restart_order": sorted(order, key=lambda o: o[2])}
 
@@ -441,6 +448,7 @@ def format_rolling(f: dict[str, Any]) -> str:
         f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
         f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
         f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
+        f"{'streams the front passed through unresumed':<52} {f['streams_not_resumed']}",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
         f"{f['tool_round_trips_started']}",
         "restart order (s from the first launch):",
@@ -449,7 +457,7 @@ def format_rolling(f: dict[str, Any]) -> str:
               for label, step, start, end in f["restart_order"]]
     lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
     lines += [f"  wrong: {x}" for x in f["wrong"]]
-    lines += [f"  refused: {x}" for x in f["refused"]]
+    lines += [f"  refused: {x}" for x in f["refused"]] + [f"  not resumed: {x}" for x in f["not_resumed"]]
     return "\n".join(lines)
 
 

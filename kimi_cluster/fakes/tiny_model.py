@@ -24,8 +24,9 @@ _SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
 # The chat template: K3's XTML elements, written for this fake. System and user text, the tools on offer as JSON, an
 # assistant turn's think, response and tools channels (each call `<|open|>call tool="NAME" index="N" id="ID"<|sep|>`
-# with its arguments as JSON), tool results by call id; the generation prompt opens an assistant turn, and the
-# model opens its own think channel.
+# with its arguments as JSON), tool results by call id; the effort the request names (vLLM hands the template
+# `reasoning_effort`), before the generation prompt, which opens an assistant turn; the model opens its own think
+# channel.
 CHAT_TEMPLATE = (
     "{%- for m in messages -%}"
     "{%- set text = m['content'] if m['content'] is string else "
@@ -49,7 +50,10 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- if loop.first and tools -%}<|open|>declare<|sep|>{{ tools | tojson }}<|close|>declare<|sep|>{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|open|>assistant<|sep|>{%- endif -%}"
+    "{%- if add_generation_prompt -%}"
+    "{%- if reasoning_effort -%}<|open|>effort<|sep|>{{ reasoning_effort }}<|close|>effort<|sep|>{%- endif -%}"
+    "<|open|>assistant<|sep|>"
+    "{%- endif -%}"
 )
 GENERATION_PROMPT = "<|open|>assistant<|sep|>"
 

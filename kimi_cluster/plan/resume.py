@@ -10,7 +10,13 @@ What runs on the front beside Caddy, for `resumeStreams` (Settings.resumes_strea
   from a root-only env file;
 - the resuming layer (kimi_cluster/node/resume/), a systemd unit on the front's own Python, on loopback;
 - Caddy hands it `POST /v1/chat/completions` after the key check (kimi_cluster/plan/templates/front.Caddyfile.j2).
-Both listen on the front's loopback only (RESUME_PORT, RENDER_PORT); the replicas' engines already admit the front.
+Both listen on the front's loopback only (RESUME_PORT, RENDER_PORTS); the replicas' engines already admit the front.
+
+The render server has two slots (RENDER_SLOTS: a container name and a port each). A new configuration (an image
+change) starts in the slot the serving one does not hold, and the old one is removed only once the new one answers;
+the resuming layer knows both addresses and calls the one that answers (kimi_cluster/node/resume/render.py). So an
+image change leaves no moment without a render server: no new stream passes through unresumed, and no stream going
+waits for its chunks while the replicas roll.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from collections.abc import Sequence
 
 from kimi_cluster.plan.launch import PARSER, Word
 from kimi_cluster.plan.render import ShellExpr, shell_words
-from kimi_cluster.settings import RENDER_PORT, RESUME_PORT, Settings
+from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT, Settings
 
-RENDER_CONTAINER = "kimi-render"
+# The first slot keeps the name a front made before the second slot existed.
+RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))
 FINGERPRINT_LABEL = "kimi-cluster.render-fingerprint"
 UNIT = "kimi-resume"
 LOOPBACK = "127.0.0.1"
@@ -31,12 +38,12 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__main__.py",
            "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
-           "kimi_cluster/node/resume/chat.py",
+           "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
            "kimi_cluster/node/resume/server.py")
 
 
-def render_url() -> str:
-    return f"http://{LOOPBACK}:{RENDER_PORT}"
+def render_urls() -> list[str]:
+    return [f"http://{LOOPBACK}:{port}" for _, port in RENDER_SLOTS]
 
 
 def resume_address() -> str:
@@ -44,10 +51,14 @@ def resume_address() -> str:
     return f"{LOOPBACK}:{RESUME_PORT}"
 
 
-def render_server_argv(settings: Settings) -> list[str | tuple[str, ...]]:
+# The slot a render server starts in is the step's to choose: its container name and port are shell variables.
+SLOT_NAME, SLOT_PORT = ShellExpr("${RENDER_NAME}"), ShellExpr("${RENDER_PORT}")
+
+
+def render_server_argv(settings: Settings, port: Word = SLOT_PORT) -> list[Word | tuple[Word, ...]]:
     """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
     length, so that it renders and parses exactly as their `vllm serve` does."""
-    items: list[str | tuple[str, ...]] = [
+    items: list[Word | tuple[Word, ...]] = [
         ("launch", "render", settings.model),
         ("--revision", settings.model_revision),
         ("--served-model-name", settings.served_name),
@@ -56,7 +67,7 @@ def render_server_argv(settings: Settings) -> list[str | tuple[str, ...]]:
         ("--tool-call-parser", PARSER),
         ("--reasoning-parser", PARSER),
         ("--host", LOOPBACK),
-        ("--port", str(RENDER_PORT)),
+        ("--port", port),
     ]
     if settings.max_model_len:
         items.append(("--max-model-len", str(settings.max_model_len)))
@@ -70,7 +81,7 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
                        fingerprint: Word | None = PLACEHOLDER_FINGERPRINT) -> list:
     """`docker run` of the render server: host network (it listens on the front's loopback), its hub cache mounted,
     the hub token from a root-only env file (never an argument or a label), the engine's own image."""
-    items: list = [("docker", "run", "-d"), ("--name", RENDER_CONTAINER), ("--restart", "unless-stopped")]
+    items: list = [("docker", "run", "-d"), ("--name", SLOT_NAME), ("--restart", "unless-stopped")]
     if fingerprint is not None:
         label = f"{FINGERPRINT_LABEL}={fingerprint}"
         items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
@@ -99,13 +110,15 @@ def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[st
 
 
 def resumer_argv() -> list[str]:
-    """The resuming layer's flags: where it listens, its render server, and the file it reads the replicas from
-    (written by the step, read again when it changes: a replica re-created at a new address restarts nothing)."""
-    return ["--listen", resume_address(), "--render", render_url(), "--replicas-file", REPLICAS_FILE]
+    """The resuming layer's flags: where it listens, both render server slots, and the file it reads the replicas
+    from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing)."""
+    renders = [word for url in render_urls() for word in ("--render", url)]
+    return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE]
 
 
 def render_fingerprint(settings: Settings) -> str:
-    """Names one render server configuration (image, flags); a running one with the same label is left alone."""
+    """Names one render server configuration (image, flags; not its slot); a running one with the same label is
+    left alone, in whichever slot it runs."""
     argv = render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
     return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
 

@@ -290,10 +290,10 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
     """The front's resuming layer (resumeStreams): vLLM's render server in the engine's image, then the program."""
     heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(settings.replicas)])
     argv, files = resume.resumer_argv(), shipped(resume.PROGRAM)
-    return {"container": resume.RENDER_CONTAINER, "unit": resume.UNIT, "image": settings.container_image,
+    return {"render_slots": resume.RENDER_SLOTS, "unit": resume.UNIT, "image": settings.container_image,
             "fingerprint": resume.render_fingerprint(settings), "fingerprint_label": resume.FINGERPRINT_LABEL,
             "docker_argv": resume.render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
-            "render_url": resume.render_url(), "resume_address": resume.resume_address(),
+            "loopback": resume.LOOPBACK, "resume_address": resume.resume_address(),
             "resumer_argv": argv, "replica_urls": resume.replica_urls(heads, settings),
             "replicas_file": resume.REPLICAS_FILE,
             "resumer_fingerprint": resume.resumer_fingerprint(argv, [(f.path, f.body) for f in files]),

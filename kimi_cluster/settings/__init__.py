@@ -31,7 +31,7 @@ from kimi_cluster.settings.rules import (
     IPV6_MIN_PREFIX,
     MAX_LIST_ITEMS,
     NAME_MAX,
-    RENDER_PORT,
+    RENDER_PORTS,
     RESERVED_PORTS,
     RESUME_PORT,
     SSH_PORT,
@@ -47,7 +47,7 @@ from kimi_cluster.settings.ssh_key import DEPLOY_KEY_HINT, private_key_problem
 __all__ = [
     "CACHE_STEP_MIN_MINUTES", "CREDENTIAL_KEYS", "DEPLOY_KEY_HINT", "DIST_INIT_PORT", "DURATION_MAX_MINUTES",
     "DURATION_MIN_MINUTES", "ERROR_MAX_LINE", "ERROR_MAX_LINES", "EXAMPLES", "IPV4_MIN_PREFIX", "IPV4_WARN_PREFIX",
-    "IPV6_MIN_PREFIX", "MAX_LIST_ITEMS", "NAMESPACE", "NAME_MAX", "RENDER_PORT", "RESERVED_PORTS", "RESUME_PORT",
+    "IPV6_MIN_PREFIX", "MAX_LIST_ITEMS", "NAMESPACE", "NAME_MAX", "RENDER_PORTS", "RESERVED_PORTS", "RESUME_PORT",
     "SECRET_KEYS", "SSH_PORT", "WARMUP_DIST_INIT_PORT", "WARMUP_ENGINE_PORT", "WIDE_PREFIX", "KernelCacheSettings",
     "Settings", "SettingsError", "how_to_set", "shown", "credentials_problem", "duration_problem",
     "private_key_problem", "url_problem",

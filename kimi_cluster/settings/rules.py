@@ -66,13 +66,15 @@ DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:
 # two TokenSpeed's launcher takes above it. Apart from the launch's, so nothing reaches the warm-up by mistake.
 WARMUP_DIST_INIT_PORT = 20050
 WARMUP_ENGINE_PORT = 20060
-# The front's resuming layer and vLLM's render server beside it (kimi_cluster/plan/resume.py), on its loopback.
+# The front's resuming layer and vLLM's render server beside it (kimi_cluster/plan/resume.py), on its loopback: two
+# ports for the render server, as a new one starts on the one the old one does not use.
 RESUME_PORT = 20080
-RENDER_PORT = 20081
+RENDER_PORTS = (20081, 20082)
 RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)",
                   WARMUP_DIST_INIT_PORT: "the kernel warm-up's rendezvous",
                   **{WARMUP_ENGINE_PORT + i: "the kernel warm-up's engine" for i in range(3)},
-                  RESUME_PORT: "the front's resuming layer", RENDER_PORT: "the front's render server"}
+                  RESUME_PORT: "the front's resuming layer",
+                  **{port: "the front's render server" for port in RENDER_PORTS}}
 # Below it, only root may listen (Linux's default net.ipv4.ip_unprivileged_port_start).
 UNPRIVILEGED_PORT_MIN = 1024
 # A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.

@@ -32,6 +32,7 @@ from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
 from kimi_cluster.node.resume import chat, server, wire
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
+from kimi_cluster.node.resume.render import RenderServers
 from tests.engine_parsers.render_server import VENV, render_server
 from tests.node.resume_fixtures import CutProxy, RestartingServer
 
@@ -44,7 +45,9 @@ if not (VENV / "bin" / "vllm").exists():
     pytest.skip(reason, allow_module_level=True)
 
 QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=10.0, resumes=3, connect_s=2.0)
-TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools": TOOLS,
+# "low": the render server writes it into the prompt and the token door reads it back (a short turn, cut at each of
+# its tokens below).
+TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools": TOOLS, "reasoning_effort": "low",
              "stream_options": {"include_usage": True},
              "messages": [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]}
 # 2 ms a token: the derender calls (a few ms each) take a few tokens at a time, so cuts fall on varied chunk
@@ -97,14 +100,22 @@ def assembled(stream: bytes) -> tuple[dict[str, Any], set[str]]:
     return {"message": message, "finish": final["choices"][0]["finish_reason"], "usage": final["usage"]}, ids
 
 
-def run(render: tuple[str, int], body: dict[str, Any], replicas: list[str]) -> Recorder:
+def answer_of(client: Recorder) -> dict[str, Any]:
+    """The assembled message and finish reason of a stream. A tool-only turn's content is "" from `vllm serve`,
+    whose first chunk opens with it, and null from vLLM's derender, which sends the role with the first text
+    (vllm/renderers/online_derenderer.py): vLLM's own difference, so both count as no content here."""
+    got, _ = assembled(client.data)
+    return {"message": dict(got["message"], content=got["message"]["content"] or None), "finish": got["finish"]}
+
+
+def run(renders: list[tuple[str, int]], body: dict[str, Any], replicas: list[str]) -> Recorder:
     # A reset is its own news: the health checks only keep a replica that answers them in the pool, slowly enough
     # that a loaded machine never takes the healthy twin for a lost one.
     pool = Pool(replicas, interval_s=0.2, timeout_s=5.0, fails=3, passes=2)
     pool.start()
     client = Recorder()
     try:
-        chat.handle(chat.Front(pool, render, QUICK), chat.CHAT_PATH, json.dumps(body).encode(), client)
+        chat.handle(chat.Front(pool, RenderServers(renders), QUICK), chat.CHAT_PATH, json.dumps(body).encode(), client)
     finally:
         pool.stop.set()
     return client
@@ -112,7 +123,7 @@ def run(render: tuple[str, int], body: dict[str, Any], replicas: list[str]) -> R
 
 def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple[str, int]) -> None:
     with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
-        uncut, uncut_ids = assembled(run(render, TOOL_TURN, [twin.url]).data)
+        uncut, uncut_ids = assembled(run([render], TOOL_TURN, [twin.url]).data)
         assert uncut["finish"] == "tool_calls" and uncut["message"]["reasoning"]
         assert uncut["message"]["tool_calls"][0]["function"] == {"name": "get_weather",
                                                                  "arguments": '{"city": "Oslo"}',
@@ -123,7 +134,7 @@ def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple
         def cut_at(position: int) -> str | None:
             proxy = CutProxy(lost.url, cut_after=position)
             try:
-                got, ids = assembled(run(render, TOOL_TURN, [proxy.url, twin.url]).data)
+                got, ids = assembled(run([render], TOOL_TURN, [proxy.url, twin.url]).data)
             finally:
                 proxy.close()
             if not proxy.lost.is_set():
@@ -137,25 +148,39 @@ def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple
     assert total > 100 and wrong == [], wrong[:3]
 
 
-def test_a_render_server_restarting_mid_stream_loses_nothing(render: tuple[str, int]) -> None:
-    """An image change restarts the render server under streams: theirs wait for it (each derender call carries
-    the whole stream) and come out as the uncut one; a stream that starts while it is away is served unresumed."""
+def test_a_render_server_away_or_replaced_loses_nothing(render: tuple[str, int]) -> None:
+    """A render server that restarts mid-stream (a crash: docker restarts its container) holds the stream's chunks
+    until it is back (each derender call carries the whole stream), and the stream comes out as the uncut one. An
+    image change starts the new server on the other port while the old one serves: when the old one goes, the calls
+    go on to the new one at once. A stream that starts while no server answers is served unresumed: the same
+    answer, from the replica's own chat endpoint, at any effort."""
     with FakeInferenceServer(SETTINGS) as replica:
-        uncut, _ = assembled(run(render, TOOL_TURN, [replica.url]).data)
+        uncut_run = run([render], TOOL_TURN, [replica.url])
+        uncut, _ = assembled(uncut_run.data)
         # Connection 1 renders the prompt; 2 onwards derender chunks: 10 of those find no server.
         restarting = RestartingServer(render, down_from=6, down_to=15)
+        # The old server is removed after 5 calls; the new one, on the other port, answers every call it gets.
+        old, new = RestartingServer(render, down_from=6, down_to=10**9), RestartingServer(render, 1, 0)
+        away = RestartingServer(render, down_from=1, down_to=10**9)
         try:
-            got, ids = assembled(run(restarting.address, TOOL_TURN, [replica.url]).data)
+            got, ids = assembled(run([restarting.address], TOOL_TURN, [replica.url]).data)
+            swapped, swapped_ids = assembled(run([old.address, new.address], TOOL_TURN, [replica.url]).data)
+            # The fake's chat endpoint counts words for usage, not tokens: the answers are compared without it.
+            unresumed = {effort: answer_of(run([away.address], dict(TOOL_TURN, reasoning_effort=effort),
+                                               [replica.url])) for effort in ("low", None)}
+            resumed_max = answer_of(run([render], dict(TOOL_TURN, reasoning_effort=None), [replica.url]))
         finally:
-            restarting.close()
-        away = RestartingServer(render, down_from=1, down_to=1)
-        try:
-            unresumed, _ = assembled(run(away.address, TOOL_TURN, [replica.url]).data)
-        finally:
-            away.close()
+            for server in (restarting, old, new, away):
+                server.close()
     assert restarting.refused == 10 and got == uncut and len(ids) == 1, got
-    assert away.refused == 1 and away.seen == 1, away.seen  # not rendered: straight to the replica's own chat
-    assert unresumed["finish"] == "tool_calls" and unresumed["message"]["tool_calls"], unresumed
+    # One call found the old server gone; every later one went straight to the new one.
+    assert old.seen == 6 and old.refused == 1 and new.refused == 0 and new.seen > 1, (old.seen, new.seen)
+    assert swapped == uncut and len(swapped_ids) == 1, swapped
+    assert away.refused == away.seen == 2, away.seen  # not rendered: straight to the replica's own chat
+    # The replica's chat endpoint answers as its token door does behind the render server: at the effort named,
+    # and at the template's own default when none is.
+    assert unresumed["low"] == answer_of(uncut_run), unresumed["low"]
+    assert unresumed[None] == resumed_max != unresumed["low"], unresumed[None]
 
 
 def test_a_replica_without_the_token_api_gets_the_stream_at_its_chat_endpoint(render: tuple[str, int]) -> None:
@@ -163,7 +188,7 @@ def test_a_replica_without_the_token_api_gets_the_stream_at_its_chat_endpoint(re
     API 403, as vLLM does: the stream goes to its chat endpoint instead, unresumed but whole."""
     old = FakeSettings(engine="vllm", token_seconds=0.002)
     with FakeInferenceServer(old) as replica:
-        got, _ = assembled(run(render, TOOL_TURN, [replica.url]).data)
+        got, _ = assembled(run([render], TOOL_TURN, [replica.url]).data)
     assert got["finish"] == "tool_calls" and got["message"]["tool_calls"], got
 
 

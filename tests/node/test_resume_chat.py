@@ -15,6 +15,7 @@ from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
 from kimi_cluster.node.resume import chat, messages
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
+from kimi_cluster.node.resume.render import RenderServers
 from tests.node.resume_fixtures import CutProxy
 
 QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=5.0, resumes=3, connect_s=2.0)
@@ -77,8 +78,8 @@ def test_a_request_not_streamed_goes_whole_to_the_twin_and_is_answered_once(mode
         client = Recorder()
         body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}]}
         try:
-            chat.handle(chat.Front(pool, ("127.0.0.1", 9), QUICK), chat.CHAT_PATH, json.dumps(body).encode(),
-                        client)
+            front = chat.Front(pool, RenderServers([("127.0.0.1", 9)]), QUICK)
+            chat.handle(front, chat.CHAT_PATH, json.dumps(body).encode(), client)
         finally:
             pool.stop.set()
             proxy.close()

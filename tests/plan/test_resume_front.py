@@ -60,12 +60,13 @@ def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
     # The replicas' engines go to a file the running layer reads again, so an address change restarts nothing.
     assert "printf '%s\\n' http://10.0.0.21:30000" in script and "printf '%s\\n' http://10.0.0.31:30000" in script
     assert '--replicas-file "${STATE}/resume-replicas"' in script
-    assert "--render http://127.0.0.1:20081" in script
+    # Both render server slots: the layer calls the one that answers, so a new image's server takes over with no gap.
+    assert "--render http://127.0.0.1:20081 --render http://127.0.0.1:20082" in script
 
 
 def test_the_render_server_has_the_replicas_chat_flags():
     settings = make_settings("b300x1-vllm", replicas="2", maxModelLen="262144")
-    argv = shell_words(resume.render_server_argv(settings))
+    argv = shell_words(resume.render_server_argv(settings, port="20081"))
     for flag in ("--revision", "--served-model-name", "--trust-remote-code", "--enable-auto-tool-choice",
                  "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "--max-model-len 262144",
                  "--host 127.0.0.1", "--port 20081"):

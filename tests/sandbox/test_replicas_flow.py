@@ -115,6 +115,8 @@ def test_a_rolling_image_change_restarts_one_replica_at_a_time_with_no_failed_re
     assert figures["failed_non_streamed"] == 0, figures["failures"]
     assert figures["streams_cut"] == 0 and figures["streams_refused_before_first_chunk"] == 0, figures
     assert figures["streams_wrong"] == 0, figures["wrong"]
+    # The new image's render server started beside the old one: no stream found none and went unresumed.
+    assert figures["resume_logs_read"] == 1 and figures["streams_not_resumed"] == 0, figures["not_resumed"]
     assert figures["tool_round_trips_completed"] == figures["tool_round_trips_started"] > 0
     steps = {(label, step): (start, end) for label, step, start, end in figures["restart_order"]}
     r0_ready_end = steps[("replica 0 node0", "engine-ready")][1]

@@ -20,23 +20,28 @@ from typing import Any
 from kimi_cluster.fakes import tiny_model
 
 from .compose import compose_reply
-from .settings import FakeSettings, HttpError, Reply
+from .settings import DEFAULT_EFFORT, FakeSettings, HttpError, Reply
 
 PATH = "/inference/v1/generate"
-_TURN = re.compile(r"<\|open\|>(?P<head>system|user|assistant|declare|tool id=\"(?P<call>[^\"]*)\")<\|sep\|>"
-                   r"(?P<body>.*?)<\|close\|>(?P<role>system|user|assistant|declare|tool)<\|sep\|>", re.S)
+_TURN = re.compile(r"<\|open\|>(?P<head>system|user|assistant|declare|effort|tool id=\"(?P<call>[^\"]*)\")"
+                   r"<\|sep\|>(?P<body>.*?)<\|close\|>(?P<role>system|user|assistant|declare|effort|tool)<\|sep\|>",
+                   re.S)
 _CHANNEL = re.compile(r"<\|open\|>(think|response)<\|sep\|>(.*?)<\|close\|>\1<\|sep\|>", re.S)
 _CALL = re.compile(r"<\|open\|>call tool=\"([^\"]*)\" index=\"\d+\" id=\"([^\"]*)\"<\|sep\|>(.*?)<\|close\|>call"
                    r"<\|sep\|>", re.S)
 
 
-def conversation(prompt: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The messages and the offered tools' names of a prompt in the tiny model's chat format."""
+def conversation(prompt: str) -> tuple[list[dict[str, Any]], list[str], str]:
+    """The messages, the offered tools' names and the reasoning effort of a prompt in the tiny model's chat format
+    (the template's default effort when the prompt names none)."""
     messages: list[dict[str, Any]] = []
     tools: list[str] = []
+    effort = DEFAULT_EFFORT
     for turn in _TURN.finditer(prompt):
         head, body = turn.group("head"), turn.group("body")
-        if head == "declare":
+        if head == "effort":
+            effort = body
+        elif head == "declare":
             tools = [t.get("function", {}).get("name", "") for t in json.loads(body) if isinstance(t, dict)]
         elif head.startswith("tool"):
             messages.append({"role": "tool", "tool_call_id": turn.group("call"), "content": body})
@@ -48,7 +53,7 @@ def conversation(prompt: str) -> tuple[list[dict[str, Any]], list[str]]:
                              "content": channels.get("response"), "tool_calls": calls})
         else:
             messages.append({"role": head, "content": body})
-    return messages, tools
+    return messages, tools, effort
 
 
 def xtml(reply: Reply) -> str:
@@ -76,8 +81,8 @@ def continuation(token_ids: list[int], settings: FakeSettings) -> tuple[list[int
     if at < 0:
         raise HttpError(400, "the prompt does not open an assistant turn (render it with the model's chat template)")
     prompt_ids = tiny_model.encode(text[:at + len(tiny_model.GENERATION_PROMPT)])
-    messages, tools = conversation(text[:at])
-    answer = tiny_model.encode(xtml(compose_reply(messages, tools, "low", settings)))
+    messages, tools, effort = conversation(text[:at])
+    answer = tiny_model.encode(xtml(compose_reply(messages, tools, effort, settings)))
     done = len(token_ids) - len(prompt_ids)
     return answer[done:], done
 

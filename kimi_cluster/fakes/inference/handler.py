@@ -17,7 +17,7 @@ from typing import Any
 
 from . import generate
 from .compose import compose_reply, text_of, words
-from .settings import FakeSettings, HttpError
+from .settings import DEFAULT_EFFORT, FakeSettings, HttpError
 from .wire import anthropic_events, anthropic_to_openai, message_payload, stream_chunks, then_done, token_usage
 
 
@@ -245,7 +245,8 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(messages, list):
             raise HttpError(400, "messages must be a list")
         tool_names = [t.get("function", {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
-        reply = compose_reply(messages, tool_names, body.get("reasoning_effort", "max"), self.settings)
+        reply = compose_reply(messages, tool_names, body.get("reasoning_effort") or DEFAULT_EFFORT,
+                              self.settings)
         usage = token_usage(messages, reply)
         self.server.count(usage["prompt_tokens"], usage["completion_tokens"], streamed=bool(body.get("stream")))
         if body.get("stream"):
@@ -299,7 +300,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(body.get("messages"), list) or not body.get("max_tokens"):
             raise HttpError(400, "messages (a list) and max_tokens are required")
         messages = anthropic_to_openai(body)
-        effort = body.get("reasoning_effort") or (body.get("output_config") or {}).get("effort") or "high"
+        effort = body.get("reasoning_effort") or (body.get("output_config") or {}).get("effort") or DEFAULT_EFFORT
         reply = compose_reply(messages, [], effort, self.settings)
         usage = token_usage(messages, reply)
         self.server.count(usage["prompt_tokens"], usage["completion_tokens"])

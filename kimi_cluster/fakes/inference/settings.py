@@ -9,6 +9,10 @@ from typing import Any
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
 ENGINES = ("sglang", "vllm", "tokenspeed")
 EFFORTS = ("low", "high", "max")
+# The effort of a request that names none, whichever door it comes in by (chat, messages, or the token door behind
+# a render server): as a model's chat template holds its own default (kimi_cluster/fakes/tiny_model.py writes the
+# effort into the prompt only when the request names one, as vLLM hands the template `reasoning_effort`).
+DEFAULT_EFFORT = "max"
 
 FAULTS: dict[str, str] = {
     "no_auth": "accept every request, with or without a key",

@@ -9,9 +9,10 @@
   with an error event naming the cause.
 - A replica that does not serve the token API (`vllm serve` without --enable-scale-out: one not yet restarted by
   the upgrade that turned this on) gets the request at its own chat endpoint, unresumed.
-- While the render server does not answer (an image change restarts it), a new stream passes through unresumed,
-  and a stream already going waits for it, with its keep-alives, up to `render_timeout_s`: each derender call
-  carries the whole stream so far, so a restarted server picks it up where the old one was.
+- An image change starts the new render server beside the old one and removes the old one once the new one
+  answers (render.py): the calls go on to the new one with no gap. While no render server answers (a crash), a new
+  stream passes through unresumed, and a stream already going waits for one, with its keep-alives, up to
+  `render_timeout_s`: each derender call carries the whole stream so far, so any server picks it up.
 - A request that is not streamed goes to a replica's own chat endpoint as it is; lost before its answer (a reset, or
   silence while the replica's health check fails), it is sent whole to another one. Nothing was answered yet, so
   nothing is answered twice.
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 from . import messages, wire
 from .generation import Generation, Limits, NoTokenApi, Unavailable, UpstreamError, read_while_alive
 from .pool import Pool, Replica, log
+from .render import RenderServers
 
 CHAT_PATH = "/v1/chat/completions"
 MESSAGES_PATH = "/v1/messages"
@@ -53,7 +55,7 @@ class Client(Protocol):
 @dataclass(frozen=True)
 class Front:
     pool: Pool
-    render: tuple[str, int]  # the render server's host and port (the front's loopback)
+    render: RenderServers  # on the front's loopback
     limits: Limits = Limits()
     render_timeout_s: float = 60.0
 
@@ -180,11 +182,8 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
         return whole(front, path, raw, client)
     reason = route.refuses(body)
     if reason is None:
-        try:
-            status, rendered, answer = wire.call_json(*front.render, route.render_path, body,
-                                                      front.render_timeout_s)
-        except wire.Lost as exc:  # the render server restarts (a new image) or died: the stream is still served
-            status, rendered, answer = 503, None, str(exc).encode()
+        # No render server answering (one died; both are away) still serves the stream, unresumed.
+        status, rendered, answer = front.render.call(route.render_path, body, front.render_timeout_s)
         if 400 <= status < 500 and status != 429:
             return client.whole(status, answer)  # the request's own fault, as the replica would have said it
         if status != 200 or not isinstance(rendered, dict):
@@ -289,15 +288,12 @@ def _nothing() -> None:
 
 
 def _derender(front: Front, payload: dict[str, Any], waiting: Callable[[], None]) -> dict[str, Any]:
-    """One derender call. The render server may be restarting (an image change restarts it; a crash, its unit):
-    every call carries the whole stream so far, so the call is made again, with a keep-alive each tick, until it
-    answers or front.render_timeout_s has passed since the first failure."""
+    """One derender call. No render server may answer for a while (a crash restarts its container): every call
+    carries the whole stream so far, so the call is made again, with a keep-alive each tick, until one answers or
+    front.render_timeout_s has passed since the first failure."""
     deadline = time.monotonic() + front.render_timeout_s
     while True:
-        try:
-            status, answer, raw = wire.call_json(*front.render, DERENDER_PATH, payload, front.render_timeout_s)
-        except wire.Lost as exc:
-            status, answer, raw = 503, None, str(exc).encode()
+        status, answer, raw = front.render.call(DERENDER_PATH, payload, front.render_timeout_s)
         if status == 200 and isinstance(answer, dict):
             return answer
         if status < 500 or time.monotonic() >= deadline:

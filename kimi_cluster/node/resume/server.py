@@ -18,6 +18,7 @@ from typing import Any
 from . import chat, wire
 from .generation import Limits
 from .pool import Pool, log
+from .render import RenderServers
 
 MAX_BODY = 64 * 1024 * 1024  # as the front's Caddy buffers at most (request_buffers), and vLLM's own limit is larger
 
@@ -106,7 +107,9 @@ class Handler(BaseHTTPRequestHandler):
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m kimi_cluster.node.resume", description=__doc__.splitlines()[0])
     ap.add_argument("--listen", default="127.0.0.1:8100", help="HOST:PORT to serve on (the front's loopback)")
-    ap.add_argument("--render", required=True, help="vLLM's render server, http://HOST:PORT")
+    ap.add_argument("--render", action="append", required=True,
+                    help="vLLM's render server, http://HOST:PORT; twice for the two ports a new one starts on "
+                         "beside the old (the one that answered last is called first)")
     ap.add_argument("--replica", action="append", default=[], help="a replica's engine, http://HOST:PORT")
     ap.add_argument("--replicas-file", help="a file of replica URLs, one a line, read again whenever it changes "
                     "(a replica re-created at a new address), so the list changes with no restart")
@@ -163,7 +166,7 @@ def build(args: argparse.Namespace) -> Server:
     pool = Pool(urls, args.health_interval_s, args.health_timeout_s, args.health_fails, args.health_passes)
     host, port = wire.address("http://" + args.listen)
     server = Server((host, port), Handler)
-    server.front = chat.Front(pool, wire.address(args.render),
+    server.front = chat.Front(pool, RenderServers([wire.address(url) for url in args.render]),
                               Limits(args.silence_s, args.tick_s, args.pick_s, args.resumes))
     return server
 
@@ -180,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         threading.Thread(target=follow, args=(server.front.pool, args.replicas_file, args.health_interval_s),
                          name="replicas file", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    log(f"serving on {args.listen}: {len(server.front.pool.urls())} replicas, render server {args.render}")
+    log(f"serving on {args.listen}: {len(server.front.pool.urls())} replicas, render servers {server.front.render}")
     server.serve_forever(poll_interval=0.5)
     server.front.pool.stop.set()
     return 0
