@@ -121,7 +121,18 @@ class CutProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(self.upstream)
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            return client.close()
+        try:
+            self._relay(client, upstream)
+        except OSError:  # either side went away (a health check outliving its test's servers): this relay ends
+            if client not in self.held:
+                client.close()
+                upstream.close()
+
+    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
         request = client.recv(1 << 20)
         head, _, body = request.partition(b"\r\n\r\n")
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
