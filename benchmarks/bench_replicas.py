@@ -375,8 +375,7 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
     elsewhere = [f"{t - reclaimed_at:.2f} s from {peer}: {line[:80]}" for t, peer, line in seen if peer != front]
     front_dir = sandbox.dir.nodes / outputs["front_public_ip"]
     tried = front_tries(front_dir, f"{lost_ip}:{engine_port}", reclaimed_wall)
-    carried = [line for log_file in front_dir.glob("**/kimi-cluster/resume.log")
-               for line in log_file.read_text(errors="replace").splitlines() if ": carried on by " in line]
+    carried = resume_log_lines(resume_log_sizes(front_dir, empty=True), ": carried on by ")
     return {
         "front_log_last_try_s": round(max(tried, default=0.0), 2), "front_log_tries": len(tried),
         "lost_replica_head": lost, "lost_as": args.lose, "chats": args.chats, "token_seconds": args.token_seconds,
@@ -407,8 +406,7 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
 
     outputs, _ = sandbox.outputs()
     # The front's resuming layer logs each stream it passes through unresumed: those from the roll on count.
-    resume_logs = {p: p.stat().st_size for p in (sandbox.dir.nodes / outputs["front_public_ip"]).glob(
-        "**/kimi-cluster/resume.log")}
+    resume_logs = resume_log_sizes(sandbox.dir.nodes / outputs["front_public_ip"])
     ca, tally, stop, threads = start_load(outputs, args)
     before = tally.requests
     started = time.monotonic()
@@ -423,9 +421,8 @@ def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any
         bars = bars_from_state(json.loads(state.read_text()))
     order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
              if b.step in ("launch", "engine-ready")]
-    unresumed = [line.split("a stream not resumed: ", 1)[1] for path, size in resume_logs.items()
-                 for line in path.read_bytes()[size:].decode(errors="replace").splitlines()
-                 if "a stream not resumed: " in line]
+    unresumed = [line.split("a stream not resumed: ", 1)[1]
+                 for line in resume_log_lines(resume_logs, "a stream not resumed: ")]
     return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,
             "requests": tally.requests, "requests_before_up": before,
             "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
@@ -487,6 +484,18 @@ def generations_on(fabric: FabricConfig, front: str, replica_url: str, wait_s: f
     if done.returncode != 0:
         return 0  # nothing listens there: no resuming layer
     return int(done.stdout.strip() or 0)
+
+
+def resume_log_sizes(front_dir: Path, empty: bool = False) -> dict[Path, int]:
+    """The front's resuming-layer log (kimi_cluster/node/resume logs to /var/log/kimi-cluster/resume.log), each with
+    its size now, or 0 with `empty`: what resume_log_lines reads from."""
+    return {p: 0 if empty else p.stat().st_size for p in front_dir.glob("**/kimi-cluster/resume.log")}
+
+
+def resume_log_lines(since: dict[Path, int], marker: str) -> list[str]:
+    """The lines holding `marker` written to each log after the size `since` gives it."""
+    return [line for path, size in since.items()
+            for line in path.read_bytes()[size:].decode(errors="replace").splitlines() if marker in line]
 
 
 def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:

@@ -1,6 +1,6 @@
 """benchmarks.bench_replicas' own figures from the streams it saw: which streams count as open at the loss, how long
 each one's client waited for a chunk from the loss on (`longest_resume_gap_s`), and which completed streams differ
-from the first of their kind."""
+from the first of their kind; what it reads from the front's log."""
 
 from __future__ import annotations
 
@@ -29,3 +29,17 @@ def test_a_stream_that_differs_from_the_first_of_its_kind_is_wrong():
                 [2.0], started=1.5)
     tally.check("stream", "text", [3.0], started=2.5)  # another kind: its own reference
     assert len(tally.streams_wrong) == 1 and "Tok" in tally.streams_wrong[0]
+
+
+def test_the_front_log_counts_only_what_was_written_after_its_size_was_taken(tmp_path):
+    from benchmarks.bench_replicas import resume_log_lines, resume_log_sizes
+
+    log = tmp_path / "10.0.0.9/var/log/kimi-cluster/resume.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("kimi-resume: a stream not resumed: stop strings\n")
+    before = resume_log_sizes(tmp_path)
+    with log.open("a") as handle:
+        handle.write("kimi-resume: request x: carried on by y\nkimi-resume: a stream not resumed: n > 1\n")
+    assert resume_log_lines(before, "a stream not resumed: ") == ["kimi-resume: a stream not resumed: n > 1"]
+    assert len(resume_log_lines(resume_log_sizes(tmp_path, empty=True), "a stream not resumed: ")) == 2
+    assert resume_log_sizes(tmp_path / "elsewhere") == {}
