@@ -55,7 +55,7 @@ def resume_address() -> str:
 SLOT_NAME, SLOT_PORT = ShellExpr("${RENDER_NAME}"), ShellExpr("${RENDER_PORT}")
 
 
-def render_server_argv(settings: Settings, port: Word = SLOT_PORT) -> list[Word | tuple[Word, ...]]:
+def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
     """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
     length, so that it renders and parses exactly as their `vllm serve` does."""
     items: list[Word | tuple[Word, ...]] = [
@@ -67,7 +67,7 @@ def render_server_argv(settings: Settings, port: Word = SLOT_PORT) -> list[Word 
         ("--tool-call-parser", PARSER),
         ("--reasoning-parser", PARSER),
         ("--host", LOOPBACK),
-        ("--port", port),
+        ("--port", SLOT_PORT),
     ]
     if settings.max_model_len:
         items.append(("--max-model-len", str(settings.max_model_len)))

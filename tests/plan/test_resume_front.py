@@ -62,14 +62,16 @@ def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
     assert '--replicas-file "${STATE}/resume-replicas"' in script
     # Both render server slots: the layer calls the one that answers, so a new image's server takes over with no gap.
     assert "--render http://127.0.0.1:20081 --render http://127.0.0.1:20082" in script
+    # The render server starts on its slot's port (the step picks the slot: `--port "${RENDER_PORT}"`).
+    assert "SLOT_PORTS[0]=20081" in script and "SLOT_PORTS[1]=20082" in script
 
 
 def test_the_render_server_has_the_replicas_chat_flags():
     settings = make_settings("b300x1-vllm", replicas="2", maxModelLen="262144")
-    argv = shell_words(resume.render_server_argv(settings, port="20081"))
+    argv = shell_words(resume.render_server_argv(settings))
     for flag in ("--revision", "--served-model-name", "--trust-remote-code", "--enable-auto-tool-choice",
                  "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "--max-model-len 262144",
-                 "--host 127.0.0.1", "--port 20081"):
+                 "--host 127.0.0.1", '--port "${RENDER_PORT}"'):
         assert flag in argv
     docker = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
     assert "VLLM_TARGET_DEVICE=cpu" in docker and "--env-file /etc/render.env" in docker
