@@ -7,14 +7,16 @@ is. Every change is printed naming its resource (and which outputs changed), the
 still bills its hourly price, a VM of another flavor or image than the stack's is drift that the next `up` replaces
 (never adopts). With `--expect-no-changes` the CLI fails when anything changed, and so does this command (exit 1).
 
-`up --expect-no-changes` is `pulumi up --yes --expect-no-changes` on the same stack as it stands: right after an
-`up`, both pass.
+`up --expect-no-changes` is the sandbox's `up` with `pulumi up --yes --expect-no-changes`: every option of `up`
+(`--config`, `--topology`, `--[no-]kernel-cache`, `--hub-bytes-per-second`) counts, as it would in an `up`, and the
+CLI applies what changed before it fails. Right after an `up` with the same options, both pass.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kimi_cluster.sandbox.pulumi_cli import PulumiError
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 REFRESH_DEADLINE_S = 600.0
 UP_DEADLINE_S = 1800.0
-EXIT_OK, EXIT_CHANGED = 0, 1
+EXIT_OK, EXIT_CHANGED, EXIT_INTERRUPTED = 0, 1, 130
 # What a refresh or an up does to a resource and says nothing changed.
 _UNCHANGED = ("same", "refresh", "read")
 _OP_WORDS = {"delete": "deleted: gone from the cloud, dropped from the state", "update": "changed",
@@ -200,26 +202,26 @@ def refresh(sandbox: Sandbox, expect_no_changes: bool = False) -> int:
         return EXIT_OK
 
 
-def up_expecting_no_changes(sandbox: Sandbox) -> int:
-    """`pulumi up --yes --expect-no-changes` on the cluster stack as it stands (its services already running)."""
-    sandbox.dir.claim(create=False)
-    with sandbox.dir.exclusive():
-        stack = _stack(sandbox)
-        args = ["up", "--yes", "--expect-no-changes", "--json", "--stack", stack.name]
-        try:
-            output, code = sandbox.cli.cli().run(args, cwd=stack.project_dir, timeout=UP_DEADLINE_S), 0
-        except PulumiError as err:
-            output, code = err.output, err.returncode
-        docs = json_documents(output)
-        rows = changes(docs)
-        for row in rows:
-            sandbox.say(format_change(row))
-        for note in json_errors(docs, "warning"):
-            sandbox.say(f"  note: {note}")
-        if code:
-            for reason in json_errors(json_documents(output)):
-                sandbox.say(f"FAILED: {reason}")
-            sandbox.say(f"sandbox up --expect-no-changes: {len(rows)} change(s), none expected (exit {code})")
-            return EXIT_CHANGED
-        sandbox.say("sandbox up --expect-no-changes: no changes")
-        return EXIT_OK
+def up_expecting_no_changes(sandbox: Sandbox, base: Path, config: Mapping[str, str],
+                             secret_config: Mapping[str, str]) -> int:
+    """`pulumi up --yes --expect-no-changes` on the cluster stack with the config `Sandbox.up` made of its options
+    (services started, record saved): each change named, exit 1 when there was one (the CLI has applied it)."""
+    result = sandbox.cli.up(sandbox.cli.cluster, base, config, secret_config, echo=False, timeout=UP_DEADLINE_S,
+                            expect_no_changes=True)
+    if result.get("interrupted"):
+        sandbox.say("sandbox up --expect-no-changes: stopped; what was done is in the stack's checkpoint")
+        return EXIT_INTERRUPTED
+    docs = json_documents(result.get("output") or "")
+    rows = changes(docs)
+    for row in rows:
+        sandbox.say(format_change(row))
+    for note in json_errors(docs, "warning"):
+        sandbox.say(f"  note: {note}")
+    if not result.get("ok"):
+        for reason in json_errors(docs):
+            sandbox.say(f"FAILED: {reason}")
+        sandbox.say(f"sandbox up --expect-no-changes: {len(rows)} change(s), none expected "
+                    f"(exit {result.get('code', 1)})")
+        return EXIT_CHANGED
+    sandbox.say("sandbox up --expect-no-changes: no changes")
+    return EXIT_OK
