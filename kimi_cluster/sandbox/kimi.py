@@ -182,7 +182,7 @@ class Sandbox:
             raise SandboxUsageError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {chosen!r}")
         settings = stack_settings(chosen, record.get("config"))
         if (problem := render_server_problem(settings)) is not None:  # before any service, network or VM
-            raise SandboxUsageError(problem)
+            raise SandboxUsageError(f"{problem}, or deploy without resuming: --config resumeStreams=false")
         record["topology"] = chosen
         self.dir.root.mkdir(parents=True, exist_ok=True)
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "

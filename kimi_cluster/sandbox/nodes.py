@@ -99,7 +99,7 @@ def render_server_problem(settings: Settings) -> str | None:
     return (f"replicas={settings.replicas} with vLLM: the front resumes streams with vLLM's own render server, "
             f"which the sandbox runs from a real vLLM, and there is none at {vllm}. Install it with "
             f"`{VLLM_INSTALL}` (vLLM 0.33.0 with torch in .venv-parsers; {VLLM_INSTALL_COST}; KIMI_PARSERS_VENV "
-            "or FAKE_VLLM names another), or deploy without resuming: --config resumeStreams=false")
+            "or FAKE_VLLM names another)")
 
 
 def node_path() -> tuple[str, ...]:
