@@ -160,12 +160,17 @@ def test_the_hub_throttle_is_an_option_of_up_alone(tmp_path, capsys, command):
     assert caught.value.code == 2 and "--hub-bytes-per-second apply to up only" in capsys.readouterr().err
 
 
-def test_pulumi_up_gets_the_flag_and_json_only_when_asked(tmp_path):
+def test_pulumi_up_gets_the_flag_and_json_only_when_asked(tmp_path, monkeypatch):
     from kimi_cluster.sandbox.pulumi_cli import PulumiCli, Stack
 
     ran: list[list[str]] = []
+
+    def run(args: list[str], **_: Any) -> str:  # the argv it would run
+        ran.append(list(args))
+        return ""
+
     cli = PulumiCli(tmp_path, tmp_path, tmp_path / "pass")
-    cli.run = lambda args, **kw: ran.append(list(args)) or ""  # type: ignore[method-assign]  # the argv, not a run
+    monkeypatch.setattr(cli, "run", run)
     stack = Stack(tmp_path, "sandbox", tmp_path)
     cli.up(stack, echo=False, timeout=1)
     cli.up(stack, echo=False, timeout=1, expect_no_changes=True)
