@@ -207,9 +207,10 @@ class Sandbox:
                      "pulumi cancel, pulumi refresh --clear-pending-creates, then up")
             self.cli.recover(stack)
         if expect_no_changes:
-            from .refresh import up_expecting_no_changes
+            from .changes import up_expecting_no_changes
 
-            return up_expecting_no_changes(self, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config, secret_config)
+            return up_expecting_no_changes(self.cli, self.say, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config,
+                                           secret_config)
         result = self.cli.up(stack, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config, secret_config, echo=echo,
                              timeout=UP_DEADLINE_S)
         elapsed = time.monotonic() - started
