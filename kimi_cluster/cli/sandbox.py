@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kimi_cluster.cli.status import watch_problem
 from kimi_cluster.operator.stack_state import StackStateError
 from kimi_cluster.sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, SandboxUsageError
 from kimi_cluster.settings import SettingsError
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                      "up only")
     if args.expect_no_changes and args.command not in ("up", "refresh"):
         parser.error("--expect-no-changes applies to up and refresh only")
+    if (problem := watch_problem(args.watch)) is not None:
+        parser.error(problem)
     config: dict[str, str] = {}
     for item in args.config:
         key, sep, value = item.partition("=")

@@ -253,3 +253,23 @@ def test_sandbox_up_with_vllm_replicas_and_no_vllm_refuses_in_seconds_starting_n
     left = sorted(p.name for p in work.iterdir()) if work.exists() else []
     assert set(left) <= {".kimi-sandbox", ".command.lock"}, left
     assert "sandbox up:" not in done.stdout, done.stdout
+
+
+# ---- the other doors: what the sweep found -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:99999", "http://h:0", "http://h:port", "https://:8000"])
+def test_verify_refuses_a_base_url_with_no_host_or_port_before_any_check(url):
+    """Each of the eleven checks failed on its own with the URL parser's error (one raised InvalidURL)."""
+    from kimi_cluster.checks.target import normalize_base_url
+
+    with pytest.raises(ValueError, match="base URL must look like http://HOST:PORT"):
+        normalize_base_url(url)
+    assert normalize_base_url("http://[::1]:8000/v1/") == "http://[::1]:8000"
+
+
+@pytest.mark.parametrize("watch", ["nan", "inf", "-1", "0.01"])
+def test_sandbox_status_checks_watch_before_the_first_report(tmp_path, capsys, watch):
+    """time.sleep(nan) raised after the first report: a traceback under a running sandbox."""
+    with pytest.raises(SystemExit) as caught:
+        sandbox_cli.main(["status", "--workdir", str(tmp_path / "w"), "--watch", watch])
+    assert caught.value.code == 2 and "is not an interval of 1 to 86400 seconds" in capsys.readouterr().err
