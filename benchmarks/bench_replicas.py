@@ -259,7 +259,18 @@ def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
     return (number_problem("--token-seconds", args.token_seconds, 0, MAX_TOKEN_SECONDS)
             or number_problem("--before", args.before, 0, MAX_PHASE_SECONDS)
             or number_problem("--after", args.after, 0, MAX_PHASE_SECONDS)
-            or workdir_problem(workdir) or _rolling_problem(args))
+            or workdir_problem(workdir) or _rolling_problem(args) or _render_server_problem(args))
+
+
+def _render_server_problem(args: argparse.Namespace) -> str | None:
+    """The front's render server needs a real vLLM: said before the bring-up, as `sandbox up` says it."""
+    from kimi_cluster.sandbox.nodes import render_server_problem, stack_settings
+    from kimi_cluster.settings import SettingsError
+
+    try:
+        return render_server_problem(stack_settings(args.topology, {"replicas": "2"}))
+    except SettingsError:  # a shape the bring-up itself refuses, naming the key
+        return None
 
 
 def _rolling_problem(args: argparse.Namespace) -> str | None:
