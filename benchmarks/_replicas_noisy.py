@@ -215,13 +215,14 @@ HOW = """how each figure is taken:
   sent again: the resuming layer's own log (resume.log on the front), lines written during the phase: a generation
     carried on on another replica, a non-streamed request sent whole to another one.
   marked down: the same log: a replica taken out of the pool by a request's failure, or by missed health checks.
-  engine arrivals: the replicas' /metrics counter {counter}, read from the front before and after each phase
-    (the fake engines count a request when they begin to answer it, a refused one not at all), less the requests
-    the clients sent (the stalled stream's included; the 5xx client's not, as its engine refuses each): more than 0
-    is requests an engine began twice, less than 0 requests that reached no engine.
+  engine arrivals: the replicas' /metrics counter {counter}, read from the front before
+    and after each phase (the fake engines count a request when they begin to answer it, a refused one not at
+    all), less the requests the clients sent (the stalled stream's included; the 5xx client's not, as its engine
+    refuses each): more than 0 is requests an engine began twice, less than 0 requests that reached no engine.
   peak memory: VmHWM of the kimi-resume unit's process (/proc/<MainPID>/status on the front), its peak set back
     to its size at each phase's start (/proc/<pid>/clear_refs: 5), read at the phase's end, the stalled stream
-    still open; the highest phase's.
+    still open; the highest phase's. The stalled stream asks for the fake engine's longest answer (about 1,000
+    tokens): what the layer queues for it is bounded by that here, whatever its own bound.
   ratio: noisy / quiet; the goal is at most 1.1."""
 
 
