@@ -94,14 +94,11 @@ class StalledReader:
         self.sock.close()
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) of values, linearly between the two nearest (numpy's default); None if empty."""
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1] if 1 <= q <= 99 else \
-        (min(values) if q <= 0 else max(values))
+def percentile(values: list[float], q: int) -> float | None:
+    """The q-th percentile (1 to 99) of values, linearly between the two nearest (numpy's default); None if empty."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def log_counts(lines: list[str]) -> dict[str, int]:
@@ -249,8 +246,9 @@ def format_noisy(f: dict[str, Any]) -> str:
     lines = [
         f"noisy neighbours: {f['chats']} well-behaved chats, {f['token_seconds'] * 1000:.0f} ms a token; "
         f"{f['rounds']} round(s) of {f['phase_seconds']:g} s quiet then {f['phase_seconds']:g} s noisy",
-        f"  a client asking every {f['noisy_interval_s']:g} s about an image at {f['unfetchable_image']} (its engine "
-        "cannot fetch it: vLLM answers 500), and one that opens a stream and reads nothing of it",
+        f"  the neighbours: a client asking every {f['noisy_interval_s']:g} s about an image at "
+        f"{f['unfetchable_image']}",
+        "  (its engine cannot fetch it: vLLM answers 500), and one that opens a stream and reads nothing of it",
         f"{'':<52} {'quiet':>16} {'noisy':>16} {'noisy/quiet':>12}",
         f"{'non-streamed requests / streams started':<52} "
         + both(lambda p: f"{p['requests']} / {p['streams_started']}"),
@@ -267,7 +265,8 @@ def format_noisy(f: dict[str, Any]) -> str:
                      + both(lambda p, k=kind: f"{p[k]['p50_s']} / {p[k]['p95_s']}")
                      + f" {ratio(kind, 'p50_s') + ' / ' + ratio(kind, 'p95_s'):>12}")
     lines += [
-        f"{'resuming layer peak memory (VmHWM), MiB':<52} " + both(lambda p: mib(p["layer_peak_kib"]))
+        f"{'resuming layer memory: peak (VmHWM) / at the end, MiB':<52} "
+        + both(lambda p: f"{mib(p['layer_peak_kib'])} / {mib(p['layer_rss_kib'])}")
         + ("" if q["layer_peak_reset"] and n["layer_peak_reset"] else "  (peak not reset: since its start)")
         + ("  (the layer restarted during a phase)" if q["layer_restarted"] or n["layer_restarted"] else ""),
         f"{'the 5xx client: answers by status':<52} {'':>16} {answers}",

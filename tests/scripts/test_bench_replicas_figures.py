@@ -116,4 +116,4 @@ def test_the_phases_of_each_kind_are_summed_and_set_side_by_side():
     assert "1.00 / 2.70" in row  # the noisy phases' p95 is 2.7 times the quiet ones'
     arrivals = next(line for line in text.splitlines() if line.startswith("engine arrivals"))
     assert arrivals.split()[-2:] == ["+0", "+1"]  # 20 begun of 20 sent; 23 begun of 22 sent
-    assert "500 x 2, 503 x 5" in text and "100.0" in text and "how each figure is taken" in text
+    assert "500 x 2, 503 x 5" in text and "100.0 / 99.0" in text and "how each figure is taken" in text
