@@ -94,7 +94,7 @@ def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, mon
     """The same upgrade under traffic: two b300x1-vllm replicas behind the front, chats and streams through it for
     the whole `up` with the working tree; no non-streamed request fails, no stream is refused, and nothing is
     replaced."""
-    from benchmarks.bench_replicas import Tally, run_load
+    from benchmarks._replicas_load import Tally, run_load
 
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # answers in about a second: many during the up
     old = _previous_release()
