@@ -2,14 +2,14 @@
 
 The settings check each key and the rules across keys (kimi_cluster/settings/); what only the plan knows is checked
 here: the engine flags the program's command line owns (kimi_cluster/plan/launch.py), which extraEngineArgs may not
-set, and what the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the
+set, nor, while streams resume, a chat-layer flag the front's render server cannot follow (chat_layer.py), and what the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the
 step names, the cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
 `kimi-cluster status` admit their settings through `admit`.
 """
 
 from __future__ import annotations
 
-from kimi_cluster.plan import launch
+from kimi_cluster.plan import chat_layer, launch
 from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.plan.steps.table import CACHE_STEP_NAMES, NAMES, TABLE
@@ -65,7 +65,8 @@ def problems(settings: Settings) -> list[str]:
     found = step_deadline_problems(settings)
     if found:
         return found  # a deadline of an unknown step has no rule to weigh nodeTiming against
-    return launch.engine_arg_problems(settings) + node_timing_problems(settings)
+    return (launch.engine_arg_problems(settings) + chat_layer.chat_layer_problems(settings)
+            + node_timing_problems(settings))
 
 
 def admit(settings: Settings) -> Settings:
