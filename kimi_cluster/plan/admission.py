@@ -2,8 +2,9 @@
 
 The settings check each key and the rules across keys (kimi_cluster/settings/); what only the plan knows is checked
 here: the engine flags the program's command line owns (kimi_cluster/plan/launch.py), which extraEngineArgs may not
-set, nor, while streams resume, a chat-layer flag the front's render server cannot follow (chat_layer.py), and what the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the
-step names, the cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
+set, nor, while streams resume, a chat-layer flag the front's render server cannot follow (chat_layer.py), and what
+the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the step names, the
+cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
 `kimi-cluster status` admit their settings through `admit`.
 """
 

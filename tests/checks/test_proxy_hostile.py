@@ -214,7 +214,8 @@ NOT_PUBLIC = ["/inference/v1/generate", "/inference/v1/abort_requests", "/abort_
 # The same through spellings a matcher might read apart from the engine: dot segments, doubled and encoded slashes,
 # case, a trailing slash (sent as they are: curl --path-as-is).
 NOT_PUBLIC_SPELLED = ["/v1/models/../inference/v1/generate", "/v1/chat/completions/../../inference/v1/generate",
-                      "//inference/v1/generate", "/inference%2Fv1%2Fgenerate", "/v1%2Fmodels%2F..%2F..%2Fabort_requests",
+                      "//inference/v1/generate", "/inference%2Fv1%2Fgenerate",
+                      "/v1%2Fmodels%2F..%2F..%2Fabort_requests",
                       "/INFERENCE/v1/generate", "/inference/v1/generate/", "/v1/models/%2e%2e/%2e%2e/abort_requests"]
 
 

@@ -2,11 +2,11 @@
 
 Run by tests/engine_parsers/test_engine_parsers.py under the parsers' virtualenv (tests/engine_parsers/install.sh),
 never imported by the project: vLLM and TokenSpeed pin their own torch, pydantic and openai, which must not meet the
-project's pins. Reads a list of requests {"engine": "vllm" | "vllm-render" (`vllm launch render`) | "vllm-options" | "tokenspeed" |
-"sglang" | "sglang-compile-tool",
-"argv": [...flags after `<engine> serve` or the tool's module]} on stdin and prints one JSON list of answers in the
-same order, each {"ok": true, "values": {...}} or {"ok": false, "error": "..."}. One process answers them all:
-importing vLLM (torch with it) costs some 15 CPU-seconds.
+project's pins. Reads a list of requests {"engine": "vllm" | "vllm-render" (`vllm launch render`) | "vllm-options"
+(every flag of its parser) | "tokenspeed" | "sglang" | "sglang-compile-tool", "argv": [...flags after `<engine> serve`
+or the tool's module]} on stdin and prints one JSON list of answers in the same order, each {"ok": true, "values":
+{...}} or {"ok": false, "error": "..."}. One process answers them all: importing vLLM (torch with it) costs
+some 15 CPU-seconds.
 """
 
 from __future__ import annotations

@@ -576,7 +576,8 @@ def test_the_render_servers_log_reaches_the_output_escaped(node_factory):
 
     osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
     erase = "\x1b[2K\x1b[1G"  # the line so far erased: what follows would pass for the step's own line
-    node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": f"Traceback {osc52}{erase}[kimi] forged\x9b2J end\n"})
+    log = f"Traceback {osc52}{erase}[kimi] forged\x9b2J end\n"
+    node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": log})
     settings = make_settings("b300x1-vllm", replicas="2", nodeRoot=str(node.root))
     front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
     script = render_vm_scripts(settings, front, VmSpot(private_ip="10.0.0.2", front_upstreams=["10.0.0.21"]),

@@ -104,7 +104,8 @@ def test_bad_config_refused(tmp_path, capsys, body, expected):
      "Streams      do not resume when their replica is lost (vllm): one replica (kimi-cluster:replicas 1)"),
 ])
 def test_the_plan_says_whether_streams_resume_on_which_engine_and_why(tmp_path, capsys, body, expected):
-    cfg = write_stack(tmp_path, body + f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n")
+    cfg = write_stack(tmp_path, body + f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n"
+                                       f"  kimi-cluster:sshPublicKey: {KEY}\n")
     assert plan.main(["--config", cfg]) == 0
     assert expected in capsys.readouterr().out
 
