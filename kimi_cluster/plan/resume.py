@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Sequence
 
 from kimi_cluster.plan.chat_layer import render_args
-from kimi_cluster.plan.launch import PARSER, Word
+from kimi_cluster.plan.launch import PARSER, Word, media_env
 from kimi_cluster.plan.render import ShellExpr, shell_words
 from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
 
@@ -117,6 +117,7 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
         ("-e", "VLLM_TARGET_DEVICE=cpu"),
         ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
         ("-e", f"HF_ENDPOINT={settings.hf_endpoint}"),
+        *(("-e", f"{name}={value}") for name, value in media_env(settings)),
         ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
         ("--entrypoint", "vllm"),
         settings.container_image,

@@ -129,3 +129,20 @@ def test_the_replicas_chat_layer_flags_reach_the_render_server_and_the_rest_stay
         # Where streams do not resume, the replicas' own `vllm serve` answers every request: they take it.
         kept = make_settings("b300x1-vllm", replicas="2", resumeStreams="false", extraEngineArgs=json.dumps([flag]))
         assert admission.problems(kept) == []
+
+
+def test_an_allow_list_of_media_hosts_turns_redirects_off_on_the_replicas_and_the_render_server():
+    from kimi_cluster.plan import launch
+
+    def envs(**config: str) -> tuple[bool, bool]:
+        settings = make_settings("b300x1-vllm", replicas="2", **config)
+        render = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
+        replica = shell_words(launch.docker_run_argv(settings, 0, private_ip="10.0.0.21", head_private_ip="10.0.0.21",
+                                                     hf_dir="/hf", cache_dir="/cache"))
+        return "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in render, "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in replica
+
+    assert envs() == (False, False)  # vLLM's defaults: nothing to hold a redirect against
+    listed = json.dumps(["--allowed_media_domains=upload.wikimedia.org"])
+    assert envs(extraEngineArgs=listed) == (True, True)
+    render = shell_words(resume.render_server_argv(make_settings("b300x1-vllm", replicas="2", extraEngineArgs=listed)))
+    assert render.endswith("--allowed_media_domains=upload.wikimedia.org")
