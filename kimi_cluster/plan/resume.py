@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from kimi_cluster.plan.launch import PARSER, Word
+from kimi_cluster.plan.chat_layer import render_args
+from kimi_cluster.plan.launch import PARSER, Word, media_env
 from kimi_cluster.plan.render import ShellExpr, shell_words
-from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT, Settings
+from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
 
 # The first slot keeps the name a front made before the second slot existed.
 RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))
@@ -40,6 +41,28 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
            "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
            "kimi_cluster/node/resume/server.py")
+
+
+def streams(settings: Settings) -> dict[str, object]:
+    """Whether streams behind the front carry on when their replica is lost, on which engine, and why (not):
+    `kimi-cluster plan` prints it."""
+    engine = settings.engine_name
+    if not settings.has_front:
+        why = (f"one replica ({NAMESPACE}:replicas {settings.replicas}): no front, and no twin to carry a stream on "
+               "to")
+    elif engine != "vllm":
+        door = {"sglang": "SGLang's /generate has no render and derender routes",
+                "tokenspeed": "TokenSpeed's smg gateway has no token-level route"}.get(engine, f"{engine} has none")
+        why = (f"not yet on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
+               "to the other replicas")
+    elif not settings.resume_streams:
+        why = f"off ({NAMESPACE}:resumeStreams false): a stream whose replica is lost ends with an error"
+    else:
+        handed = render_args(settings)
+        why = ("vLLM's render server on the front renders each stream with the replicas' chat layer"
+               + (f" (extraEngineArgs {' '.join(handed)})" if handed else "")
+               + "; the replicas generate its tokens, and a lost replica's stream carries on on another")
+    return {"resume": settings.resumes_streams, "engine": engine, "why": why}
 
 
 def render_urls() -> list[str]:
@@ -57,7 +80,8 @@ SLOT_NAME, SLOT_PORT = ShellExpr("${RENDER_NAME}"), ShellExpr("${RENDER_PORT}")
 
 def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
     """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
-    length, so that it renders and parses exactly as their `vllm serve` does."""
+    length, and the extraEngineArgs that shape the chat layer (kimi_cluster/plan/chat_layer.py), so that it renders
+    and parses exactly as their `vllm serve` does."""
     items: list[Word | tuple[Word, ...]] = [
         ("launch", "render", settings.model),
         ("--revision", settings.model_revision),
@@ -71,7 +95,7 @@ def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
     ]
     if settings.max_model_len:
         items.append(("--max-model-len", str(settings.max_model_len)))
-    return items
+    return items + render_args(settings)
 
 
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
@@ -93,6 +117,7 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
         ("-e", "VLLM_TARGET_DEVICE=cpu"),
         ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
         ("-e", f"HF_ENDPOINT={settings.hf_endpoint}"),
+        *(("-e", f"{name}={value}") for name, value in media_env(settings)),
         ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
         ("--entrypoint", "vllm"),
         settings.container_image,
