@@ -142,7 +142,8 @@ class ChatFraming:
         return b"data: [DONE]\n\n"
 
     def error(self, code: int, message: str) -> bytes:
-        return b"data: " + request.error_body(code, message) + b"\n\n"
+        """vLLM's error event, then `[DONE]`, as vLLM ends a stream that failed."""
+        return b"data: " + request.error_body(code, message) + b"\n\n" + self.done()
 
 
 class MessagesFraming:
