@@ -10,7 +10,8 @@ does not stop. Its chat endpoint answers a body holding "fail" with 500 too, any
 
 `render_server` stands in for vLLM's render server where its parsers are not the point: it renders a chat body to
 such a prompt (its text's markers become the tokens above) and derenders each chunk to `<token>` text, and it
-records the size of every call it gets. `layer` runs the resuming layer in its own process, as the front does.
+records the size of every call it gets (and answers a render of "malformed" text without its token ids). `layer`
+runs the resuming layer in its own process, as the front does.
 """
 
 from __future__ import annotations
@@ -323,6 +324,8 @@ class _Render(BaseHTTPRequestHandler):
                 "sampling_params": {"max_tokens": body.get("max_tokens") or 64}, "stream": True,
                 "parse_context": {"tools": None, "tool_choice": "none", "parallel_tool_calls": True,
                                   "include_reasoning": True, "chat_template_kwargs": {}, "history_tool_call_cnt": 0}}
+            if "malformed" in text:  # an answer the layer does not expect: its own failure, not the client's
+                del answer["token_ids"]
         else:
             chunk, state = body["generate_chunk"], body["stream_state"] or {"tokens": 0}
             choices = [{"index": 0, "delta": {"content": "".join(f"<{t}>" for t in c.get("token_ids") or [])},
