@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -143,8 +144,13 @@ def test_the_worst_body_keeps_the_layer_bounded(tmp_path: Path) -> None:
             for _ in range(3):
                 assert post(front.port, CHAT, worst)[0] == 200
             worst_peak = front.peak_rss_mb()
+            with ThreadPoolExecutor(4) as clients:
+                assert [a[0] for a in clients.map(lambda _: post(front.port, CHAT, worst), range(4))] == [200] * 4
+            four_peak = front.peak_rss_mb()
             served(front)
     print(f"layer peak RSS: idle {idle:.0f} MiB; 16 MiB bodies refused unread {refused_peak:.0f} MiB; the worst "
-          f"body parsed ({parsed} objects, {request.MAX_VALUES} values, 16 MiB) {worst_peak:.0f} MiB")
+          f"body parsed ({parsed} objects, {request.MAX_VALUES} values, 16 MiB) {worst_peak:.0f} MiB, four of them at "
+          f"once {four_peak:.0f} MiB")
     assert refused_peak - idle < 100
     assert worst_peak - idle < 300
+    assert four_peak - idle < 500

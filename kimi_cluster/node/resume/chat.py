@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -185,18 +186,20 @@ ROUTES = {route.path: route for route in (
 def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
     """Answer one request (request.BadRequest, raised before anything is sent on, is the server's to answer)."""
     route = ROUTES[path]
-    body = request.parse(raw)
-    stream = request.streamed(body)
-    # Every id an engine sees is the front's: vLLM's Messages request has no request_id field to set.
-    own_id = request.front_request_id()
-    body, _taken = request.engine_body(body, own_id if path == CHAT_PATH else None)
-    raw = b""  # the client's bytes are not sent on: what is, is the body above
+    with PARSING if len(raw) > LARGE_BODY else contextlib.nullcontext():
+        body = request.parse(raw)
+        stream = request.streamed(body)
+        # Every id an engine sees is the front's: vLLM's Messages request has no request_id field to set.
+        own_id = request.front_request_id()
+        body, _taken = request.engine_body(body, own_id if path == CHAT_PATH else None)
+        forward = json.dumps(body).encode()  # what is sent on, in place of the client's bytes
     if not stream:
-        return relay.whole(front.pool, front.limits, path, json.dumps(body).encode(), client)
+        del body  # held no longer than it is needed: a body of tiny objects takes many times its size parsed
+        return relay.whole(front.pool, front.limits, path, forward, client)
     reason = route.refuses(body)
     if reason is None:
         # No render server answering (one died; both are away) still serves the stream, unresumed.
-        status, rendered, answer = front.render.call(route.render_path, body, front.render_timeout_s)
+        status, rendered, answer = front.render.call(route.render_path, forward, front.render_timeout_s)
         if 400 <= status < 500 and status != 429:
             return client.whole(status, answer)  # the request's own fault, as the replica would have said it
         if status != 200 or not isinstance(rendered, dict):
@@ -205,12 +208,20 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
             reason = not_resumable_rendered(rendered)
         if reason is None:
             rendered["request_id"] = own_id
+            framing = route.framing(body, rendered)
+            del body
             try:
-                return resumed(front, route.framing(body, rendered), rendered, client)
+                return resumed(front, framing, rendered, client)
             except NoTokenApi as exc:  # raised only before the stream's first byte
                 reason = f"a replica answers {exc.status} to the token API (started without --enable-scale-out?)"
     log(f"a stream not resumed: {reason}")
-    return relay.passed_through(front.pool, front.limits, path, json.dumps(body).encode(), client)
+    return relay.passed_through(front.pool, front.limits, path, forward, client)
+
+
+# Bodies larger than this are parsed two at a time: parsing one of many tiny objects takes some ten times its size
+# for a moment (docs/operations.md has the figures), and the front's memory is shared with the render server.
+LARGE_BODY = 1 << 20
+PARSING = threading.BoundedSemaphore(2)
 
 
 def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
