@@ -66,13 +66,14 @@ def test_answers_of_500_are_the_clients_own_and_cost_nobody_else_anything(tmp_pa
                 answers.append(post(front.port, CHAT, chat("fail on this image")))
                 answers.append(post(front.port, CHAT, chat("fail on this image", stream=False)))
                 answers.append(post(front.port, CHAT, chat("an error-event please")))
+                answers.append(post(front.port, CHAT, chat("fail on this image", stop=["\n"])))  # passed through
             assert thread.is_alive()  # the bad requests came while the victim's stream ran
             thread.join(60)
             health = json.loads(exchange(front.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")[2])
             log = front.log.read_text()
-    for status, _, body in answers[0::3] + answers[1::3]:
+    for status, _, body in answers[0::4] + answers[1::4] + answers[3::4]:
         assert (status, json.loads(body)) == (500, ENGINE_ERROR)
-    for status, _, body in answers[2::3]:  # the error event inside the stream, as the engine sent it
+    for status, _, body in answers[2::4]:  # the error event inside the stream, as the engine sent it
         errors = [json.loads(e[6:]) for e in body.split(b"\n\n") if e.startswith(b"data: {\"error")]
         assert status == 200 and errors == [ENGINE_ERROR], body
     assert "is down" not in log and "carrying on" not in log, log
@@ -84,7 +85,7 @@ def test_answers_of_500_are_the_clients_own_and_cost_nobody_else_anything(tmp_pa
     assert len(generates) == 1, generates  # the victim's generation was never sent again
     fails = sum(900 in r["token_ids"] for s in (first, second) for r in s.requests)
     assert fails == 4  # each bad stream went to one replica, once
-    assert sum(len(s.chat_requests) for s in (first, second)) == 4  # and each bad whole request
+    assert sum(len(s.chat_requests) for s in (first, second)) == 8  # and each bad whole or passed-through one
 
 
 def test_a_dead_engines_error_event_carries_the_stream_on_the_twin(tmp_path: Path) -> None:

@@ -65,6 +65,14 @@ def test_a_bad_body_gets_a_4xx_naming_the_field(front: Layer, body: object, stat
     served(front)
 
 
+def test_text_is_sent_on_as_it_came(front: Layer) -> None:
+    """Non-ASCII text goes on as UTF-8 (not six bytes a character), and a lone surrogate escaped as it came."""
+    for text in ("東京の天気は？" * 1000, "\ud800 alone"):
+        assert post(front.port, CHAT, dict(HELLO, messages=[{"role": "user", "content": text}]))[0] == 200
+    assert request.encoded({"t": "東京"}) == '{"t": "東京"}'.encode()
+    assert request.encoded({"t": "\ud800"}) == b'{"t": "\\ud800"}'
+
+
 def test_stream_is_read_as_vllm_reads_it(front: Layer) -> None:
     """pydantic's lax bool, as vLLM's `stream: bool | None`: "false" is false (a whole answer), "true" true."""
     for value in ("false", "False", "off", 0, None):

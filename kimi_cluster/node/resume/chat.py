@@ -192,7 +192,7 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
         # Every id an engine sees is the front's: vLLM's Messages request has no request_id field to set.
         own_id = request.front_request_id()
         body, _taken = request.engine_body(body, own_id if path == CHAT_PATH else None)
-        forward = json.dumps(body).encode()  # what is sent on, in place of the client's bytes
+        forward = request.encoded(body)  # what is sent on, in place of the client's bytes
     if not stream:
         del body  # held no longer than it is needed: a body of tiny objects takes many times its size parsed
         return relay.whole(front.pool, front.limits, path, forward, client)

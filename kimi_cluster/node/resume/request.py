@@ -131,6 +131,15 @@ def engine_body(body: dict[str, Any], request_id: str | None) -> tuple[dict[str,
     return out, taken
 
 
+def encoded(body: dict[str, Any]) -> bytes:
+    """The body as sent on: UTF-8 as a client would send it (escaping every non-ASCII character could make it up to
+    six times larger); a lone surrogate, which JSON can escape but UTF-8 cannot hold, is sent escaped as it came."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body).encode()
+
+
 def _without_uuids(message: Any, taken: list[str]) -> Any:
     if not isinstance(message, dict) or not isinstance(message.get("content"), list):
         return message
