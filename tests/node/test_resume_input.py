@@ -73,6 +73,12 @@ def test_text_is_sent_on_as_it_came(front: Layer) -> None:
     assert request.encoded({"t": "\ud800"}) == b'{"t": "\\ud800"}'
 
 
+def test_a_messages_body_is_read_as_vllms_messages_model_reads_it(front: Layer) -> None:
+    """vLLM's Anthropic model has no stream_options (it ignores the field), and reads `stream` as a lax bool."""
+    assert post(front.port, "/v1/messages", dict(HELLO, stream="false", stream_options=[]))[0] == 200
+    refused(post(front.port, "/v1/messages", dict(HELLO, stream="maybe")), 400, "stream")
+
+
 def test_stream_is_read_as_vllm_reads_it(front: Layer) -> None:
     """pydantic's lax bool, as vLLM's `stream: bool | None`: "false" is false (a whole answer), "true" true."""
     for value in ("false", "False", "off", 0, None):

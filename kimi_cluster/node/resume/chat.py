@@ -188,7 +188,7 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
     route = ROUTES[path]
     with PARSING if len(raw) > LARGE_BODY else contextlib.nullcontext():
         body = request.parse(raw)
-        stream = request.streamed(body)
+        stream = request.streamed(body, with_options=path == CHAT_PATH)
         # Every id an engine sees is the front's: vLLM's Messages request has no request_id field to set.
         own_id = request.front_request_id()
         body, _taken = request.engine_body(body, own_id if path == CHAT_PATH else None)

@@ -97,9 +97,10 @@ def lax_bool(value: Any, field: str) -> bool | None:
     raise BadRequest(400, f"{field}: Input should be a valid boolean", field)
 
 
-def streamed(body: dict[str, Any]) -> bool:
-    """Whether the body asks for a stream, checking `stream` and `stream_options` as vLLM would."""
-    options = body.get("stream_options")
+def streamed(body: dict[str, Any], with_options: bool = True) -> bool:
+    """Whether the body asks for a stream, checking `stream` and (`with_options`: a chat body; vLLM's Messages model
+    ignores the field) `stream_options` as vLLM would."""
+    options = body.get("stream_options") if with_options else None
     if options is not None:
         if not isinstance(options, dict):
             raise BadRequest(400, "stream_options: Input should be an object", "stream_options")
