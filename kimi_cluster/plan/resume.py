@@ -40,6 +40,7 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
            "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
+           "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/relay.py",
            "kimi_cluster/node/resume/server.py")
 
 
