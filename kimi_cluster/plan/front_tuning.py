@@ -45,6 +45,15 @@ class FrontTuning:
         return max(self.health_passes, passive) + 1
 
     @property
+    def request_buffer_bytes(self) -> int:
+        """request_buffers in bytes: the resuming layer behind this Caddy takes bodies up to the same size
+        (`--max-body-bytes`), so a body Caddy buffers is never refused behind it, nor one larger parsed there."""
+        size = self.request_buffers
+        if not size.endswith("MiB"):
+            raise ValueError(f"request_buffers {size!r} is not in MiB")
+        return int(size.removesuffix("MiB")) * 1024 * 1024
+
+    @property
     def health_interval_s(self) -> int:
         """health_interval in whole seconds (rounded up), for the engine-ready step's sleep."""
         return max(1, math.ceil(_seconds(self.health_interval)))

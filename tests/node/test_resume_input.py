@@ -14,6 +14,7 @@ import pytest
 
 from kimi_cluster.node.resume import request, server
 from kimi_cluster.plan.front_tuning import FrontTuning
+from kimi_cluster.plan.resume import resumer_argv
 from tests.node.resume_fixtures import Layer, exchange, layer, post, render_server, token_server
 
 pytestmark = pytest.mark.integration
@@ -136,8 +137,11 @@ def test_no_traceback_reaches_the_log(front: Layer) -> None:
 
 
 def test_the_body_limit_is_what_the_fronts_caddy_buffers() -> None:
-    size = FrontTuning().request_buffers
-    assert size.endswith("MiB") and server.MAX_BODY == int(size.removesuffix("MiB")) * 1024 * 1024
+    """The front's step hands the layer Caddy's buffer as its limit; the program's own default (a layer run by
+    hand) is the same figure."""
+    argv = resumer_argv()
+    limit = int(argv[argv.index("--max-body-bytes") + 1])
+    assert limit == FrontTuning().request_buffer_bytes == 16 * 1024 * 1024 == server.MAX_BODY
 
 
 def test_the_worst_body_keeps_the_layer_bounded(tmp_path: Path) -> None:
