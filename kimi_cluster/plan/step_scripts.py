@@ -20,7 +20,7 @@ from kimi_cluster.node import weights
 from kimi_cluster.plan import caretaker, front_config, kernel_cache_key, launch, proxy, resume, warmup
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
 from kimi_cluster.plan.render import ShellExpr, Verbatim
-from kimi_cluster.settings import WARMUP_ENGINE_PORT, Settings
+from kimi_cluster.settings import RESUME_PORT, WARMUP_ENGINE_PORT, Settings
 from kimi_cluster.settings.timing import PIP_BUDGET_S, Timing
 
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -290,7 +290,7 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
     """The front's resuming layer (resumeStreams): vLLM's render server in the engine's image, then the program."""
     heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(settings.replicas)])
     argv, files = resume.resumer_argv(), shipped(resume.PROGRAM)
-    return {"render_slots": resume.RENDER_SLOTS, "unit": resume.UNIT, "image": settings.container_image,
+    return {"render_slots": resume.RENDER_SLOTS, "units": resume.UNITS, "image": settings.container_image,
             "fingerprint": resume.render_fingerprint(settings), "fingerprint_label": resume.FINGERPRINT_LABEL,
             "docker_argv": resume.render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
             "loopback": resume.LOOPBACK, "resume_address": resume.resume_address(),
@@ -300,6 +300,7 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
             "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
             "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,
             "resume_timeout_s": timing.proxy_timeout_s, "log_tail": timing.log_tail,
+            "resume_port": RESUME_PORT, "stop_timeout_s": resume.stop_timeout_s(), "port_poll_s": resume.PORT_POLL_S,
             "ship_files": files, "ship_packages": shipped_packages(resume.PROGRAM)}
 
 
