@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from kimi_cluster.node.resume.server import DRAIN_S
 from kimi_cluster.plan.chat_layer import render_args
 from kimi_cluster.plan.front_tuning import FrontTuning
 from kimi_cluster.plan.launch import PARSER, Word, media_env
-from kimi_cluster.node.resume.server import DRAIN_S
 from kimi_cluster.plan.render import ShellExpr, shell_words
 from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
 
@@ -148,9 +148,10 @@ def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[st
 
 
 def resumer_argv() -> list[str]:
-    """The resuming layer's flags (its drain bound is its own default, DRAIN_S): where it listens, both render server slots, and the file it reads the replicas
+    """The resuming layer's flags: where it listens, both render server slots, and the file it reads the replicas
     from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing),
-    and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py)."""
+    and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py). Its drain
+    bound is its own default (DRAIN_S), which stop_timeout_s reads."""
     renders = [word for url in render_urls() for word in ("--render", url)]
     return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE,
             "--max-body-bytes", str(FrontTuning().request_buffer_bytes)]

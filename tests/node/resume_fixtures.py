@@ -50,7 +50,8 @@ class TokenServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://{self.server_address[0]}:{self.server_address[1]}"
+        host, port = self.socket.getsockname()[:2]
+        return f"http://{host}:{port}"
 
 
 class _Tokens(BaseHTTPRequestHandler):

@@ -95,7 +95,7 @@ class Server(ThreadingHTTPServer):
             while not self.stopping:
                 for key, _ in selector.select():
                     if key.fileobj is self.socket and not self.stopping:
-                        self._handle_request_noblock()
+                        self._take()
         # A connection the kernel completed before the close is a request Caddy already sent: served, not reset.
         self.socket.setblocking(False)
         while True:
@@ -104,8 +104,22 @@ class Server(ThreadingHTTPServer):
             except OSError:
                 break
             request.setblocking(True)
-            self.process_request(request, address)
+            try:
+                self.process_request(request, address)
+            except Exception:  # noqa: BLE001  # as in _take
+                self.shutdown_request(request)
         self.server_close()
+
+    def _take(self) -> None:
+        """Accepts one connection and hands it to its thread (as socketserver's own loop does)."""
+        try:
+            request, address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, address)
+        except Exception:  # noqa: BLE001  # a thread that cannot start: that connection is closed, the server goes on
+            self.shutdown_request(request)
 
     def drain(self, bound_s: float) -> int:
         """Waits until every connection taken is answered, at most bound_s; returns how many were still going."""
