@@ -50,8 +50,8 @@ class TokenServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.socket.getsockname()[:2]
-        return f"http://{host}:{port}"
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
 
 
 class _Tokens(BaseHTTPRequestHandler):
