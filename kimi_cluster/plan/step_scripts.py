@@ -9,6 +9,7 @@ resource, and no secret is ever a template value.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 from collections.abc import Sequence
@@ -103,6 +104,12 @@ class ShippedFile:
     path: str
     body: Verbatim
     delimiter: str
+
+    @property
+    def packed(self) -> str:
+        """Its bytes gzipped (no timestamp: the same file packs the same) in base64, for a step whose text would
+        pass the 128 KiB a single argument may hold (Linux's MAX_ARG_STRLEN: the step travels as one, in base64)."""
+        return base64.b64encode(gzip.compress(str(self.body).encode(), mtime=0)).decode()
 
 
 def shipped(paths: Sequence[str]) -> list[ShippedFile]:
@@ -301,7 +308,7 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
             "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,
             "resume_timeout_s": timing.proxy_timeout_s, "log_tail": timing.log_tail,
             "resume_port": RESUME_PORT, "stop_timeout_s": resume.stop_timeout_s(), "port_poll_s": resume.PORT_POLL_S,
-            "ship_files": files, "ship_packages": shipped_packages(resume.PROGRAM)}
+            "ship_files": files, "ship_packages": shipped_packages(resume.PROGRAM), "ship_packed": True}
 
 
 def readiness_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,
