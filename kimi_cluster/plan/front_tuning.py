@@ -33,6 +33,12 @@ class FrontTuning:
     lb_try_duration: str = "10s"
     lb_try_interval: str = "100ms"
     dial_timeout: str = "2s"
+    # The resuming layer on the front's loopback: while one hands over to the next (the resume step), or is restarted
+    # by systemd after a crash (RestartSec=1), nothing listens for a moment. A request dialled then is dialled again
+    # every resume_try_interval (a refused loopback dial costs nothing) until the new one listens: its start-up on
+    # a loaded 2-core front (Python and the layer's modules) is well within resume_try_duration.
+    resume_try_duration: str = "15s"
+    resume_try_interval: str = "50ms"
 
     @property
     def readmit_checks(self) -> int:

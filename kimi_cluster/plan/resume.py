@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from kimi_cluster.node.resume.server import DRAIN_S
 from kimi_cluster.plan.chat_layer import render_args
 from kimi_cluster.plan.front_tuning import FrontTuning
 from kimi_cluster.plan.launch import PARSER, Word, media_env
@@ -33,7 +34,17 @@ from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
 # The first slot keeps the name a front made before the second slot existed.
 RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))
 FINGERPRINT_LABEL = "kimi-cluster.render-fingerprint"
-UNIT = "kimi-resume"
+# The layer's two unit names, each with its fingerprint file, used in turn: a new configuration starts under the
+# one not serving while the old one finishes its streams (kimi_cluster/node/resume/server.py drains on SIGTERM). The
+# first keeps the name and the file a 0.3.0 front made.
+UNITS = (("kimi-resume", ShellExpr("${STATE}/resume.fingerprint")),
+         ("kimi-resume-spare", ShellExpr("${STATE}/resume-spare.fingerprint")))
+# What systemd allows a stopped layer beyond its drain bound (its last answers written, its threads ended) before
+# it kills it: TimeoutStopSec is the drain and this.
+STOP_MARGIN_S = 30
+# How often the step looks whether the old layer has closed its port: it does within milliseconds, and until the
+# new one listens every request waits (Caddy retries the dial), so the poll is tight; it lasts a few rounds.
+PORT_POLL_S = 0.02
 LOOPBACK = "127.0.0.1"
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # The node-side program, shipped with the modules it imports (kimi_cluster/plan/step_scripts.py shipped()).
@@ -139,10 +150,16 @@ def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[st
 def resumer_argv() -> list[str]:
     """The resuming layer's flags: where it listens, both render server slots, and the file it reads the replicas
     from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing),
-    and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py)."""
+    and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py). Its drain
+    bound is its own default (DRAIN_S), which stop_timeout_s reads."""
     renders = [word for url in render_urls() for word in ("--render", url)]
     return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE,
             "--max-body-bytes", str(FrontTuning().request_buffer_bytes)]
+
+
+def stop_timeout_s() -> int:
+    """systemd's TimeoutStopSec for the layer's unit: its drain bound (the layer's own default) and a margin."""
+    return int(DRAIN_S) + STOP_MARGIN_S
 
 
 def render_fingerprint(settings: Settings) -> str:

@@ -50,7 +50,8 @@ class TokenServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
 
 
 class _Tokens(BaseHTTPRequestHandler):
@@ -128,8 +129,8 @@ class _Tokens(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def token_server() -> Iterator[TokenServer]:
-    server = TokenServer(("127.0.0.1", 0), _Tokens)
+def token_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[TokenServer]:
+    server = TokenServer((host, port), _Tokens)
     server.requests, server.chat_requests = [], []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -311,6 +312,11 @@ class _Render(BaseHTTPRequestHandler):
     def log_message(self, *_: Any) -> None:
         pass
 
+    def do_GET(self) -> None:  # the resume step waits for it
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         body = json.loads(raw)
@@ -343,8 +349,8 @@ class _Render(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def render_server() -> Iterator[RenderStandIn]:
-    server = RenderStandIn(("127.0.0.1", 0), _Render)
+def render_server(port: int = 0) -> Iterator[RenderStandIn]:
+    server = RenderStandIn(("127.0.0.1", port), _Render)
     server.calls = []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()

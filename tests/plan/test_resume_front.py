@@ -4,6 +4,8 @@ starts, and the front's Caddyfile handing it the chat completions."""
 from __future__ import annotations
 
 import ast
+import base64
+import gzip
 import json
 import re
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
 from kimi_cluster.plan.render import shell_words
 from kimi_cluster.plan.step_scripts import PLAN_TLS
@@ -44,8 +47,13 @@ def test_only_vllm_replicas_behind_a_front_resume_and_the_key_turns_it_off():
 def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
     settings = make_settings("b300x1-vllm", replicas="2", hfToken="hf_" + "s" * 34)
     script = front_scripts(settings)["resume"]
-    for path in resume.PROGRAM:
-        assert (ROOT / path).read_text(encoding="utf-8") in script, path
+    for path in resume.PROGRAM:  # each gzipped in base64, written where it sits in this repository
+        packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)' \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\"",
+                           script)
+        assert packed, path
+        assert gzip.decompress(base64.b64decode(packed[1])).decode() == (ROOT / path).read_text(encoding="utf-8")
+    # The step travels as one argument, in base64 (kimi_cluster/deploy/remote_step.py): Linux takes 128 KiB at most.
+    assert len(remote_command_text("resume", script, deadline_s=600)) < 128 * 1024
     assert "hf_sss" not in script
     # Every module of the program is shipped, and each import inside it is one of them.
     shipped = {Path(p).stem for p in resume.PROGRAM}

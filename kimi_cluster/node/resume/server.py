@@ -1,7 +1,10 @@
 """The resuming layer's HTTP server and command line: `python3 -m kimi_cluster.node.resume ...` on the front.
 
 It listens on the front's loopback only (Caddy, beside it, holds TLS and the key check and hands it
-`POST /v1/chat/completions`), answers `GET /health` for itself, and runs until SIGTERM.
+`POST /v1/chat/completions`), answers `GET /health` for itself, and runs until SIGTERM. Then it hands over: it closes
+its listener at once (a new layer can take the port, and Caddy dials that one), serves every connection it already
+took to its end, up to `--drain-s`, and exits 0. So a change of its program or flags cuts no stream
+(kimi_cluster/plan/templates/resume.sh.j2 starts the new one beside the draining one).
 
 Each connection is one client's and stays that client's trouble: its body is read within `--client-timeout-s`
 (408 if it does not come), by a Content-Length or chunks that must be numbers (400 naming the header otherwise),
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import selectors
 import signal
+import socket
 import string
 import sys
 import threading
@@ -32,6 +37,9 @@ from .request import BadRequest, error_body
 # is not replayed by Caddy either. tests/node/test_resume_input.py holds the two equal.
 MAX_BODY = 16 * 1024 * 1024
 CLIENT_TIMEOUT_S = 60.0  # a client's body must arrive, and each write to it go through, within this
+# How long a layer told to stop goes on serving the requests it took: an agent's turn can stream for minutes. The
+# front's step gives the unit this and a margin before systemd kills it (kimi_cluster/plan/resume.py).
+DRAIN_S = 600.0
 HEX = frozenset(string.hexdigits.encode())
 
 
@@ -41,6 +49,83 @@ class Server(ThreadingHTTPServer):
     front: chat.Front
     max_body: int = MAX_BODY
     client_timeout_s: float = CLIENT_TIMEOUT_S
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.in_flight = 0  # connections taken and not yet answered to their end
+        self.settled = threading.Condition()
+        self.stopping = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.settled:  # counted before its thread starts: a drain never misses one
+            self.in_flight += 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self.settled:
+            self.in_flight -= 1
+            self.settled.notify_all()
+
+    def stop(self) -> None:
+        """Asks serve() to stop taking connections (safe in a signal handler: a flag and one byte)."""
+        self.stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # already woken
+            pass
+
+    def serve(self) -> None:
+        """Accepts until stop(); then takes what the kernel already queued and closes the listener, at once (no
+        poll interval): from then on a connect is refused, and the front's Caddy dials the next layer."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self.stopping:
+                for key, _ in selector.select():
+                    if key.fileobj is self.socket and not self.stopping:
+                        self._take()
+        # A connection the kernel completed before the close is a request Caddy already sent: served, not reset.
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, address = self.socket.accept()
+            except OSError:
+                break
+            request.setblocking(True)
+            try:
+                self.process_request(request, address)
+            except Exception:  # noqa: BLE001  # as in _take
+                self.shutdown_request(request)
+        self.server_close()
+
+    def _take(self) -> None:
+        """Accepts one connection and hands it to its thread (as socketserver's own loop does)."""
+        try:
+            request, address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, address)
+        except Exception:  # noqa: BLE001  # a thread that cannot start: that connection is closed, the server goes on
+            self.shutdown_request(request)
+
+    def drain(self, bound_s: float) -> int:
+        """Waits until every connection taken is answered, at most bound_s; returns how many were still going."""
+        with self.settled:
+            self.settled.wait_for(lambda: self.in_flight == 0, timeout=bound_s)
+            return self.in_flight
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -184,11 +269,15 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY, help="the largest request body taken (413 past it)")
     ap.add_argument("--client-timeout-s", type=float, default=CLIENT_TIMEOUT_S,
                     help="a client's body must arrive, and each write to it go through, within this (408 / ended)")
+    ap.add_argument("--drain-s", type=float, default=DRAIN_S,
+                    help="after SIGTERM (its listener closed at once), how long the requests it took may go on")
     args = ap.parse_args(argv)
     if bool(args.replica) == bool(args.replicas_file):
         ap.error("give the replicas with --replica or with --replicas-file (one of them)")
     if not 0 < args.max_body_bytes <= 1 << 30:
         ap.error("--max-body-bytes must be more than 0 and at most 1 GiB")
+    if not 0 <= args.drain_s <= 86400:
+        ap.error("--drain-s must be between 0 and 86400")
     for name in ("silence_s", "tick_s", "pick_s", "health_interval_s", "health_timeout_s", "client_timeout_s"):
         if not 0 < getattr(args, name) <= 3600:
             ap.error(f"--{name.replace('_', '-')} must be more than 0 and at most 3600")
@@ -246,9 +335,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replicas_file:
         threading.Thread(target=follow, args=(server.front.pool, args.replicas_file, args.health_interval_s),
                          name="replicas file", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     log(f"serving on {args.listen}: {len(server.front.pool.urls())} replicas, render servers {server.front.render}")
-    server.serve_forever(poll_interval=0.5)
+    server.serve()
+    log(f"stopping: the listener is closed; {server.in_flight} requests in flight may finish within "
+        f"{args.drain_s:g} s")
+    left = server.drain(args.drain_s)
+    if left:
+        log(f"{left} requests still going after {args.drain_s:g} s: they end with this process")
+    else:
+        log("every request taken was answered: exiting")
     server.front.pool.stop.set()
     return 0
 
