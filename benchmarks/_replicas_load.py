@@ -48,6 +48,8 @@ class Tally:
     resume_gaps: list[float] = field(default_factory=list)
     # Seconds each answer took, by kind (WHOLE, FIRST_CHUNK, STREAM): those that came whole only.
     latencies: dict[str, list[float]] = field(default_factory=dict)
+    # When each failure, cut or refusal was noted (time.monotonic): a burst of fast failures is one event.
+    noted_at: list[float] = field(default_factory=list)
 
     def add(self, **counts: int) -> None:
         with self.lock:
@@ -57,6 +59,7 @@ class Tally:
     def note(self, which: str, text: str) -> None:
         with self.lock:
             getattr(self, which).append(text)
+            self.noted_at.append(time.monotonic())
 
     def check(self, kind: str, got: Any, times: list[float], started: float) -> None:
         """A completed stream: as the first of its kind, and its longest chunk gap if it was open at the loss."""
@@ -67,8 +70,6 @@ class Tally:
             if self.loss_at is not None and started < self.loss_at < times[-1]:
                 stamps = [started, *times]
                 self.resume_gaps.append(max(b - a for a, b in itertools.pairwise(stamps) if b > self.loss_at))
-
-
 
     def timed(self, kind: str, seconds: float) -> None:
         """One answer's latency, as its client saw it."""
