@@ -128,7 +128,7 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert direct_report["nodes"][0]["engine"]["restart_count"] == 7 and direct_report["advice"]
 
     # --watch refreshes until interrupted.
-    watcher = subprocess.Popen(run.argv("status", "--watch", "0.5"), cwd=Path(__file__).resolve().parents[2],
+    watcher = subprocess.Popen(run.argv("status", "--watch", "1"), cwd=Path(__file__).resolve().parents[2],
                                env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     lines: list[str] = []
