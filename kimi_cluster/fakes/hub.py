@@ -210,6 +210,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "FakeHub/1"
+        edge: ConnectionPace | None = None  # this connection's CDN edge (one handler serves one connection)
 
         def log_message(self, fmt: str, *args) -> None:  # keep test output quiet
             pass
@@ -344,9 +345,13 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             limit = len(data) // 2 if drop else len(data)
             edges = hub.faults.edges
-            edge = ConnectionPace(edges.draw(self.client_address[0], f.path, rng) if edges else None)
+            if self.edge is None:  # a keep-alive connection stays on the edge its first answer drew
+                self.edge = ConnectionPace(edges.draw(self.client_address[0], f.path, rng) if edges else None)
+            edge = self.edge
             paced = hub.faults.client_bytes_per_second or edge.rate
             step = 4096 if hub.faults.bytes_per_second else 64 * 1024 if paced else 1 << 20
+            if edge.rate:  # a twentieth of a second per write: a client leaving a slow edge wastes little of it
+                step = min(step, max(4096, int(edge.rate / 20)))
             client, sent = self.client_address[0], 0
             try:
                 for i in range(0, limit, step):

@@ -1,10 +1,12 @@
-"""The fake hub's CDN edges (kimi_cluster/fakes/hub.py): every body answer lands on an edge that caps its connection,
-fast or slow, drawn per request from a seed.
+"""The fake hub's CDN edges (kimi_cluster/fakes/hub.py): every connection lands on an edge that caps it, fast or
+slow, drawn from a seed at the connection's first body answer; a keep-alive connection stays on its edge, as a TCP
+connection stays with the one server it reached.
 
 What it stands for: plain HTTP downloads through the hub's bridge (CloudFront over S3) met edges capped at 8.7 MB/s
 per connection on 65 to 75% of requests, about 67 to 69 MB/s on the rest, and each request can land on another
-edge (huggingface/xet-core#821). The draw hashes the seed with the request (client address, path, Range header) and
-how many times that same request was asked before, so a run draws the same edges whatever order its threads ask in.
+edge (huggingface/xet-core#821). The draw hashes the seed with the connection's first request (client address, path,
+Range header) and how many times that same request was asked before, so a run draws the same edges whatever order
+its threads ask in.
 """
 
 from __future__ import annotations

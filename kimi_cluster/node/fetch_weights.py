@@ -269,12 +269,15 @@ class Node:
     def _loop(self) -> None:
         inflight: dict[Future[None], tuple[Entry, Peer | None]] = {}
         names_inflight: set[str] = set()
-        pool = ThreadPoolExecutor(max_workers=2 * self.args.workers)
+        pool = ThreadPoolExecutor(max_workers=self.args.workers)  # from peers; the hub's streams have their own
+        ok = False
         try:
             self._schedule(pool, inflight, names_inflight)
+            ok = True
         finally:
             # On a failure, do not wait for the other streams: the process exits and the files stay .incomplete.
             pool.shutdown(wait=False, cancel_futures=True)
+            self.hub.close(wait=ok)
 
     def _schedule(self, pool: ThreadPoolExecutor, inflight: dict[Future[None], tuple[Entry, Peer | None]],
                   names_inflight: set[str]) -> None:
@@ -300,7 +303,7 @@ class Node:
                         peer_n += 1
                 elif own[e.name] == a.rank or e.name in self.hub_only or self._nobody_else(own[e.name]):
                     if hub_n < a.workers and (e.name in self.hub_only or self._peers_seen()):
-                        inflight[pool.submit(self.hub.fetch_range, *self.hub.start(e))] = (e, None)
+                        inflight[self.hub.submit(*self.hub.start(e))] = (e, None)
                         names_inflight.add(e.name)
                         hub_n += 1
                     else:
@@ -310,7 +313,7 @@ class Node:
                 half = self.hub.split()
                 if half is None:
                     break
-                inflight[pool.submit(self.hub.fetch_range, *half)] = (half[0].e, None)
+                inflight[self.hub.submit(*half)] = (half[0].e, None)
                 hub_n += 1
             finished, _ = wait(list(inflight), timeout=a.poll_seconds, return_when=FIRST_COMPLETED) \
                 if inflight else (set(), None)

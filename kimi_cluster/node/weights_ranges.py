@@ -10,7 +10,7 @@ fires, and one such stream sets the tail of a node's download. Two things keep i
   rate its siblings (the node's other hub streams) reach over their own windows, never below a minimum. A stream
   below its floor for a whole window, with more than a window's work left at its own rate, is re-opened on a new
   connection with a Range request from the byte it has reached; what it wrote and hashed stays. Each re-open of the
-  same range lengthens its window by one more window; after MAX_REOPENS the range keeps the edge it has (it still
+  same range past every third doubles its window; after MAX_REOPENS the range keeps the edge it has (it still
   finishes, and the tail split below may still take half of it).
 - **The tail is split.** When no whole file is left to start, a free stream takes the second half of the range with
   the most bytes left (`Transfer.split`); the two ranges go on in parallel, each on its own connection. The hub's
@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx2
@@ -46,14 +47,19 @@ from kimi_cluster.node.weights_files import (
 )
 
 # Re-opens of one range for its floor, after which it keeps its edge: at 70% capped edges, 0.7^9 = 4% of ranges get
-# here, and the tail split still halves them.
+# here, and the tail split still halves them. The window doubles every REOPENS_PER_DOUBLING re-opens of a range
+# (0.7^3 = 34% of ranges get to a longer one), so a node whose every edge is slow stops re-opening soon.
 MAX_REOPENS = 8
-# A window is at least this many times the stream's own time to open (request to first byte, redirect included):
-# a re-open then costs at most a tenth of the window it replaces.
-WINDOW_PER_OPEN = 10
-# No range smaller than this is split off: below it the new stream's open costs more than it saves.
-MIN_SPLIT_BYTES = 2 * CHUNK
+REOPENS_PER_DOUBLING = 3
+# No range is cut into parts smaller than this: below it a new stream's open costs more than it saves.
+MIN_SPLIT_BYTES = CHUNK // 4
 READ_BACK = 8 * CHUNK  # the block the hash reads back from the page cache
+# A sibling's rate stays a reference this many windows after it was measured: in the tail, the fast streams have
+# finished while the slow ones are still judged.
+REFERENCE_WINDOWS = 8
+PIECE_MARGIN = 256 * 1024  # what a stream may have read but not yet counted as received when a split is made
+# Per stream: one connection to the hub and one to its CDN, kept while the download runs (a fast edge stays in use).
+HUB_LIMITS = httpx2.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=60.0)
 
 
 class Abandoned(Exception):
@@ -70,32 +76,41 @@ class Floor:
 
 
 class Rates:
-    """The recent rate of every live hub stream of this node, for the floor of each."""
+    """The recent rate of every hub stream of this node, for the floor of each: a stream's rate stays a reference
+    for a while after it ended (a fast stream may finish its range before a slow one is judged)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.recent: dict[int, float] = {}
+        self.recent: dict[int, tuple[float, float]] = {}  # stream -> (bytes/s over its last window, when)
         self.reopens = 0  # re-opens for the floor, this run (reported in the progress line)
 
     def report(self, stream: int, rate: float) -> None:
         with self.lock:
-            self.recent[stream] = rate
+            self.recent[stream] = (rate, time.monotonic())
 
-    def forget(self, stream: int) -> None:
+    def fastest_sibling(self, stream: int, within_s: float) -> float:
+        """The fastest rate another stream reported in the last `within_s` seconds (0 if none did)."""
+        now = time.monotonic()
         with self.lock:
-            self.recent.pop(stream, None)
-
-    def fastest_sibling(self, stream: int) -> float:
-        with self.lock:
-            return max((r for s, r in self.recent.items() if s != stream), default=0.0)
+            for s in [s for s, (_, at) in self.recent.items() if now - at > within_s]:
+                del self.recent[s]
+            return max((rate for s, (rate, _) in self.recent.items() if s != stream), default=0.0)
 
 
 @dataclass
 class Range:
+    """Bytes [start, end) of a file, fetched by one stream at a time."""
+
     start: int
     end: int  # exclusive; lowered when the range is split
     pos: int  # bytes [start, pos) are written
     claimed: int  # [pos, claimed) are being written by the range's stream; a split never cuts below it
+    rate: float = 0.0  # bytes/s its stream reached over its last window (0: not measured yet)
+    received: int = 0  # the end of what its stream holds, written or not yet: a split never cuts below it either
+
+    def held(self) -> int:
+        """The end of what the range's stream has claimed or holds in its buffer, plus one piece in flight."""
+        return min(self.end, max(self.claimed, self.received) + PIECE_MARGIN)
 
 
 class Transfer:
@@ -112,23 +127,29 @@ class Transfer:
         self.reread = 0
         self.outstanding = 1  # ranges whose stream has not ended
         self.failed = False
-        self.finished = False
+        self.cdn_url: str | None = None  # where the hub redirected this file's bytes
 
-    def left(self) -> int:
-        with self.lock:
-            return sum(r.end - r.claimed for r in self.ranges)
-
-    def split(self) -> Range | None:
-        """The second half of the range with the most bytes left, as a new range for another stream (None if
-        every range is too small to halve)."""
+    def slowest(self, fast: float) -> tuple[float, Range] | None:
+        """(seconds left, range) of the range that will end last at its stream's rate (`fast` for one not measured
+        yet), among those with enough left to cut; None if none has."""
         with self.lock:
             if self.failed:
                 return None
-            r = max(self.ranges, key=lambda r: r.end - r.claimed)
-            left = r.end - r.claimed
-            if left < 2 * MIN_SPLIT_BYTES:
+            candidates = [((r.end - r.held()) / (r.rate or fast), r) for r in self.ranges
+                          if r.end - r.held() >= 2 * MIN_SPLIT_BYTES]
+        return max(candidates, key=lambda c: c[0]) if candidates else None
+
+    def split(self, r: Range, fast: float) -> Range | None:
+        """Cut r where its stream, at its rate, and a new stream at `fast` would end together, and return the second
+        part as a new range for that new stream (halves when r's rate is not known). None if too small to cut."""
+        with self.lock:
+            held = r.held()
+            left = r.end - held
+            share = r.rate / (r.rate + max(fast, r.rate)) if r.rate else 0.5
+            keep = max(MIN_SPLIT_BYTES, min(left - MIN_SPLIT_BYTES, int(left * share)))
+            if self.failed or left < 2 * MIN_SPLIT_BYTES:
                 return None
-            mid = r.claimed + (left // 2 // CHUNK) * CHUNK
+            mid = held + keep
             new = Range(mid, r.end, mid, mid)
             r.end = mid
             self.ranges.append(new)
@@ -210,73 +231,122 @@ class Transfer:
             os.close(self.fd)
 
 
+class Gauge:
+    """A stream's rate over its last window, sampled as bytes arrive (at most 20 samples a window)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window = window_s
+        self.samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
+        self.got = 0
+
+    def add(self, n: int) -> None:
+        self.got += n
+        now = time.monotonic()
+        if now - self.samples[-1][0] >= self.window / 20:
+            self.samples.append((now, self.got))
+            while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+                self.samples.popleft()
+
+    def rate(self, least_s: float) -> float | None:
+        """Bytes/s over the last window, once at least `least_s` seconds have been measured (None before)."""
+        span = self.span()
+        return (self.got - self.samples[0][1]) / span if span >= least_s else None
+
+    def span(self) -> float:
+        return time.monotonic() - self.samples[0][0]
+
+
+def _write(t: Transfer, r: Range, buf: bytearray) -> None:
+    """Write what `buf` holds of r, and empty it; bytes past r.end (a split gave them to another stream, or the
+    range is whole) are dropped."""
+    if buf:
+        t.write(r, bytes(buf))
+        buf.clear()
+
+
 class _Reopen(Exception):
     """This stream is below its floor: a new connection takes the range on from where it stands."""
 
 
-def stream_range(new_client: Callable[[], httpx2.Client], url: str, headers: dict[str, str], t: Transfer, r: Range,
-                 floor: Floor, rates: Rates, stream_id: int) -> None:
+def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: dict[str, str], t: Transfer, r: Range,
+                 floor: Floor, rates: Rates, stream_id: int) -> bool:
     """Fetch range r of t from the hub: a dropped connection resumes with a Range request (HUB_ATTEMPTS in all), a
     stream below its floor re-opens on a new connection (MAX_REOPENS); the range ends at r.end, which a split
-    may lower while it runs."""
+    may lower while it runs. True if the connection it ended on was below its floor when last judged."""
     e = t.e
-    attempt, reopens = 1, 0
-    open_s = 0.0
+    attempt, reopens, fresh, below = 1, 0, False, False
     while r.pos < r.end:
-        window = max(floor.window_s, WINDOW_PER_OPEN * open_s) * (1 + reopens)
-        client = new_client()  # a new connection each time: a re-open must leave the edge it was on
+        window = floor.window_s * 2 ** (reopens // REOPENS_PER_DOUBLING)
+        # The stream's connection (kept alive from its last range: an edge found fast stays in use), or a new one
+        # after a re-open or an error: a re-open must leave the edge it was on.
+        client = client_of(fresh)
+        fresh = True
+        # Once the hub has redirected a request of this file, its ranges go straight to the CDN's URL: one request
+        # per re-open instead of two, and none on the hub's resolver budget (huggingface/hub-docs rate-limits.md).
+        # The CDN's URL is signed and expires: refused, the next attempt asks the hub again.
+        cdn = t.cdn_url
         try:
-            opened = time.monotonic()
-            hdrs = {**headers, "Range": f"bytes={r.pos}-{r.end - 1}"}
-            with client.stream("GET", url, headers=hdrs) as resp:
+            hdrs = {**({} if cdn else headers), "Range": f"bytes={r.pos}-{r.end - 1}"}
+            with client.stream("GET", cdn or url, headers=hdrs) as resp:
+                if resp.status_code in (401, 403, 404, 410) and cdn:
+                    t.cdn_url = None
+                    raise httpx2.HTTPStatusError(f"HTTP {resp.status_code} from the CDN (an expired URL?)",
+                                                 request=resp.request, response=resp)
                 if resp.status_code in (401, 403, 404):
                     raise Fatal(f"{e.name}: HTTP {resp.status_code} from {url.split('?')[0]}")
+                if not cdn and resp.history:
+                    t.cdn_url = str(resp.url)
                 whole = resp.status_code == 200 and r.pos == 0  # a server may answer a range of all bytes so
                 if not whole and (resp.status_code != 206
                                   or not resp.headers.get("Content-Range", "").startswith(f"bytes {r.pos}-")):
                     # A 200 past byte 0 would be the whole file again (the CDN honours ranges): retried.
                     raise httpx2.HTTPStatusError(f"HTTP {resp.status_code} without the range asked for",
                                                  request=resp.request, response=resp)
-                open_s = time.monotonic() - opened
-                window = max(floor.window_s, WINDOW_PER_OPEN * open_s) * (1 + reopens)
-                samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])
-                got = 0
-                for chunk in resp.iter_bytes(CHUNK):
-                    n = t.write(r, chunk)
-                    got += n
-                    if r.pos >= r.end:
-                        break  # the range is whole (or a split gave its rest to another stream)
-                    if n < len(chunk):
-                        raise Corrupt(f"{e.name}: more bytes than the range {r.start:,}-{r.end - 1:,} asked for")
-                    now = time.monotonic()
-                    samples.append((now, got))
-                    while len(samples) > 2 and now - samples[1][0] >= window:
-                        samples.popleft()
-                    span = now - samples[0][0]
-                    if span < window:
-                        continue  # not judged before a whole window
-                    rate = (got - samples[0][1]) / span
+                gauge = Gauge(window)
+                r.rate = 0.0
+                buf = bytearray()
+                # Bytes are counted as they arrive (a capped edge's first MiB may take longer than a window) and
+                # written and hashed a MiB at a time.
+                for piece in resp.iter_bytes():
+                    buf += piece
+                    r.received = r.pos + len(buf)
+                    if len(buf) >= CHUNK or r.pos + len(buf) >= r.end:
+                        _write(t, r, buf)
+                        if r.pos >= r.end:
+                            break  # the range is whole (or a split gave its rest to another stream)
+                    gauge.add(len(piece))
+                    # A rate is a reference for the siblings after the base window, and judged after its own.
+                    rate = gauge.rate(floor.window_s)
+                    if rate is None:
+                        continue
                     rates.report(stream_id, rate)
-                    limit = max(floor.min_rate, floor.share * rates.fastest_sibling(stream_id))
-                    if rate < limit and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > window:
+                    r.rate = rate
+                    if gauge.span() < window:
+                        continue
+                    reference = rates.fastest_sibling(stream_id, REFERENCE_WINDOWS * window)
+                    limit = max(floor.min_rate, floor.share * reference)
+                    below = rate < limit
+                    if below and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > window:
+                        _write(t, r, buf)
                         raise _Reopen(f"{rate / 1e6:,.2f} MB/s under its floor of {limit / 1e6:,.2f} MB/s "
-                                      f"for {span:,.1f} s")
+                                      f"for {gauge.span():,.1f} s")
+                _write(t, r, buf)
             if r.pos < r.end:
                 raise httpx2.RemoteProtocolError(f"{e.name}: range ended at {r.pos:,} of {r.start:,}-{r.end - 1:,}")
+            fresh = False
         except _Reopen as why:
             reopens += 1
             with rates.lock:
                 rates.reopens += 1
             log(f"{e.name}: {why}; re-opening from byte {r.pos:,} on a new connection (re-open {reopens})")
+            below = False
         except (httpx2.TransportError, httpx2.HTTPStatusError) as exc:
             if attempt >= HUB_ATTEMPTS:
                 raise
             attempt += 1
             log(f"{e.name}: {type(exc).__name__} at byte {r.pos:,}; resuming (attempt {attempt})")
             time.sleep(min(2**attempt, 30))
-        finally:
-            client.close()
-            rates.forget(stream_id)
+    return below
 
 
 class HubStreams:
@@ -292,15 +362,39 @@ class HubStreams:
         self.streams = 0  # streams started, each an id for its rate
         self.reread = 0  # bytes of split-off ranges that the in-order hash read back from the page cache
         self.transfers: dict[str, Transfer] = {}  # files in flight, by name
+        # One thread and one client per stream: at most --workers streams, each with a connection to the hub and
+        # one to its CDN, kept alive from range to range.
+        self.pool = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="hub")
+        self.local = threading.local()
+        self.clients: list[httpx2.Client] = []
 
-    def client(self) -> httpx2.Client:
-        """A client of its own for one stream, so that a re-open is a new connection (a new CDN edge)."""
+    def submit(self, t: Transfer, r: Range) -> Future[None]:
+        return self.pool.submit(self.fetch_range, t, r)
+
+    def client(self, fresh: bool) -> httpx2.Client:
+        """This stream's client; `fresh`: on a new connection (a new CDN edge), the old one closed."""
+        old: httpx2.Client | None = getattr(self.local, "client", None)
+        # A connection whose last range ended below its floor is not kept: its edge was a slow one.
+        if old is not None and not fresh and not getattr(self.local, "below_floor", False):
+            return old
+        if old is not None:
+            old.close()
         a = self.args
-        transport = httpx2.HTTPTransport(local_address=a.source_address, verify=self.ssl_context) \
-            if a.source_address else None
+        transport = httpx2.HTTPTransport(local_address=a.source_address, verify=self.ssl_context,
+                                         limits=HUB_LIMITS) if a.source_address else None
         # The hub redirects file bodies to its CDN; httpx2 drops the Authorization header when the host changes.
-        return httpx2.Client(follow_redirects=True, transport=transport, verify=self.ssl_context,
-                             timeout=httpx2.Timeout(30.0, read=a.stall_seconds))
+        new = self.local.client = httpx2.Client(follow_redirects=True, transport=transport, verify=self.ssl_context,
+                                                limits=HUB_LIMITS, timeout=httpx2.Timeout(30.0, read=a.stall_seconds))
+        with self.lock:
+            self.clients = [c for c in self.clients if c is not old] + [new]
+        return new
+
+    def close(self, wait: bool) -> None:
+        """Stop the streams' threads (without waiting on a failure: the files stay .incomplete) and their clients."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+        if wait:
+            for c in self.clients:
+                c.close()
 
     def start(self, e: Entry) -> tuple[Transfer, Range]:
         """A new file: its transfer and its one range, the whole file."""
@@ -308,11 +402,17 @@ class HubStreams:
         return t, t.ranges[0]
 
     def split(self) -> tuple[Transfer, Range] | None:
-        """The second half of the range with the most bytes left, over every file in flight (None: none to split)."""
-        live = [t for t in self.transfers.values() if not t.failed]
-        widest = max(live, key=Transfer.left) if live else None
-        half = widest.split() if widest else None
-        return (widest, half) if widest and half else None
+        """A new range for a free stream: the tail of the range that would end last, over every file in flight
+        (None: none left to split)."""
+        fast = max(self.rates.fastest_sibling(0, REFERENCE_WINDOWS * self.floor.window_s), self.floor.min_rate)
+        found = [(x[0], x[1], t) for t in self.transfers.values() if (x := t.slowest(fast)) is not None]
+        if not found:
+            return None
+        seconds, r, t = max(found, key=lambda f: f[0])
+        if seconds < 2 * self.floor.window_s:
+            return None  # it ends before a new stream could even be judged
+        half = t.split(r, fast)
+        return (t, half) if half else None
 
     def ended(self, name: str) -> bool:
         """Whether every range of the file has ended (its last stream settled it); forgets it then."""
@@ -331,7 +431,8 @@ class HubStreams:
         url = hf_hub_url(a.repo, t.e.name, revision=a.revision, endpoint=a.endpoint)
         ok = False
         try:
-            stream_range(self.client, url, self.headers, t, r, self.floor, self.rates, stream_id)
+            self.local.below_floor = stream_range(self.client, url, self.headers, t, r, self.floor, self.rates,
+                                                  stream_id)
             ok = True
         finally:
             if t.end_range(ok):
