@@ -204,6 +204,9 @@ def weights_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timin
             "peer_rank": spot.rank if spot.peer_rank is None else spot.peer_rank,
             "serve_complete": settings.has_front, "peer_timeout_s": timing.peer_timeout_s,
             "stall_seconds": timing.stall_seconds, "progress_file": weights.PROGRESS_FILE,
+            "hub_min_rate": f"{settings.hub_stream_min_mbps * 1e6:.0f}",
+            "hub_floor_share": f"{settings.hub_stream_floor_share:g}",
+            "hub_window": f"{settings.hub_stream_window_seconds:g}",
             "verified_dir": weights.VERIFIED_DIR, "ship_files": shipped(WEIGHTS_PROGRAM),
             "ship_packages": shipped_packages(WEIGHTS_PROGRAM)}
 
