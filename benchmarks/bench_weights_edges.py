@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = sum(len(f.data) for f in files)
     fast_file_s = args.shard_bytes / args.edge_rate
     new_flags = ("--hub-min-rate", f"{args.edge_rate * HUB_MIN_RATE / FAST_EDGE_ON_THE_HUB:.0f}",
-                 "--hub-floor-share", str(HUB_FLOOR_SHARE), "--hub-window", f"{max(0.3, 0.04 * fast_file_s):.2f}")
+                 "--hub-floor-share", str(HUB_FLOOR_SHARE), "--hub-window", f"{max(0.2, 0.04 * fast_file_s):.2f}")
     sizes = [int(n) for n in args.nodes.split(",")]
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-edges-") as scratch:

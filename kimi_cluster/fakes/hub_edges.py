@@ -55,8 +55,8 @@ class Edges:
 
 
 class ConnectionPace:
-    """Holds one answer's chunks to its edge's cap; a quarter second of unused budget may be spent late, as the
-    per-client cap allows, so a thread woken late on a busy machine does not fall below the cap."""
+    """Holds a connection's chunks to its edge's cap; a twentieth of a second of unused budget may be spent late, so
+    a thread woken late on a busy machine does not fall below the cap (and an idle connection does not burst)."""
 
     def __init__(self, rate: float | None) -> None:
         self.rate = rate
@@ -66,7 +66,7 @@ class ConnectionPace:
         if not self.rate:
             return
         now = time.monotonic()
-        start = max(now - 0.25, self.next_slot)
+        start = max(now - 0.05, self.next_slot)
         self.next_slot = start + nbytes / self.rate
         if self.next_slot > now:
             time.sleep(self.next_slot - now)

@@ -57,7 +57,10 @@ READ_BACK = 8 * CHUNK  # the block the hash reads back from the page cache
 # A sibling's rate stays a reference this many windows after it was measured: in the tail, the fast streams have
 # finished while the slow ones are still judged.
 REFERENCE_WINDOWS = 8
-PIECE_MARGIN = 256 * 1024  # what a stream may have read but not yet counted as received when a split is made
+# A stream asks for its range a block at a time, this many seconds at its rate (at most MAX_BLOCK): a split cuts at
+# a block's end, so the connection is read to the end of its answer and stays alive.
+BLOCK_S = 1.0
+MAX_BLOCK = 256 * CHUNK
 # Per stream: one connection to the hub and one to its CDN, kept while the download runs (a fast edge stays in use).
 HUB_LIMITS = httpx2.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=60.0)
 
@@ -89,12 +92,15 @@ class Rates:
             self.recent[stream] = (rate, time.monotonic())
 
     def fastest_sibling(self, stream: int, within_s: float) -> float:
-        """The fastest rate another stream reported in the last `within_s` seconds (0 if none did)."""
+        """The fastest rate other streams reported in the last `within_s` seconds (0 if none did)."""
         now = time.monotonic()
         with self.lock:
             for s in [s for s, (_, at) in self.recent.items() if now - at > within_s]:
                 del self.recent[s]
-            return max((rate for s, (rate, _) in self.recent.items() if s != stream), default=0.0)
+            others = sorted(rate for s, (rate, _) in self.recent.items() if s != stream)
+        # The second fastest of three or more: one burst (a window that began with a full socket buffer) does not
+        # set every sibling's floor.
+        return others[-2] if len(others) >= 3 else others[-1] if others else 0.0
 
 
 @dataclass
@@ -106,11 +112,11 @@ class Range:
     pos: int  # bytes [start, pos) are written
     claimed: int  # [pos, claimed) are being written by the range's stream; a split never cuts below it
     rate: float = 0.0  # bytes/s its stream reached over its last window (0: not measured yet)
-    received: int = 0  # the end of what its stream holds, written or not yet: a split never cuts below it either
+    asked: int = 0  # the end of the block its stream asked for: a split never cuts below it either
 
     def held(self) -> int:
-        """The end of what the range's stream has claimed or holds in its buffer, plus one piece in flight."""
-        return min(self.end, max(self.claimed, self.received) + PIECE_MARGIN)
+        """The end of what the range's stream has claimed or asked for."""
+        return min(self.end, max(self.claimed, self.asked))
 
 
 class Transfer:
@@ -156,6 +162,12 @@ class Transfer:
             self.ranges.sort(key=lambda x: x.start)
             self.outstanding += 1
             return new
+
+    def ask(self, r: Range, block: int) -> int:
+        """The end of r's next block of `block` bytes, recorded before it is asked for (a split respects it)."""
+        with self.lock:
+            r.asked = min(r.end, r.pos + block)
+            return r.asked
 
     def write(self, r: Range, chunk: bytes) -> int:
         """Write what of `chunk` belongs to r at r.pos; the bytes accepted (fewer once r reached its end)."""
@@ -255,6 +267,10 @@ class Gauge:
     def span(self) -> float:
         return time.monotonic() - self.samples[0][0]
 
+    def skip(self, seconds: float) -> None:
+        """Leave out a wait that is not the edge's (asking for the next block on the same connection)."""
+        self.samples = deque((t + seconds, n) for t, n in self.samples)
+
 
 def _write(t: Transfer, r: Range, buf: bytearray) -> None:
     """Write what `buf` holds of r, and empty it; bytes past r.end (a split gave them to another stream, or the
@@ -270,23 +286,29 @@ class _Reopen(Exception):
 
 def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: dict[str, str], t: Transfer, r: Range,
                  floor: Floor, rates: Rates, stream_id: int) -> bool:
-    """Fetch range r of t from the hub: a dropped connection resumes with a Range request (HUB_ATTEMPTS in all), a
-    stream below its floor re-opens on a new connection (MAX_REOPENS); the range ends at r.end, which a split
-    may lower while it runs. True if the connection it ended on was below its floor when last judged."""
+    """Fetch range r of t from the hub, a block at a time on one kept-alive connection: a dropped connection
+    resumes with a Range request (HUB_ATTEMPTS in all), a stream below its floor re-opens on a new connection
+    (MAX_REOPENS); the range ends at r.end, which a split may lower (never below the block asked for) while it runs.
+    True if the connection it ended on was below its floor when last judged."""
     e = t.e
     attempt, reopens, fresh, below = 1, 0, False, False
+    gauge: Gauge | None = None
     while r.pos < r.end:
         window = floor.window_s * 2 ** (reopens // REOPENS_PER_DOUBLING)
-        # The stream's connection (kept alive from its last range: an edge found fast stays in use), or a new one
-        # after a re-open or an error: a re-open must leave the edge it was on.
+        # The stream's connection (kept alive from its last block or range: an edge found fast stays in use), or a
+        # new one after a re-open or an error: a re-open must leave the edge it was on.
         client = client_of(fresh)
+        if fresh:
+            gauge = None  # measured anew from the new connection's first answer
         fresh = True
-        # Once the hub has redirected a request of this file, its ranges go straight to the CDN's URL: one request
-        # per re-open instead of two, and none on the hub's resolver budget (huggingface/hub-docs rate-limits.md).
-        # The CDN's URL is signed and expires: refused, the next attempt asks the hub again.
+        # Once the hub has redirected a request of this file, its blocks go straight to the CDN's URL: one request
+        # each instead of two, and none on the hub's resolver budget (huggingface/hub-docs rate-limits.md). The
+        # CDN's URL is signed and expires: refused, the next attempt asks the hub again.
         cdn = t.cdn_url
         try:
-            hdrs = {**({} if cdn else headers), "Range": f"bytes={r.pos}-{r.end - 1}"}
+            end = t.ask(r, _block(gauge, floor.min_rate))
+            asked_at = time.monotonic()
+            hdrs = {**({} if cdn else headers), "Range": f"bytes={r.pos}-{end - 1}"}
             with client.stream("GET", cdn or url, headers=hdrs) as resp:
                 if resp.status_code in (401, 403, 404, 410) and cdn:
                     t.cdn_url = None
@@ -302,18 +324,21 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                     # A 200 past byte 0 would be the whole file again (the CDN honours ranges): retried.
                     raise httpx2.HTTPStatusError(f"HTTP {resp.status_code} without the range asked for",
                                                  request=resp.request, response=resp)
-                gauge = Gauge(window)
-                r.rate = 0.0
+                # Measured from the answer's headers: opening a connection or asking for a block is not the rate.
+                if gauge is None:
+                    gauge, r.rate = Gauge(window), 0.0
+                else:
+                    gauge.skip(time.monotonic() - asked_at)
                 buf = bytearray()
                 # Bytes are counted as they arrive (a capped edge's first MiB may take longer than a window) and
                 # written and hashed a MiB at a time.
                 for piece in resp.iter_bytes():
                     buf += piece
-                    r.received = r.pos + len(buf)
-                    if len(buf) >= CHUNK or r.pos + len(buf) >= r.end:
+                    if len(buf) >= CHUNK or r.pos + len(buf) >= end:
                         _write(t, r, buf)
-                        if r.pos >= r.end:
-                            break  # the range is whole (or a split gave its rest to another stream)
+                        if r.pos >= end and whole:
+                            break  # all it needs of a whole file's answer (a 206 ends where asked: read to its
+                            # end, the connection goes back to the pool for the next block)
                     gauge.add(len(piece))
                     # A rate is a reference for the siblings after the base window, and judged after its own.
                     rate = gauge.rate(floor.window_s)
@@ -331,9 +356,9 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                         raise _Reopen(f"{rate / 1e6:,.2f} MB/s under its floor of {limit / 1e6:,.2f} MB/s "
                                       f"for {gauge.span():,.1f} s")
                 _write(t, r, buf)
-            if r.pos < r.end:
-                raise httpx2.RemoteProtocolError(f"{e.name}: range ended at {r.pos:,} of {r.start:,}-{r.end - 1:,}")
-            fresh = False
+            if r.pos < end:
+                raise httpx2.RemoteProtocolError(f"{e.name}: block ended at {r.pos:,} of {r.start:,}-{end - 1:,}")
+            fresh = False  # the block is whole: its connection serves the next one
         except _Reopen as why:
             reopens += 1
             with rates.lock:
@@ -347,6 +372,14 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
             log(f"{e.name}: {type(exc).__name__} at byte {r.pos:,}; resuming (attempt {attempt})")
             time.sleep(min(2**attempt, 30))
     return below
+
+
+def _block(gauge: Gauge | None, least_rate: float) -> int:
+    """Bytes to ask for in one request: BLOCK_S at the rate this connection has shown so far (at the floor's minimum
+    before it showed one, so a slow new connection holds little that a split cannot take), so that a split can cut
+    the range at the end of the block asked for, and the connection, read to the end of its answer, stays alive."""
+    rate = (gauge.rate(0.0) if gauge else None) or least_rate
+    return max(MIN_SPLIT_BYTES, min(MAX_BLOCK, int(rate * BLOCK_S)))
 
 
 class HubStreams:
