@@ -8,7 +8,8 @@ address, and `kimi_cluster/node/fetch_weights.py` as each node's program, each n
 (127.0.0.2, .3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after
 the other: naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub.
 Hub bytes are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the
-last one's exit. Nothing here asserts a time; it prints what it measured.
+last one's exit. Nothing here asserts a time; it prints what it measured. The same download through a CDN with slow
+edges, against another version's fetcher: benchmarks/bench_weights_edges.py.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ from kimi_cluster.node.weights_peers import (
     peer_authorization,
     peer_url,
 )
-from kimi_cluster.node.weights_ranges import Abandoned, HubStreams
+from kimi_cluster.node.weights_ranges import HubStreams
+from kimi_cluster.node.weights_transfer import Abandoned
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -4,21 +4,24 @@ ranges, each its own stream with a floor, hashed in order into the file's one ha
 The hub serves through a CDN whose edges differ: 65 to 75% of CloudFront's edges behind the hub's bridge capped a
 connection at 8.7 MB/s while the rest gave about 68 MB/s, and each request may land on another edge
 (huggingface/xet-core#821). A stream on a capped edge never stalls (bytes keep coming), so a stall timeout never
-fires, and one such stream sets the tail of a node's download. Two things keep it from doing so:
+fires, and one such stream sets the tail of a node's download. So:
 
-- **A floor per stream.** Each stream's rate over its last window is compared with a floor: a share of the fastest
-  rate its siblings (the node's other hub streams) reach over their own windows, never below a minimum. A stream
-  below its floor for a whole window, with more than a window's work left at its own rate, is re-opened on a new
-  connection with a Range request from the byte it has reached; what it wrote and hashed stays. Each re-open of the
-  same range past every third doubles its window; after MAX_REOPENS the range keeps the edge it has (it still
-  finishes, and the tail split below may still take half of it).
-- **The tail is split.** When no whole file is left to start, a free stream takes the second half of the range with
-  the most bytes left (`Transfer.split`); the two ranges go on in parallel, each on its own connection. The hub's
-  connections stay at most `--workers`.
+- **A floor per stream.** Each stream's rate over its last window (waits for an answer's headers left out) is
+  compared with a floor: a share of the rate its siblings (the node's other hub streams) reached over their recent
+  windows (the second fastest), never below a minimum. A stream below its floor for a whole window, with more than a
+  window's work left at its own rate, is re-opened on a new connection with a Range request from the byte it has
+  reached; what it wrote and hashed stays. Every third re-open of the same range doubles its window; after
+  MAX_REOPENS the range keeps the edge it has (it still finishes, and the tail split may still take most of it).
+- **Connections are kept.** A stream asks for its range a block at a time on its own kept-alive connection, which
+  serves its next block, range and file unless it ended below its floor: a stream that found a fast edge stays on
+  it. After the hub's first redirect of a file, its blocks go straight to the CDN's URL.
+- **The tail is split.** When no whole file is left to start, a free stream takes the tail of the range that would
+  end last (`Transfer.split`), cut where both streams would end together, never below the block already asked for.
+  The hub's streams stay at most `--workers`, each with one connection to the hub and one to its CDN.
 
 The file's hash stays one in-order hash: the stream whose range holds the hashed prefix's end hashes its chunks as
 it writes them; bytes of a later range, written while an earlier one was still running, are read back from the
-page cache once the prefix reaches them (`reread` counts them). No byte is fetched twice.
+page cache once the prefix reaches them (`reread` counts them). No byte is asked for twice.
 """
 
 from __future__ import annotations
@@ -39,34 +42,28 @@ from kimi_cluster.node.weights_files import (
     CHUNK,
     HUB_ATTEMPTS,
     Cache,
-    Corrupt,
     Counters,
     Entry,
     Fatal,
     log,
 )
+from kimi_cluster.node.weights_transfer import MIN_SPLIT_BYTES, Range, Transfer
 
 # Re-opens of one range for its floor, after which it keeps its edge: at 70% capped edges, 0.7^9 = 4% of ranges get
 # here, and the tail split still halves them. The window doubles every REOPENS_PER_DOUBLING re-opens of a range
 # (0.7^3 = 34% of ranges get to a longer one), so a node whose every edge is slow stops re-opening soon.
 MAX_REOPENS = 8
 REOPENS_PER_DOUBLING = 3
-# No range is cut into parts smaller than this: below it a new stream's open costs more than it saves.
-MIN_SPLIT_BYTES = CHUNK // 4
-READ_BACK = 8 * CHUNK  # the block the hash reads back from the page cache
 # A sibling's rate stays a reference this many windows after it was measured: in the tail, the fast streams have
 # finished while the slow ones are still judged.
 REFERENCE_WINDOWS = 8
-# A stream asks for its range a block at a time, this many seconds at its rate (at most MAX_BLOCK): a split cuts at
-# a block's end, so the connection is read to the end of its answer and stays alive.
-BLOCK_S = 1.0
+# A stream asks for its range a block at a time, this many seconds at its rate (at most MAX_BLOCK): a split cuts at a
+# block's end, so the connection is read to the end of its answer and stays alive; fewer, longer blocks cost fewer
+# waits for an answer (1 s blocks ran the 4-node benchmark 1.5-2x slower on a loaded machine than these).
+BLOCK_S = 4.0
 MAX_BLOCK = 256 * CHUNK
 # Per stream: one connection to the hub and one to its CDN, kept while the download runs (a fast edge stays in use).
 HUB_LIMITS = httpx2.Limits(max_connections=2, max_keepalive_connections=2, keepalive_expiry=60.0)
-
-
-class Abandoned(Exception):
-    """Another range of the same file failed: this one stops, and the file is settled by that failure."""
 
 
 @dataclass(frozen=True)
@@ -101,146 +98,6 @@ class Rates:
         # The second fastest of three or more: one burst (a window that began with a full socket buffer) does not
         # set every sibling's floor.
         return others[-2] if len(others) >= 3 else others[-1] if others else 0.0
-
-
-@dataclass
-class Range:
-    """Bytes [start, end) of a file, fetched by one stream at a time."""
-
-    start: int
-    end: int  # exclusive; lowered when the range is split
-    pos: int  # bytes [start, pos) are written
-    claimed: int  # [pos, claimed) are being written by the range's stream; a split never cuts below it
-    rate: float = 0.0  # bytes/s its stream reached over its last window (0: not measured yet)
-    asked: int = 0  # the end of the block its stream asked for: a split never cuts below it either
-
-    def held(self) -> int:
-        """The end of what the range's stream has claimed or asked for."""
-        return min(self.end, max(self.claimed, self.asked))
-
-
-class Transfer:
-    """One file from the hub into its .incomplete, as ranges that tile it; its hash covers a prefix, in order."""
-
-    def __init__(self, e: Entry, tmp: str, counters: Counters) -> None:
-        self.e, self.tmp, self.counters = e, tmp, counters
-        self.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self.lock = threading.Lock()
-        self.ranges = [Range(0, e.size, 0, 0)]
-        self.hasher = e.hasher()
-        self.hashed = 0
-        self.catching = False
-        self.reread = 0
-        self.outstanding = 1  # ranges whose stream has not ended
-        self.failed = False
-        self.cdn_url: str | None = None  # where the hub redirected this file's bytes
-
-    def slowest(self, fast: float) -> tuple[float, Range] | None:
-        """(seconds left, range) of the range that will end last at its stream's rate (`fast` for one not measured
-        yet), among those with enough left to cut; None if none has."""
-        with self.lock:
-            if self.failed:
-                return None
-            candidates = [((r.end - r.held()) / (r.rate or fast), r) for r in self.ranges
-                          if r.end - r.held() >= 2 * MIN_SPLIT_BYTES]
-        return max(candidates, key=lambda c: c[0]) if candidates else None
-
-    def split(self, r: Range, fast: float) -> Range | None:
-        """Cut r where its stream, at its rate, and a new stream at `fast` would end together, and return the second
-        part as a new range for that new stream (halves when r's rate is not known). None if too small to cut."""
-        with self.lock:
-            held = r.held()
-            left = r.end - held
-            share = r.rate / (r.rate + max(fast, r.rate)) if r.rate else 0.5
-            keep = max(MIN_SPLIT_BYTES, min(left - MIN_SPLIT_BYTES, int(left * share)))
-            if self.failed or left < 2 * MIN_SPLIT_BYTES:
-                return None
-            mid = held + keep
-            new = Range(mid, r.end, mid, mid)
-            r.end = mid
-            self.ranges.append(new)
-            self.ranges.sort(key=lambda x: x.start)
-            self.outstanding += 1
-            return new
-
-    def ask(self, r: Range, block: int) -> int:
-        """The end of r's next block of `block` bytes, recorded before it is asked for (a split respects it)."""
-        with self.lock:
-            r.asked = min(r.end, r.pos + block)
-            return r.asked
-
-    def write(self, r: Range, chunk: bytes) -> int:
-        """Write what of `chunk` belongs to r at r.pos; the bytes accepted (fewer once r reached its end)."""
-        with self.lock:
-            if self.failed:
-                raise Abandoned(self.e.name)
-            off = r.pos
-            n = min(len(chunk), r.end - off)
-            if n <= 0:
-                return 0
-            r.claimed = off + n
-        data = chunk[:n] if n < len(chunk) else chunk
-        os.pwrite(self.fd, data, off)
-        with self.lock:
-            r.pos = off + n
-            if off == self.hashed and not self.catching:
-                self.hasher.update(data)
-                self.hashed += n
-            catch_up = not self.catching and self._frontier() > self.hashed
-            if catch_up:
-                self.catching = True
-        self.counters.add(self.e.name, n, True)
-        if catch_up:
-            self._catch_up()
-        return n
-
-    def _frontier(self) -> int:
-        """The end of the written prefix that starts at the hashed prefix's end (under the lock)."""
-        f = self.hashed
-        for r in self.ranges:
-            if r.start <= f < r.end:
-                f = r.pos
-                if r.pos < r.end:
-                    break
-        return f
-
-    def _catch_up(self) -> None:
-        """Hash, in order, what later ranges wrote before the prefix reached them, read back from the page cache."""
-        while True:
-            with self.lock:
-                start, frontier = self.hashed, self._frontier()
-                if frontier <= start or self.failed:
-                    self.catching = False
-                    return
-            view = os.pread(self.fd, min(READ_BACK, frontier - start), start)
-            with self.lock:
-                self.hasher.update(view)
-                self.hashed = start + len(view)
-                self.reread += len(view)
-
-    def end_range(self, ok: bool) -> bool:
-        """One range's stream ended (a failure abandons the other ranges); True for the stream that ended last,
-        which then settles the file: `verify` if nothing failed (the prefix is hashed to the end by then)."""
-        with self.lock:
-            self.outstanding -= 1
-            self.failed = self.failed or not ok
-            last = self.outstanding == 0
-        if last and not self.failed:
-            self._catch_up()
-        elif last:
-            os.close(self.fd)
-        return last
-
-    def verify(self) -> None:
-        """The whole file's one hash against the manifest (Corrupt on a mismatch); closes the file."""
-        try:
-            if self.hashed != self.e.size:
-                raise Corrupt(f"{self.e.name}: {self.hashed:,} of {self.e.size:,} bytes hashed")
-            digest = self.hasher.hexdigest()
-            if digest != self.e.etag:
-                raise Corrupt(f"{self.e.name}: hashes to {digest[:16]}... but the hub records {self.e.etag[:16]}...")
-        finally:
-            os.close(self.fd)
 
 
 class Gauge:

@@ -32,7 +32,8 @@ NAMES_SOURCE = _ROOT / "kimi_cluster" / "node" / "hub_names.py"  # the manifest'
 # The node programs made of several modules, each shipped with what it imports, at their paths in this repository.
 WEIGHTS_PROGRAM = ("kimi_cluster/node/fetch_weights.py", "kimi_cluster/node/weights_files.py",
                    "kimi_cluster/node/weights_peers.py", "kimi_cluster/node/weights_ranges.py",
-                   "kimi_cluster/node/weights.py", "kimi_cluster/node/hub_names.py")
+                   "kimi_cluster/node/weights_transfer.py", "kimi_cluster/node/weights.py",
+                   "kimi_cluster/node/hub_names.py")
 KERNEL_CACHE_PROGRAM = ("kimi_cluster/node/kernel_cache.py", "kimi_cluster/node/kernel_files.py",
                         "kimi_cluster/node/kernel_store.py", "kimi_cluster/node/printable.py")
 PRINTABLE_SOURCE = _ROOT / "kimi_cluster" / "node" / "printable.py"  # status's escape, for what engines print

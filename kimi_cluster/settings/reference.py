@@ -155,7 +155,7 @@ NOTES: dict[str, tuple[str, str]] = {
         're-opened on a new connection from the byte it reached; just above the 8.7 MB/s a capped CDN edge gives '
         '(see [The hub download](ARCHITECTURE.md#weights-from-the-hub-slow-edges-and-the-tail))'),
     'hubStreamFloorShare': (
-        '`0.5`',
+        '`0.3`',
         "a hub stream's floor as a share of the fastest rate its sibling streams reached in their last windows "
         '(never below `hubStreamMinMBps`)'),
     'hubStreamWindowSeconds': (

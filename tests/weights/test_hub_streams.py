@@ -14,7 +14,8 @@ import pytest
 from kimi_cluster.fakes.hub import Edges, FakeHub, Faults
 from kimi_cluster.fakes.hub_repo import synthetic_repo
 from kimi_cluster.node.weights_files import Corrupt, Counters, Entry
-from kimi_cluster.node.weights_ranges import MAX_REOPENS, MIN_SPLIT_BYTES, Transfer
+from kimi_cluster.node.weights_ranges import MAX_REOPENS
+from kimi_cluster.node.weights_transfer import MIN_SPLIT_BYTES, Transfer
 from tests.weights.test_fetch_weights import REPO, REVISION, Cluster
 
 pytestmark = pytest.mark.integration  # starts fake nodes and a fake hub
