@@ -17,6 +17,7 @@ import argparse
 import io
 import json
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -64,6 +65,21 @@ def measure(checkout: Path, workdir: Path) -> dict[str, Any]:
             "delete_calls": len(calls), "rule_deletes": sum(1 for r in calls if "/sg-rules/" in r["path"])}
 
 
+def release_problem(release: str) -> str | None:
+    """Why --release names no commit of this clone, before the minutes of a worktree and its virtualenv."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
+                               f"{release}^{{commit}}"], cwd=releases.REPO_ROOT, capture_output=True, text=True,
+                              timeout=60)
+    except OSError as err:
+        return f"--release {release!r}: the release's checkout needs git ({err.strerror or err})"
+    if done.returncode == 0:
+        return None
+    return (f"--release {release!r} names no commit of this clone: give a commit's hash, a tag or a branch "
+            f"(git log --oneline); the default, {releases.PREVIOUS_RELEASE}, is the previous release's, and "
+            "docs/CHANGELOG.md names each release's commit (a shallow clone lacks them: git fetch --unshallow)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_destroy", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path(".sandbox-bench-destroy"))
@@ -71,13 +87,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--release", default=releases.PREVIOUS_RELEASE, help="the commit of 'before'")
     args = parser.parse_args(argv)
     problems = [p for p in (number_problem("--rounds", args.rounds, 1, 5, low_open=False),
-                            workdir_problem(args.workdir)) if p]
+                            workdir_problem(args.workdir), release_problem(args.release)) if p]
     if problems:
         print(f"error: {problems[0]}", file=sys.stderr)
         return 2
     print(f"preparing the release {args.release} (a worktree and its venv, once) ...", flush=True)
-    sides = {f"before ({args.release})": releases.release_checkout(args.release),
-             "after (this checkout)": releases.REPO_ROOT}
+    try:
+        before = releases.release_checkout(args.release)
+    except releases.ReleaseError as err:  # its worktree or virtualenv could not be made: the message says which
+        print(f"error: --release {args.release}: {err}", file=sys.stderr)
+        return 1
+    sides = {f"before ({args.release})": before, "after (this checkout)": releases.REPO_ROOT}
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     for round_ in range(args.rounds):
         for name, checkout in sides.items():

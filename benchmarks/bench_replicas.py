@@ -3,11 +3,11 @@
     python -m benchmarks.bench_replicas [--topology b300x1-vllm] [--chats 16] [--token-seconds 0.02]
                                         [--before 6] [--after 12] [--lose delete|unreachable] [--json]
                                         [--workdir .sandbox-bench-replicas]
+    python -m benchmarks.bench_replicas --rolling IMAGE ...        # an image change under load instead
+    python -m benchmarks.bench_replicas --noisy [--phase 20] [--rounds 1] [--noisy-interval 0.25] ...
 
 Brings up a 2-replica sandbox (FAKE_ENGINE_TOKEN_SECONDS paces every answer, so requests are in flight), runs
-`--chats` workers through the official `openai` client against the front (TLS with the stack's CA, the stack's key,
-the client's own retries off: what the front delivers is what is counted). Half the workers make tool-call round
-trips (a non-streamed request that calls a tool, the tool's result sent back, the final answer), half stream. After
+`--chats` workers through the front (benchmarks/_replicas_load.py: half tool-call round trips, half streams). After
 `--before` seconds the head of replica 1 is lost (`sandbox reclaim`: the emulator deletes the VM and its node is gone,
 or with `--lose unreachable` every packet to and from it is dropped); the load goes on for `--after` seconds. Then it
 prints:
@@ -24,233 +24,34 @@ prints:
   the front's private address (any other sender is listed apart); the front's active health probes (GET /health)
   are counted apart. A silent replica has no observer: the front's own
   log of failed tries says when it stopped trying.
-"""
 
+`--rolling` (benchmarks/_replicas_rolling.py) changes the engine image under the load instead; `--noisy`
+(benchmarks/_replicas_noisy.py) loses nothing, and sets the load side by side without and with two noisy neighbours:
+a client the engine answers 500, and one that stops reading its stream.
+"""
 from __future__ import annotations
 
 import argparse
 import io
-import itertools
 import json
 import os
-import ssl
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import openai
-
 from benchmarks._args import interrupt_on_sigterm, number_problem, workdir_problem
-from kimi_cluster.checks.tools import TOOL_IMPLS, TOOLS
+from benchmarks._replicas_front import Observer, front_tries, generations_on, resume_log_lines, resume_log_sizes
+from benchmarks._replicas_load import start_load
+from benchmarks._replicas_noisy import format_noisy, measure_noisy
+from benchmarks._replicas_rolling import format_rolling, measure_rolling
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig
 from kimi_cluster.sandbox.kimi import TOPOLOGIES, Sandbox
-
-TOOL_TASK = "What is the weather in Tokyo? Use the tool."
-
-
-@dataclass
-class Tally:
-    """What the workers saw, under one lock."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    requests: int = 0
-    failed: list[str] = field(default_factory=list)
-    streams_started: int = 0
-    streams_done: int = 0
-    streams_cut: list[str] = field(default_factory=list)
-    stream_refused: list[str] = field(default_factory=list)
-    trips_started: int = 0
-    trips_done: int = 0
-    open_streams: int = 0
-    streams_wrong: list[str] = field(default_factory=list)
-    # The first completed stream of each kind, which every later one must equal (the fake engines answer a prompt
-    # the same way every time): a stream carried on on the twin must come out whole, no token twice or lost.
-    reference: dict[str, Any] = field(default_factory=dict)
-    loss_at: float | None = None  # when the replica was lost (time.monotonic)
-    # For each completed stream that was open at the loss: the longest its client waited for a chunk from the loss
-    # on, the wait across the cut included (from its last chunk before the loss), in seconds. Keep-alive comments
-    # are not chunks: the SDK skips them. The replica goes some milliseconds after `loss_at` (the reclaim's own
-    # time), so the wait is measured between chunks, never from `loss_at`, which would leave that time out.
-    resume_gaps: list[float] = field(default_factory=list)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for key, n in counts.items():
-                setattr(self, key, getattr(self, key) + n)
-
-    def note(self, which: str, text: str) -> None:
-        with self.lock:
-            getattr(self, which).append(text)
-
-    def check(self, kind: str, got: Any, times: list[float], started: float) -> None:
-        """A completed stream: as the first of its kind, and its longest chunk gap if it was open at the loss."""
-        with self.lock:
-            expected = self.reference.setdefault(kind, got)
-            if got != expected:
-                self.streams_wrong.append(f"{kind}: {str(got)[:200]} instead of {str(expected)[:200]}")
-            if self.loss_at is not None and started < self.loss_at < times[-1]:
-                stamps = [started, *times]
-                self.resume_gaps.append(max(b - a for a, b in itertools.pairwise(stamps) if b > self.loss_at))
-
-
-# The observer's listener, run inside a namespace that takes the lost replica's address: one line per connection,
-# its arrival time (CLOCK_MONOTONIC, the same clock in every process of this machine), the peer's address and its
-# request line. A thread per connection, so one slow client cannot hold the others in the backlog until they give up
-# (which would show as a connection with no request line at a late time).
-_LISTENER = """
-import socket, sys, threading, time
-lock = threading.Lock()
-def serve(conn, peer, at):
-    data = b""
-    with conn:
-        conn.settimeout(5)
-        try:
-            while b"\\r\\n" not in data and len(data) < 4096:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-    line = data.split(b"\\r\\n", 1)[0].decode(errors="replace") or "(no request line)"
-    with lock:
-        print(at, peer[0], line, flush=True)
-sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-sock.bind((sys.argv[1], int(sys.argv[2])))
-sock.listen(64)
-print("listening", flush=True)
-while True:
-    conn, peer = sock.accept()
-    threading.Thread(target=serve, args=(conn, peer, time.monotonic()), daemon=True).start()
-"""
-
-
-class Observer:
-    """Takes the lost replica's address (a bare namespace on the fake nodes' bridge, once its VM's is gone) and its
-    engine port, records each request line that reaches it with its time and its sender, and hangs up."""
-
-    def __init__(self, fabric: Fabric, host: str, port: int) -> None:
-        self.seen: list[tuple[float, str, str]] = []
-        self.fabric = fabric
-        self.namespace = fabric.attach(host)
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.namespace, sys.executable, "-c", _LISTENER, host,
-                                      str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout is not None
-        if self.proc.stdout.readline().strip() != "listening":
-            raise RuntimeError(f"the observer could not listen on {host}:{port}")
-        self.bound_at = time.monotonic()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            at, peer, request = line.rstrip("\n").split(" ", 2)
-            self.seen.append((float(at), peer, request))
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-        self.thread.join(2)
-        self.fabric.end_namespace(self.namespace)
-
-
-def _client(base_url: str, key: str, ca_file: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60,
-                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca_file)))
-
-
-def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
-    """One tool-call round trip: ask, run the tool the model calls, send its result, read the answer."""
-    tally.add(trips_started=1)
-    messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
-    for _ in range(4):
-        tally.add(requests=1)
-        try:
-            # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
-            reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
-                                                   max_tokens=256)
-        except openai.OpenAIError as exc:
-            tally.note("failed", f"{type(exc).__name__}: {str(exc)[:160]}")
-            return
-        message = reply.choices[0].message
-        if not message.tool_calls:
-            tally.add(trips_done=1)
-            return
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            function = getattr(call, "function", None)  # a custom tool call has none
-            name = getattr(function, "name", "")
-            args = json.loads(function.arguments) if function is not None and name in TOOL_IMPLS else {}
-            result = TOOL_IMPLS[name](**args) if name in TOOL_IMPLS else {"error": "unknown tool"}
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
-    tally.note("failed", "tool round trip: still calling tools after 4 turns")
-
-
-def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> None:
-    """One streamed turn, assembled: plain text, or (tools) reasoning and a tool call, each tool call's id the
-    same in every chunk that names one."""
-    chunks, times, started = 0, [], time.monotonic()
-    text: dict[str, str] = {"content": "", "reasoning": ""}
-    calls: dict[int, dict[str, Any]] = {}
-    finish = None
-    tally.add(streams_started=1, open_streams=1)
-    try:
-        stream = client.chat.completions.create(  # type: ignore[call-overload]  # TOOLS is plain JSON
-            model=model, stream=True, max_tokens=256,
-            messages=[{"role": "user", "content": TOOL_TASK if tools else "Tell me about Kimi."}],
-            **({"tools": TOOLS} if tools else {}))
-        for chunk in stream:
-            chunks += 1
-            times.append(time.monotonic())
-            for choice in chunk.choices:
-                delta = choice.delta
-                text["content"] += delta.content or ""
-                text["reasoning"] += (delta.model_extra or {}).get("reasoning") or ""
-                for call in delta.tool_calls or []:
-                    slot = calls.setdefault(call.index, {"ids": set(), "name": "", "arguments": ""})
-                    slot["ids"] |= {call.id} if call.id else set()
-                    if call.function is not None:
-                        slot["name"] += call.function.name or ""
-                        slot["arguments"] += call.function.arguments or ""
-                finish = choice.finish_reason or finish
-        tally.add(streams_done=1)
-        got = (text["content"], text["reasoning"], finish,
-               [(c["name"], c["arguments"], len(c["ids"])) for _, c in sorted(calls.items())])
-        tally.check("tool-call stream" if tools else "stream", got, times or [started], started)
-    except openai.OpenAIError as exc:
-        # Before the first chunk the front could still have sent it elsewhere: that one is a refused request.
-        which = "streams_cut" if chunks else "stream_refused"
-        tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {str(exc)[:160]}")
-    finally:
-        tally.add(open_streams=-1)
-
-
-def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop: threading.Event,
-             tally: Tally) -> list[threading.Thread]:
-    def worker(index: int) -> None:
-        client = _client(base_url, key, ca_file)
-        while not stop.is_set():
-            if index % 2 == 0:
-                _round_trip(client, model, tally)
-            else:  # every other stream worker streams a tool call with its reasoning
-                _stream(client, model, tally, tools=index % 4 == 3)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(chats)]
-    for t in threads:
-        t.start()
-    return threads
-
 
 # Beyond these the figures mean nothing: more chats than the fake engines' slots, a decode slower than a second a
 # token, or a load phase longer than an hour.
 MAX_CHATS, MAX_TOKEN_SECONDS, MAX_PHASE_SECONDS = 256, 1.0, 3600.0
+MAX_ROUNDS = 20
 
 
 def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
@@ -259,7 +60,22 @@ def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
     return (number_problem("--token-seconds", args.token_seconds, 0, MAX_TOKEN_SECONDS)
             or number_problem("--before", args.before, 0, MAX_PHASE_SECONDS)
             or number_problem("--after", args.after, 0, MAX_PHASE_SECONDS)
-            or workdir_problem(workdir) or _rolling_problem(args))
+            or number_problem("--phase", args.phase, 0, MAX_PHASE_SECONDS)
+            or number_problem("--noisy-interval", args.noisy_interval, 0, MAX_PHASE_SECONDS, low_open=False)
+            or (None if 1 <= args.rounds <= MAX_ROUNDS else f"--rounds {args.rounds} is not between 1 and {MAX_ROUNDS}")
+            or (args.noisy and args.rolling and "--noisy and --rolling measure two things: give one")
+            or workdir_problem(workdir) or _rolling_problem(args) or _render_server_problem(args))
+
+
+def _render_server_problem(args: argparse.Namespace) -> str | None:
+    """The front's render server needs a real vLLM: said before the bring-up, as `sandbox up` says it."""
+    from kimi_cluster.sandbox.nodes import render_server_problem, stack_settings
+    from kimi_cluster.settings import SettingsError
+
+    try:
+        return render_server_problem(stack_settings(args.topology, {"replicas": "2"}))
+    except SettingsError:  # a shape the bring-up itself refuses, naming the key
+        return None
 
 
 def _rolling_problem(args: argparse.Namespace) -> str | None:
@@ -296,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rolling", metavar="IMAGE",
                     help="instead of a reclaim: change the engine image to IMAGE with `up` under the load, and count "
                          "what fails while the replicas restart one after the other")
+    ap.add_argument("--noisy", action="store_true",
+                    help="instead of a reclaim: the load without, then with, two noisy neighbours (a client the "
+                         "engine answers 500, one that stops reading its stream), side by side")
+    ap.add_argument("--phase", type=float, default=20.0, help="--noisy: seconds of each phase")
+    ap.add_argument("--rounds", type=int, default=1, help="--noisy: how many times a quiet phase then a noisy one")
+    ap.add_argument("--noisy-interval", type=float, default=0.25,
+                    help="--noisy: seconds the 5xx client waits between two of its requests")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir).resolve()
     problem = _usage_problem(args, workdir)
@@ -314,29 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                       kernel_cache=False if args.no_kernel_cache else None) != 0:
             raise SystemExit(f"sandbox up failed:\n{log.getvalue()[-3000:]}")
         print(f"bench: up in {time.monotonic() - started:.1f} s", flush=True)
-        figures = measure_rolling(sandbox, args) if args.rolling else measure(sandbox, args, log)
+        figures = (measure_rolling(sandbox, args) if args.rolling else measure_noisy(sandbox, args) if args.noisy
+                   else measure(sandbox, args, log))
     finally:
         if not args.keep:
             sandbox.destroy(echo=False)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print(format_rolling(figures) if args.rolling else format_figures(figures))
+        print(format_rolling(figures) if args.rolling else format_noisy(figures) if args.noisy
+              else format_figures(figures))
     return 0
-
-
-def start_load(outputs: dict[str, Any], args: argparse.Namespace,
-               ) -> tuple[str, Tally, threading.Event, list[threading.Thread]]:
-    """The load both measurements run under: `--chats` workers through the front, trusting the stack's CA (written
-    to a file the caller removes), running for `--before` seconds before this returns. Returns the CA file's path,
-    the tally, the event that stops the workers, and their threads."""
-    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
-        ca.write(outputs["ca_certificate"])
-    tally, stop = Tally(), threading.Event()
-    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca.name, outputs["served_model_name"],
-                       args.chats, stop, tally)
-    time.sleep(args.before)
-    return ca.name, tally, stop, threads
 
 
 def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dict[str, Any]:
@@ -398,120 +209,6 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "connections_from_elsewhere": elsewhere[:10],
     }
 
-
-def measure_rolling(sandbox: Sandbox, args: argparse.Namespace) -> dict[str, Any]:
-    """Load through the front while `up` rolls a new image over the replicas; what failed, and in which order the
-    replicas restarted (from the steps' own marks in the state)."""
-    from kimi_cluster.operator.timeline_report import bars_from_state
-
-    outputs, _ = sandbox.outputs()
-    # The front's resuming layer logs each stream it passes through unresumed: those from the roll on count.
-    resume_logs = resume_log_sizes(sandbox.dir.nodes / outputs["front_public_ip"])
-    ca, tally, stop, threads = start_load(outputs, args)
-    before = tally.requests
-    started = time.monotonic()
-    code = sandbox.up(None, echo=False, config={"replicas": "2", "image": args.rolling}, timeline=False)
-    took = time.monotonic() - started
-    time.sleep(args.after)
-    stop.set()
-    for t in threads:
-        t.join(60)
-    os.unlink(ca)
-    with sandbox.state_document() as state:
-        bars = bars_from_state(json.loads(state.read_text()))
-    order = [(b.label, b.step, b.start.timestamp(), b.end.timestamp() if b.end else None) for b in bars
-             if b.step in ("launch", "engine-ready")]
-    unresumed = [line.split("a stream not resumed: ", 1)[1]
-                 for line in resume_log_lines(resume_logs, "a stream not resumed: ")]
-    return {"image": args.rolling, "up_exit": code, "up_seconds": round(took, 1), "chats": args.chats,
-            "requests": tally.requests, "requests_before_up": before,
-            "failed_non_streamed": len(tally.failed), "failures": tally.failed[:10],
-            "streams_started": tally.streams_started, "streams_completed": tally.streams_done,
-            "streams_cut": len(tally.streams_cut), "cut": tally.streams_cut[:10],
-            "streams_refused_before_first_chunk": len(tally.stream_refused), "refused": tally.stream_refused[:10],
-            "streams_wrong": len(tally.streams_wrong), "wrong": tally.streams_wrong[:10],
-            "streams_not_resumed": len(unresumed), "not_resumed": unresumed[:10], "resume_logs_read": len(resume_logs),
-            "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
-            "restart_order": sorted(order, key=lambda o: o[2])}
-
-
-def format_rolling(f: dict[str, Any]) -> str:
-    t0 = min((o[2] for o in f["restart_order"]), default=0.0)
-    lines = [
-        f"rolling image change to {f['image']}: up exit {f['up_exit']} in {f['up_seconds']} s, under {f['chats']} "
-        "chats",
-        f"{'non-streamed requests through the front':<52} {f['requests']}",
-        f"{'failed non-streamed requests':<52} {f['failed_non_streamed']}",
-        f"{'streams: started / completed / cut / refused':<52} {f['streams_started']} / {f['streams_completed']} / "
-        f"{f['streams_cut']} / {f['streams_refused_before_first_chunk']}",
-        f"{'streams not as the first of their kind':<52} {f['streams_wrong']}",
-        f"{'streams the front passed through unresumed':<52} {f['streams_not_resumed']}",
-        f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
-        f"{f['tool_round_trips_started']}",
-        "restart order (s from the first launch):",
-    ]
-    lines += [f"  {label:<18} {step:<13} {start - t0:7.1f} -> {'' if end is None else f'{end - t0:.1f}'}"
-              for label, step, start, end in f["restart_order"]]
-    lines += [f"  failed: {x}" for x in f["failures"]] + [f"  cut: {x}" for x in f["cut"]]
-    lines += [f"  wrong: {x}" for x in f["wrong"]]
-    lines += [f"  refused: {x}" for x in f["refused"]] + [f"  not resumed: {x}" for x in f["not_resumed"]]
-    return "\n".join(lines)
-
-
-# Run inside the front's namespace (the resuming layer listens on the front's loopback only), asking until the
-# replica has a generation or the wait is over: one process for the whole wait, not one per question.
-_GENERATIONS = """
-import json, sys, time, urllib.request
-port, replica, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
-while True:
-    with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=5) as answer:
-        count = json.loads(answer.read()).get("generating", {}).get(replica, 0)
-    if count or time.monotonic() >= deadline:
-        print(count)
-        break
-    time.sleep(0.05)
-"""
-
-
-def generations_on(fabric: FabricConfig, front: str, replica_url: str, wait_s: float) -> int:
-    """The generations the front's resuming layer runs on `replica_url`, asked until there is one or wait_s has
-    passed (0 without a resuming layer: SGLang, or resumeStreams off)."""
-    from kimi_cluster.settings import RESUME_PORT
-
-    done = subprocess.run(["ip", "netns", "exec", fabric.namespace(front), sys.executable, "-c", _GENERATIONS,
-                           str(RESUME_PORT), replica_url, str(wait_s)], capture_output=True, text=True,
-                          timeout=wait_s + 30)
-    if done.returncode != 0:
-        return 0  # nothing listens there: no resuming layer
-    return int(done.stdout.strip() or 0)
-
-
-def resume_log_sizes(front_dir: Path, empty: bool = False) -> dict[Path, int]:
-    """The front's resuming-layer log (kimi_cluster/node/resume logs to /var/log/kimi-cluster/resume.log), each with
-    its size now, or 0 with `empty`: what resume_log_lines reads from."""
-    return {p: 0 if empty else p.stat().st_size for p in front_dir.glob("**/kimi-cluster/resume.log")}
-
-
-def resume_log_lines(since: dict[Path, int], marker: str) -> list[str]:
-    """The lines holding `marker` written to each log after the size `since` gives it."""
-    return [line for path, size in since.items()
-            for line in path.read_bytes()[size:].decode(errors="replace").splitlines() if marker in line]
-
-
-def front_tries(front_dir: Path, upstream: str, since: float) -> list[float]:
-    """Seconds after `since` at which the front's Caddy logged a proxied request to `upstream` failing (its log is
-    JSON lines; the active health checker's own lines are left out: it keeps probing a lost replica on purpose)."""
-    log = front_dir / "var/lib/fake-node/docker/containers/kimi-proxy.log"
-    out = []
-    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if (isinstance(entry, dict) and upstream in (entry.get("upstream"), entry.get("host"))
-                and "health_checker" not in str(entry.get("logger")) and float(entry.get("ts") or 0) >= since):
-            out.append(float(entry["ts"]) - since)
-    return out
 
 
 def format_figures(f: dict[str, Any]) -> str:

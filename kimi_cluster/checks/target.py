@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import tempfile
+import urllib.parse
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "moonshotai/Kimi-K3.1-Pro"
@@ -19,12 +20,22 @@ API_KEY_ENV = "KIMI_API_KEY"
 
 def normalize_base_url(url: str) -> str:
     """Endpoint root without a trailing slash or /v1, so paths can always start with /v1."""
-    if not url or not re.match(r"^https?://[^/\s]+", url.strip()):
+    if not url or not re.match(r"^https?://[^/\s]+", url.strip()) or not _host_and_port(url.strip()):
         raise ValueError(f"base URL must look like http://HOST:PORT, got {url!r}")
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url
+
+
+def _host_and_port(url: str) -> bool:
+    """Whether the URL parses to a host and a TCP port (or none): an unclosed IPv6 bracket or a port of 99999 made
+    every check fail on its own, each with the parser's error."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kimi_cluster.cli.status import watch_problem
+from kimi_cluster.operator.stack_state import StackStateError
 from kimi_cluster.sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, Sandbox, SandboxUsageError
 from kimi_cluster.settings import SettingsError
 
@@ -45,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                              "as a stop in the console leaves it (it still bills)")
     parser.add_argument("--expect-no-changes", action="store_true",
                         help="refresh, up: fail (exit 1) if anything changed, as pulumi's own flag does; up then "
-                             "runs pulumi up --expect-no-changes on the stack as it stands")
+                             "runs pulumi up --expect-no-changes on a deployed sandbox with up's other options "
+                             "(--config, --topology, --[no-]kernel-cache, ...): like pulumi, it applies what "
+                             "changed, names it and exits 1")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help=f"what up deploys (default: {TOPOLOGIES[0]}, or what this workdir already runs)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
@@ -71,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="status: print it as JSON")
     # Intermixed: `reclaim --workdir DIR NODE` as well as `reclaim NODE --workdir DIR`.
     args = parser.parse_intermixed_args(argv)
-    if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None) and args.command != "up":
-        parser.error("--topology, --config, --no-timeline and --[no-]kernel-cache apply to up only")
+    if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None
+            or args.hub_bytes_per_second is not None) and args.command != "up":
+        parser.error("--topology, --config, --no-timeline, --[no-]kernel-cache and --hub-bytes-per-second apply to "
+                     "up only")
     if args.hub_slow_edges is not None and args.hub_bytes_per_second is None:
         parser.error("--hub-slow-edges needs --hub-bytes-per-second, the fast edges' rate")
     if args.expect_no_changes and args.command not in ("up", "refresh"):
         parser.error("--expect-no-changes applies to up and refresh only")
+    if (problem := watch_problem(args.watch)) is not None:
+        parser.error(problem)
     config: dict[str, str] = {}
     for item in args.config:
         key, sep, value = item.partition("=")
@@ -88,17 +96,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sandbox = Sandbox(args.workdir)
     try:
-        if args.command == "refresh" or (args.command == "up" and args.expect_no_changes):
+        if args.command == "refresh":
             from kimi_cluster.sandbox import refresh
 
-            if args.command == "up":
-                return refresh.up_expecting_no_changes(sandbox)
             return refresh.refresh(sandbox, expect_no_changes=args.expect_no_changes)
         if args.command == "up":
             return sandbox.up(args.topology, echo=not args.quiet, config=config,
                               hub_bytes_per_second=args.hub_bytes_per_second, hub_slow_edges=args.hub_slow_edges,
-                              timeline=not args.no_timeline,
-                              kernel_cache=args.kernel_cache)
+                              timeline=not args.no_timeline, kernel_cache=args.kernel_cache,
+                              expect_no_changes=args.expect_no_changes)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
         if args.command == "status":
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("reclaim needs the NODE to take away, e.g. kimi-sandbox-r1-node0")
             return sandbox.reclaim(args.node, args.mode)
         return sandbox.destroy(echo=not args.quiet)
-    except (SandboxUsageError, SettingsError) as exc:
+    except (SandboxUsageError, SettingsError, StackStateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # outside a Pulumi run (which ends cleanly on its own): one line, no traceback

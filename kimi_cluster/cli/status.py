@@ -26,6 +26,14 @@ EXIT_USAGE = 2
 WATCH_MIN_S, WATCH_MAX_S = 1.0, 86400.0
 
 
+def watch_problem(watch: float | None) -> str | None:
+    """--watch's interval, checked before the first report: time.sleep refuses a negative or NaN interval only
+    after it, and an infinite one never wakes (`kimi-cluster sandbox status --watch` too)."""
+    if watch is not None and not (math.isfinite(watch) and WATCH_MIN_S <= watch <= WATCH_MAX_S):
+        return f"--watch {watch:g} is not an interval of {WATCH_MIN_S:g} to {WATCH_MAX_S:g} seconds"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kimi-cluster status", description=__doc__.splitlines()[0])
     ap.add_argument("--stack", required=True)
@@ -35,10 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", help="a stack state file instead of `pulumi stack export --show-secrets`")
     ap.add_argument("--config", help="the stack config file (default Pulumi.<stack>.yaml)")
     args = ap.parse_args(argv)
-    # time.sleep refuses a negative or NaN interval only after the first report, and an infinite one never wakes.
-    if args.watch is not None and not (math.isfinite(args.watch) and WATCH_MIN_S <= args.watch <= WATCH_MAX_S):
-        print(f"error: --watch {args.watch:g} is not an interval of {WATCH_MIN_S:g} to {WATCH_MAX_S:g} seconds",
-              file=sys.stderr)
+    if (problem := watch_problem(args.watch)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     remove_key_files_on_signals()  # a closed terminal (SIGHUP) or a kill (SIGTERM) leaves no private key behind
     config_path = args.config or str(project_dir() / f"Pulumi.{args.stack}.yaml")

@@ -21,6 +21,20 @@ from dataclasses import dataclass, replace
 from kimi_cluster.settings import Settings
 from kimi_cluster.settings.catalog import GIB
 
+# The phases the step deadlines' floors also read have their one home there.
+from kimi_cluster.settings.work_model import (
+    IMAGE_BYTES,
+    IMAGE_BYTES_PER_S,
+    IMAGE_SOURCE,
+    LOAD_S,
+    LOAD_SOURCE,
+    READY_S,
+    READY_SOURCE,
+    WARMUP_CACHED_S,
+    WARMUP_COLD_S,
+    WARMUP_SOURCE,
+)
+
 # Rates as (low, high) ranges and their public sources.
 HUB_BYTES_PER_S = (1.1 * GIB, 1.8 * GIB)
 HUB_SOURCE = ("snapshot_download per VM, typical: huggingface_hub PR #2989 "
@@ -37,10 +51,6 @@ DISK_SOURCE = "local NVMe (/ephemeral) sequential write, assumed 3-5 GB/s; the s
 NET_BYTES_PER_S = (43e9, 43e9)
 NET_SOURCE = ("Hyperstack network-optimised environments: up to 350 Gbps between VMs "
               "(https://docs.hyperstack.cloud/docs/hardware/flavor-labels)")
-IMAGE_BYTES = 16e9
-IMAGE_BYTES_PER_S = (55e6, 90e6)
-IMAGE_SOURCE = ("a ~16 GB engine image (Hyperstack's Kimi deployment guide); docker pull decompresses each gzip "
-                "layer on one thread, about 3-5 min")
 VM_S = (180.0, 600.0)
 VM_SOURCE = ("assumed: ACTIVE with a floating IP, then sshd and cloud-init; the ready step allows about 10 min of "
              "refused SSH dials (kimi_cluster/deploy/remote_step.py DIAL_ERROR_LIMIT); measure yours with "
@@ -48,14 +58,6 @@ VM_SOURCE = ("assumed: ACTIVE with a floating IP, then sshd and cloud-init; the 
 CHECK_RECORDED_S = (1.0, 10.0)
 CHECK_SOURCE = ("stat every file and compare the hashes recorded while it streamed with the hub's manifest "
                 "(scripts/check_download.py); no second read of the checkpoint")
-LOAD_S = (160.0, 217.0)
-LOAD_SOURCE = ("weights to GPU, 160-217 s reported for a 671B checkpoint on 8 GPUs; 15-45 s with fast loaders: "
-               "https://github.com/sgl-project/sglang/pull/7943, https://github.com/sgl-project/sglang/pull/20289")
-WARMUP_COLD_S = (600.0, 1200.0)
-WARMUP_CACHED_S = (60.0, 180.0)
-WARMUP_SOURCE = ("DeepGEMM compiles its kernels just in time on first use (https://github.com/deepseek-ai/DeepGEMM); "
-                 "10-20 min cold, under 3 min with the JIT and tuning caches kept: "
-                 "https://github.com/sgl-project/sglang/pull/5580, https://github.com/vllm-project/vllm/issues/52330")
 WARMUP_FROM_SHAPES_SOURCE = (
     "the same JIT compiles and tuning as the cold warm-up, run from the model's config.json with random weights "
     "(--load-format dummy: SGLang's own python -m sglang.compile_deep_gemm, "
@@ -63,8 +65,6 @@ WARMUP_FROM_SHAPES_SOURCE = (
     "TokenSpeed's servers started once: https://docs.vllm.ai/en/latest/configuration/engine_args.html): "
     "DeepGEMM's kernels depend on the shapes, not the values (https://github.com/deepseek-ai/DeepGEMM); it runs in "
     "the engine's image, so it starts once the pull ends; the launch's own warm-up then reads the filled caches")
-READY_S = (30.0, 120.0)
-READY_SOURCE = "the engine's /health and /v1/models answer, then the verifier's checks (seconds each)"
 
 
 @dataclass(frozen=True)

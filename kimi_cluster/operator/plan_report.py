@@ -13,6 +13,7 @@ from typing import Any
 
 from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from kimi_cluster.operator.caretaker_report import format_guards, guards
+from kimi_cluster.plan import resume
 from kimi_cluster.plan.firewall import node_rules
 from kimi_cluster.plan.pricing import Quote, break_even, catalog_quote, quote
 from kimi_cluster.plan.steps.clocks import deadline_s
@@ -118,6 +119,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "download_minutes_every_node_all": list(sizing.download_minutes(settings.model_spec)),
         "download_assumes": EDGES_ASSUMED,
         # Each node step's deadline, enforced on the node (kimi_cluster.deploy.remote_step.remote_command_text).
+        "streams": resume.streams(settings),
         "step_deadline_minutes": {step: round(deadline_s(step, settings.timing, settings) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
@@ -316,6 +318,9 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"Proxy        {plan['proxy']['image']}: {plan['proxy']['listens']}; certificate: "
                  f"{plan['proxy']['certificate']}")
     lines.append(f"Model        {plan['model']} @ {plan['model_revision']} (served as {plan['served_model_name']})")
+    st = plan["streams"]
+    lines.append(f"Streams      {'resume' if st['resume'] else 'do not resume'} when their replica is lost "
+                 f"({st['engine']}): {st['why']}")
     lines.append("")
     lines.append(f"Nodes ({len(plan['nodes'])})")
     for n in plan["nodes"]:

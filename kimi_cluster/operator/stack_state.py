@@ -77,12 +77,52 @@ class StackState:
         return self.outputs.get("endpoint_url")
 
 
-# The stack outputs status reads, and the types they must have: a state file of another shape is refused by name.
-OUTPUT_TYPES: dict[str, tuple[type, ...]] = {
-    "endpoint_url": (str,), "api_key": (str,), "ca_certificate": (str,), "topology": (str,), "region": (str,),
-    "hourly_cost_usd": (int, float), "hourly_cost_source": (str,), "served_model_name": (str,),
-    "caretaker_vm": (str,), "idle_stop_minutes": (int, float), "budget_usd": (int, float),
+# The stack outputs status reads (a sandbox's reclaim too), and the shape each must have: a type or a tuple of types,
+# or a one-item list for a list of that shape. A state of another shape (a hand-edited export, a release that wrote
+# another type) is refused naming the output; an output that is absent is an older release's, and left alone.
+_IP = (str, type(None))  # a VM without a floating IP has none
+OUTPUT_SHAPES: dict[str, Any] = {
+    "endpoint_url": str, "api_key": str, "ca_certificate": str, "topology": str, "region": str,
+    "hourly_cost_usd": (int, float), "hourly_cost_source": str, "served_model_name": str,
+    "caretaker_vm": str, "idle_stop_minutes": (int, float), "budget_usd": (int, float),
+    "kimi_cluster_version": str, "environment_name": str, "head_public_ip": _IP,
+    "node_names": [str], "node_public_ips": [_IP], "node_private_ips": [_IP],
+    # replicas >= 2
+    "replicas": int, "front_public_ip": str, "front_private_ip": _IP, "replica_node_names": [[str]],
+    "replica_head_private_ips": [_IP],
 }
+
+
+def _shape_name(shape: Any) -> str:
+    if isinstance(shape, list):
+        return f"list of {_shape_name(shape[0])}"
+    types = shape if isinstance(shape, tuple) else (shape,)
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+def shape_problem(value: Any, shape: Any) -> str | None:
+    """What is wrong with `value` for `shape` ("is a str, not a list of strs"; "item 2 is ..."), else None."""
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"is a {type(value).__name__}, not a {_shape_name(shape)}"
+        for index, item in enumerate(value):
+            if (problem := shape_problem(item, shape[0])) is not None:
+                return f"item {index} {problem}"
+        return None
+    types = shape if isinstance(shape, tuple) else (shape,)
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        return f"is a {type(value).__name__}, not a {_shape_name(shape)}"
+    return None
+
+
+def checked_outputs(outputs: dict[str, Any]) -> dict[str, Any]:
+    """`outputs` when every output status reads has its shape; StackStateError naming the first that has not."""
+    for key, shape in OUTPUT_SHAPES.items():
+        value = outputs.get(key)
+        if value is not None and (problem := shape_problem(value, shape)) is not None:
+            raise StackStateError(f"the stack output {key} {problem} (`pulumi up` registers the outputs "
+                                  "again)")
+    return outputs
 
 
 def _mapping(value: Any, what: str) -> dict[str, Any]:
@@ -116,13 +156,7 @@ def _port(value: Any, host: str) -> int:
 
 
 def _outputs(stack_res: Mapping[str, Any] | None) -> dict[str, Any]:
-    outputs = _mapping(unwrap((stack_res or {}).get("outputs")), "the stack's outputs")
-    for key, types in OUTPUT_TYPES.items():
-        value = outputs.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-            raise StackStateError(f"the stack output {key} is a {type(value).__name__}, not a "
-                                  f"{' or '.join(t.__name__ for t in types)}")
-    return outputs
+    return checked_outputs(_mapping(unwrap((stack_res or {}).get("outputs")), "the stack's outputs"))
 
 
 def _name_of(resource: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kimi_cluster.node.printable import printable
 from kimi_cluster.operator.engine_metrics import parse_metrics
 from kimi_cluster.operator.node_exec import NodeRunner
 from kimi_cluster.operator.stack_state import Connection, StackState
@@ -43,18 +44,30 @@ def front_view(runner: NodeRunner, front: Connection, upstreams: Sequence[str]) 
                 for u in upstreams]
     try:
         raw = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return [{"upstream": u, "health": "unknown (the front's probe printed no JSON)"} for u in upstreams]
+    except (ValueError, IndexError, RecursionError):
+        raw = None
+    # What the front printed is whatever runs there: read field by field, a wrong shape is no answer.
+    if not isinstance(raw, list) or len(raw) != len(upstreams) or not all(isinstance(e, dict) for e in raw):
+        return [{"upstream": u, "health": "unknown (the front's probe printed no JSON of its shape)"}
+                for u in upstreams]
     view = []
-    for entry in raw:
-        status, detail = entry.get("/health") or [None, ""]
-        row: dict[str, Any] = {"upstream": entry["upstream"],
-                               "health": "ok" if status == 200 else f"down ({status or detail})"}
-        m_status, metrics = entry.get("/metrics") or [None, ""]
+    for upstream, entry in zip(upstreams, raw, strict=True):
+        status, detail = _answer(entry.get("/health"))
+        row: dict[str, Any] = {"upstream": upstream,
+                               "health": "ok" if status == 200 else f"down ({status or printable(detail, 200)})"}
+        m_status, metrics = _answer(entry.get("/metrics"))
         if m_status == 200:
             row.update(parse_metrics(metrics))
         view.append(row)
     return view
+
+
+def _answer(pair: Any) -> tuple[int | None, str]:
+    """The probe's [status, body] of one path (None and "" for anything else)."""
+    if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) \
+            and (pair[0] is None or type(pair[0]) is int):
+        return pair[0], pair[1]
+    return None, ""
 
 
 def replicas_view(state: StackState, nodes: Sequence[Mapping[str, Any]], runner: NodeRunner,

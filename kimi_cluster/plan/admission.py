@@ -2,22 +2,41 @@
 
 The settings check each key and the rules across keys (kimi_cluster/settings/); what only the plan knows is checked
 here: the engine flags the program's command line owns (kimi_cluster/plan/launch.py), which extraEngineArgs may not
-set, and what the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the
-step names, the cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
+set, nor, while streams resume, a chat-layer flag the front's render server cannot follow (chat_layer.py), and what
+the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the step names, the
+cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
 `kimi-cluster status` admit their settings through `admit`.
 """
 
 from __future__ import annotations
 
-from kimi_cluster.plan import launch
+import math
+
+from kimi_cluster.plan import chat_layer, launch
 from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.plan.steps.resolve import resolve_vms
-from kimi_cluster.plan.steps.table import CACHE_STEP_NAMES, NAMES, TABLE
+from kimi_cluster.plan.steps.table import BY_NAME, CACHE_STEP_NAMES, NAMES, TABLE
 from kimi_cluster.settings import CACHE_STEP_MIN_MINUTES, DURATION_MAX_MINUTES, NAMESPACE, Settings, SettingsError
 from kimi_cluster.settings.errors import shown
 from kimi_cluster.settings.loader import refusal
 from kimi_cluster.settings.node_timing import TIMEOUT_MIN_S
 from kimi_cluster.settings.timing import Timing
+
+
+def floor_minutes(step: str, settings: Settings) -> int:
+    """The least stepDeadlineMinutes `step` takes: its own work's floor (the step table's), in whole minutes; 0 for
+    a step without one."""
+    floor = BY_NAME[step].floor
+    return math.ceil(floor.seconds(settings) / 60) if floor else 0
+
+
+def floor_problem(step: str, minutes: float, settings: Settings) -> str | None:
+    """Why `minutes` is too short for `step`'s own work, or None."""
+    floor, need = BY_NAME[step].floor, floor_minutes(step, settings)
+    if floor is None or minutes >= need:
+        return None
+    return (f"{minutes:g} minutes is shorter than the {need} its own work takes ({floor.work}, by the plan's timing "
+            f"model, kimi_cluster/settings/work_model.py): stopped mid-way, it fails `up`; at least {need}")
 
 
 def step_deadline_problems(settings: Settings) -> list[str]:
@@ -27,6 +46,8 @@ def step_deadline_problems(settings: Settings) -> list[str]:
     for step, minutes in settings.step_deadline_minutes.items():
         if step not in NAMES:
             problems.append(f"{key}: {shown(step)} is not a node step; steps are {', '.join(NAMES)}")
+        elif floor_problem(step, minutes, settings):
+            problems.append(f"{key}: {step}: {floor_problem(step, minutes, settings)}")
         elif step in CACHE_STEP_NAMES and minutes < CACHE_STEP_MIN_MINUTES:
             problems.append(f"{key}: {step}: {shown(minutes)} minutes is shorter than {CACHE_STEP_MIN_MINUTES:g}: "
                             f"{step} first installs its S3 client, and its deadline must leave that, its slack and "
@@ -65,7 +86,8 @@ def problems(settings: Settings) -> list[str]:
     found = step_deadline_problems(settings)
     if found:
         return found  # a deadline of an unknown step has no rule to weigh nodeTiming against
-    return launch.engine_arg_problems(settings) + node_timing_problems(settings)
+    return (launch.engine_arg_problems(settings) + chat_layer.chat_layer_problems(settings)
+            + node_timing_problems(settings))
 
 
 def admit(settings: Settings) -> Settings:

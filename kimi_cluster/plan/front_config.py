@@ -34,7 +34,8 @@ def caddyfile(settings: Settings, head_private_ips: Sequence[str], tuning: Front
                   admin_socket=proxy.ADMIN_SOCKET,
                   upstreams=upstreams(settings, head_private_ips), key_file=proxy.KEY_FILE,
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
-                  unauthorized_body=proxy.UNAUTHORIZED_BODY, caretaker=settings.guarded,
+                  unauthorized_body=proxy.UNAUTHORIZED_BODY, not_found_body=proxy.NOT_FOUND_BODY,
+                  public_paths=proxy.PUBLIC_PATHS, caretaker=settings.guarded,
                   resume_to=resume.resume_address() if settings.resumes_streams else "", **tuning.__dict__)
 
 

@@ -33,6 +33,12 @@ class FrontTuning:
     lb_try_duration: str = "10s"
     lb_try_interval: str = "100ms"
     dial_timeout: str = "2s"
+    # The resuming layer on the front's loopback: while one hands over to the next (the resume step), or is restarted
+    # by systemd after a crash (RestartSec=1), nothing listens for a moment. A request dialled then is dialled again
+    # every resume_try_interval (a refused loopback dial costs nothing) until the new one listens: its start-up on
+    # a loaded 2-core front (Python and the layer's modules) is well within resume_try_duration.
+    resume_try_duration: str = "15s"
+    resume_try_interval: str = "50ms"
 
     @property
     def readmit_checks(self) -> int:
@@ -43,6 +49,15 @@ class FrontTuning:
         just before it served again). Restarting the next replica sooner leaves the front no replica at all."""
         passive = math.ceil(_seconds(self.fail_duration) / _seconds(self.health_interval))
         return max(self.health_passes, passive) + 1
+
+    @property
+    def request_buffer_bytes(self) -> int:
+        """request_buffers in bytes: the resuming layer behind this Caddy takes bodies up to the same size
+        (`--max-body-bytes`), so a body Caddy buffers is never refused behind it, nor one larger parsed there."""
+        size = self.request_buffers
+        if not size.endswith("MiB"):
+            raise ValueError(f"request_buffers {size!r} is not in MiB")
+        return int(size.removesuffix("MiB")) * 1024 * 1024
 
     @property
     def health_interval_s(self) -> int:

@@ -110,6 +110,17 @@ def owned_flags(settings: Settings) -> frozenset[str]:
     return frozenset(flags | set(_OWNED_ALIASES[settings.engine_name]))
 
 
+def media_env(settings: Settings) -> list[tuple[str, str]]:
+    """vLLM's media fetching, for the replicas and the front's render server alike (kimi_cluster/plan/resume.py):
+    with --allowed-media-domains in extraEngineArgs, redirects are not followed (VLLM_MEDIA_URL_ALLOW_REDIRECTS=0), or
+    a listed host's redirect would fetch from any address (vLLM 0.33.0's MediaConnector checks the URL's host only,
+    then follows redirects: vllm/multimodal/media/connector.py). data: URIs are never fetched, so they always work."""
+    if settings.engine_name != "vllm" or "--allowed-media-domains" not in {
+            flag_name(arg) for arg in settings.extra_engine_args}:
+        return []
+    return [("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")]
+
+
 def engine_arg_problems(settings: Settings) -> list[str]:
     """Every extraEngineArgs entry that names a flag the program owns (owned_flags), each naming the key to set
     instead; kimi_cluster/settings/loader.py refuses the stack with them once the rest of the settings are valid."""
@@ -276,6 +287,7 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         env += [
             ("VLLM_ENGINE_READY_TIMEOUT_S", "3600"),
             ("VLLM_CACHE_ROOT", f"{CONTAINER_CACHE}/vllm"),
+            *media_env(settings),
         ]
     elif settings.engine_name == "tokenspeed":
         # TokenSpeed's own kernel caches, by the names tokenspeed-kernel 0.1.4 reads (ops/tuning.py,

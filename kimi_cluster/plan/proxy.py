@@ -2,7 +2,8 @@
 
 The engine listens on the head's loopback only and holds no API key; the proxy serves TLS on apiPort, lets `/health`
 through, and forwards every other request only with `Authorization: Bearer <key>` (anything else gets 401 from the
-proxy, so no engine route, `/invocations` or `/tokenize` included, is reachable without the key). The key is a
+proxy, so no engine route, `/invocations` or `/tokenize` included, is reachable without the key), and with it only
+the public API (PUBLIC_PATHS; the front has the same door). The key is a
 root-only file the proxy reads on every request: a rotated key takes effect the moment the file is replaced, with no
 restart of the proxy or the engine. Shared by the proxy step's template and the offline plan.
 """
@@ -34,6 +35,18 @@ ADMIN_SOCKET = f"{ADMIN_DIR}/admin.sock"
 # The caretaker's files (idleStopMinutes, budgetUsd): the one directory the proxy writes (its access log) and reads
 # the caretaker's 503 answer and budget warning from (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2).
 CARETAKER_DIR = "caretaker"
+# What a key holder reaches on an engine, through a head's proxy or the front (templates/_authorized.Caddyfile.j2):
+# the OpenAI and Anthropic routes the client configs (kimi_cluster/plan/client_configs.py) and the verifier's checks
+# (kimi_cluster/checks/) call, with Claude Code's token count and the legacy completions, and the Prometheus
+# counters `status` reads. Every other engine route answers 404 at the proxy: vLLM 0.33's token API
+# (/inference/v1/generate, only the front's resuming layer calls it, on the replicas' private addresses), its
+# aborts by request id (/inference/v1/abort_requests, /abort_requests), render and derender, /invocations, the
+# tokenizer's and the admin routes (vllm/entrypoints/serve/dev/, rl/), and SGLang's and TokenSpeed's own
+# (/flush_cache, /update_weights_from_disk, /abort_request, ...). /health has its own open door (_health.Caddyfile.j2).
+PUBLIC_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                "/v1/models", "/metrics")
+NOT_FOUND_BODY = ('{"error":{"message":"not found: this endpoint serves ' + ", ".join(PUBLIC_PATHS)
+                  + ' and /health","type":"not_found_error","code":404}}')
 UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
 
 
@@ -63,7 +76,8 @@ def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None 
     (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2)."""
     return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
                   upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
-                  unauthorized_body=UNAUTHORIZED_BODY, metrics_upstream=metrics_address or "", caretaker=caretaker)
+                  unauthorized_body=UNAUTHORIZED_BODY, not_found_body=NOT_FOUND_BODY, public_paths=PUBLIC_PATHS,
+                  metrics_upstream=metrics_address or "", caretaker=caretaker)
 
 
 def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,

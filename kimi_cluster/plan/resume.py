@@ -24,14 +24,27 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from kimi_cluster.plan.launch import PARSER, Word
+from kimi_cluster.node.resume.server import DRAIN_S
+from kimi_cluster.plan.chat_layer import render_args
+from kimi_cluster.plan.front_tuning import FrontTuning
+from kimi_cluster.plan.launch import PARSER, Word, media_env
 from kimi_cluster.plan.render import ShellExpr, shell_words
-from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT, Settings
+from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
 
 # The first slot keeps the name a front made before the second slot existed.
 RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))
 FINGERPRINT_LABEL = "kimi-cluster.render-fingerprint"
-UNIT = "kimi-resume"
+# The layer's two unit names, each with its fingerprint file, used in turn: a new configuration starts under the
+# one not serving while the old one finishes its streams (kimi_cluster/node/resume/server.py drains on SIGTERM). The
+# first keeps the name and the file a 0.3.0 front made.
+UNITS = (("kimi-resume", ShellExpr("${STATE}/resume.fingerprint")),
+         ("kimi-resume-spare", ShellExpr("${STATE}/resume-spare.fingerprint")))
+# What systemd allows a stopped layer beyond its drain bound (its last answers written, its threads ended) before
+# it kills it: TimeoutStopSec is the drain and this.
+STOP_MARGIN_S = 30
+# How often the step looks whether the old layer has closed its port: it does within milliseconds, and until the
+# new one listens every request waits (Caddy retries the dial), so the poll is tight; it lasts a few rounds.
+PORT_POLL_S = 0.02
 LOOPBACK = "127.0.0.1"
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 # The node-side program, shipped with the modules it imports (kimi_cluster/plan/step_scripts.py shipped()).
@@ -39,7 +52,30 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
            "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
+           "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/relay.py",
            "kimi_cluster/node/resume/server.py")
+
+
+def streams(settings: Settings) -> dict[str, object]:
+    """Whether streams behind the front carry on when their replica is lost, on which engine, and why (not):
+    `kimi-cluster plan` prints it."""
+    engine = settings.engine_name
+    if not settings.has_front:
+        why = (f"one replica ({NAMESPACE}:replicas {settings.replicas}): no front, and no twin to carry a stream on "
+               "to")
+    elif engine != "vllm":
+        door = {"sglang": "SGLang's /generate has no render and derender routes",
+                "tokenspeed": "TokenSpeed's smg gateway has no token-level route"}.get(engine, f"{engine} has none")
+        why = (f"not yet on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
+               "to the other replicas")
+    elif not settings.resume_streams:
+        why = f"off ({NAMESPACE}:resumeStreams false): a stream whose replica is lost ends with an error"
+    else:
+        handed = render_args(settings)
+        why = ("vLLM's render server on the front renders each stream with the replicas' chat layer"
+               + (f" (extraEngineArgs {' '.join(handed)})" if handed else "")
+               + "; the replicas generate its tokens, and a lost replica's stream carries on on another")
+    return {"resume": settings.resumes_streams, "engine": engine, "why": why}
 
 
 def render_urls() -> list[str]:
@@ -57,7 +93,8 @@ SLOT_NAME, SLOT_PORT = ShellExpr("${RENDER_NAME}"), ShellExpr("${RENDER_PORT}")
 
 def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
     """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
-    length, so that it renders and parses exactly as their `vllm serve` does."""
+    length, and the extraEngineArgs that shape the chat layer (kimi_cluster/plan/chat_layer.py), so that it renders
+    and parses exactly as their `vllm serve` does."""
     items: list[Word | tuple[Word, ...]] = [
         ("launch", "render", settings.model),
         ("--revision", settings.model_revision),
@@ -71,7 +108,7 @@ def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
     ]
     if settings.max_model_len:
         items.append(("--max-model-len", str(settings.max_model_len)))
-    return items
+    return items + render_args(settings)
 
 
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
@@ -93,6 +130,7 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
         ("-e", "VLLM_TARGET_DEVICE=cpu"),
         ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
         ("-e", f"HF_ENDPOINT={settings.hf_endpoint}"),
+        *(("-e", f"{name}={value}") for name, value in media_env(settings)),
         ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
         ("--entrypoint", "vllm"),
         settings.container_image,
@@ -111,9 +149,17 @@ def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[st
 
 def resumer_argv() -> list[str]:
     """The resuming layer's flags: where it listens, both render server slots, and the file it reads the replicas
-    from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing)."""
+    from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing),
+    and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py). Its drain
+    bound is its own default (DRAIN_S), which stop_timeout_s reads."""
     renders = [word for url in render_urls() for word in ("--render", url)]
-    return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE]
+    return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE,
+            "--max-body-bytes", str(FrontTuning().request_buffer_bytes)]
+
+
+def stop_timeout_s() -> int:
+    """systemd's TimeoutStopSec for the layer's unit: its drain bound (the layer's own default) and a margin."""
+    return int(DRAIN_S) + STOP_MARGIN_S
 
 
 def render_fingerprint(settings: Settings) -> str:

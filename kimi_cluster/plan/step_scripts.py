@@ -9,6 +9,7 @@ resource, and no secret is ever a template value.
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from kimi_cluster.node import weights
 from kimi_cluster.plan import caretaker, front_config, kernel_cache_key, launch, proxy, resume, warmup
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
 from kimi_cluster.plan.render import ShellExpr, Verbatim
-from kimi_cluster.settings import WARMUP_ENGINE_PORT, Settings
+from kimi_cluster.settings import RESUME_PORT, WARMUP_ENGINE_PORT, Settings
 from kimi_cluster.settings.timing import PIP_BUDGET_S, Timing
 
 HF_HUB_VERSION = "2.4.0"  # the node runs the same huggingface_hub the project pins
@@ -104,6 +105,12 @@ class ShippedFile:
     path: str
     body: Verbatim
     delimiter: str
+
+    @property
+    def packed(self) -> str:
+        """Its bytes gzipped (no timestamp: the same file packs the same) in base64, for a step whose text would
+        pass the 128 KiB a single argument may hold (Linux's MAX_ARG_STRLEN: the step travels as one, in base64)."""
+        return base64.b64encode(gzip.compress(str(self.body).encode(), mtime=0)).decode()
 
 
 def shipped(paths: Sequence[str]) -> list[ShippedFile]:
@@ -294,7 +301,7 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
     """The front's resuming layer (resumeStreams): vLLM's render server in the engine's image, then the program."""
     heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(settings.replicas)])
     argv, files = resume.resumer_argv(), shipped(resume.PROGRAM)
-    return {"render_slots": resume.RENDER_SLOTS, "unit": resume.UNIT, "image": settings.container_image,
+    return {"render_slots": resume.RENDER_SLOTS, "units": resume.UNITS, "image": settings.container_image,
             "fingerprint": resume.render_fingerprint(settings), "fingerprint_label": resume.FINGERPRINT_LABEL,
             "docker_argv": resume.render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
             "loopback": resume.LOOPBACK, "resume_address": resume.resume_address(),
@@ -304,7 +311,8 @@ def resume_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing
             "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
             "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,
             "resume_timeout_s": timing.proxy_timeout_s, "log_tail": timing.log_tail,
-            "ship_files": files, "ship_packages": shipped_packages(resume.PROGRAM)}
+            "resume_port": RESUME_PORT, "stop_timeout_s": resume.stop_timeout_s(), "port_poll_s": resume.PORT_POLL_S,
+            "ship_files": files, "ship_packages": shipped_packages(resume.PROGRAM), "ship_packed": True}
 
 
 def readiness_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timing,

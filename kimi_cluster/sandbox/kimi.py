@@ -19,7 +19,7 @@ from kimi_cluster.settings import NAMESPACE
 
 from . import leftovers
 from .cli_stacks import CliStacks
-from .nodes import STACK, NodeNetwork, stack_settings
+from .nodes import STACK, NodeNetwork, render_server_problem, stack_settings
 from .printing import format_outputs, format_report
 from .services import (
     CARETAKER_TIMING,
@@ -148,19 +148,25 @@ class Sandbox:
 
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
            hub_bytes_per_second: float | None = None, timeline: bool = True, kernel_cache: bool | None = None,
-           hub_slow_edges: float | None = None) -> int:
+           expect_no_changes: bool = False, hub_slow_edges: float | None = None) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir;
         `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds);
         `kernel_cache`: False deploys without the kernel-cache bucket and so without the cache steps, True with
-        them; kept for later runs of this workdir (None: as recorded, with them in a new workdir)."""
-        self.dir.claim(create=True)
+        them; kept for later runs of this workdir (None: as recorded, with them in a new workdir);
+        `expect_no_changes`: the same up of a deployed sandbox as `pulumi up --expect-no-changes`, every option
+        honoured: what changed is applied, named, and ends in exit 1 (kimi_cluster/sandbox/refresh.py)."""
+        self.dir.claim(create=not expect_no_changes)
         with self.dir.exclusive():
-            return self._up(topology, echo, config, (hub_bytes_per_second, hub_slow_edges), timeline, kernel_cache)
+            return self._up(topology, echo, config, (hub_bytes_per_second, hub_slow_edges), timeline, kernel_cache,
+                            expect_no_changes)
 
     def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
-            hub_throttle: tuple[float | None, float | None], timeline: bool, kernel_cache: bool | None) -> int:
+            hub_throttle: tuple[float | None, float | None], timeline: bool, kernel_cache: bool | None,
+            expect_no_changes: bool = False) -> int:
         started = time.monotonic()
         self._ensure_idle()
+        if expect_no_changes and not (self.checkpoint_path.exists() and self.dir.record()):
+            raise SandboxUsageError(f"nothing deployed in {self.dir.root}: run kimi-cluster sandbox up first")
         record = self.dir.record()
         if config:
             record["config"] = {**(record.get("config") or {}), **config}
@@ -175,6 +181,8 @@ class Sandbox:
         if chosen not in TOPOLOGIES:
             raise SandboxUsageError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {chosen!r}")
         settings = stack_settings(chosen, record.get("config"))
+        if (problem := render_server_problem(settings)) is not None:  # before any service, network or VM
+            raise SandboxUsageError(f"{problem}, or deploy without resuming: --config resumeStreams=false")
         record["topology"] = chosen
         self.dir.root.mkdir(parents=True, exist_ok=True)
         self.say(f"sandbox up: {chosen} ({settings.nodes} fake node{'s' if settings.nodes > 1 else ''}, "
@@ -198,6 +206,11 @@ class Sandbox:
             self.say("the last up was interrupted (the checkpoint lists operations it did not finish): "
                      "pulumi cancel, pulumi refresh --clear-pending-creates, then up")
             self.cli.recover(stack)
+        if expect_no_changes:
+            from .changes import up_expecting_no_changes
+
+            return up_expecting_no_changes(self.cli, self.say, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config,
+                                           secret_config)
         result = self.cli.up(stack, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config, secret_config, echo=echo,
                              timeout=UP_DEADLINE_S)
         elapsed = time.monotonic() - started

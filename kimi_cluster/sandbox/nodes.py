@@ -60,7 +60,7 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
         "FAKE_IP_ADDRS": "lo=127.0.0.1/8,ens6=${SANDBOX_NODE_HOST}/24,docker0=172.17.0.1/16",
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
         # The real vLLM the front's render server runs (the resuming layer, replicas >= 2 with vLLM).
-        "FAKE_VLLM": str(parsers_vllm()),
+        "FAKE_VLLM": str(real_vllm()),
         # The fake engine compiles this long when the kernels it needs are not in its cache folder.
         COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS),
         # The hub and the bucket are on the fabric's bridge: a proxy from the caller's environment must not get in
@@ -74,6 +74,32 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
 def parsers_vllm() -> Path:
     """The `vllm` of the engines' parsers venv (tests/engine_parsers/install.sh; KIMI_PARSERS_VENV names another)."""
     return Path(os.environ.get("KIMI_PARSERS_VENV") or REPO_ROOT / ".venv-parsers") / "bin" / "vllm"
+
+
+# What installs that venv, and what it costs (docs/development.md, "The two commands, in detail": measured there).
+VLLM_INSTALL = "bash tests/engine_parsers/install.sh"
+VLLM_INSTALL_COST = "about 9.6 GB, 7 minutes from a cold pip cache on 2 cores"
+
+
+def real_vllm() -> Path:
+    """The `vllm` executable whose `vllm launch render` the fake docker runs as the front's render server
+    (kimi_cluster/fakes/node/engine_hook.py reads it as FAKE_VLLM): FAKE_VLLM from the caller's environment, as
+    every FAKE_* knob reaches the nodes, else the parsers venv's."""
+    return Path(os.environ.get("FAKE_VLLM") or parsers_vllm())
+
+
+def render_server_problem(settings: Settings) -> str | None:
+    """Why these settings cannot come up in the sandbox, said before anything starts: a front that resumes streams
+    (replicas >= 2 with vLLM) runs vLLM's own render server, which needs a real vLLM install; else None."""
+    if not settings.resumes_streams:
+        return None
+    vllm = real_vllm()
+    if vllm.is_file() and os.access(vllm, os.X_OK):
+        return None
+    return (f"replicas={settings.replicas} with vLLM: the front resumes streams with vLLM's own render server, "
+            f"which the sandbox runs from a real vLLM, and there is none at {vllm}. Install it with "
+            f"`{VLLM_INSTALL}` (vLLM 0.33.0 with torch in .venv-parsers; {VLLM_INSTALL_COST}; KIMI_PARSERS_VENV "
+            "or FAKE_VLLM names another)")
 
 
 def node_path() -> tuple[str, ...]:

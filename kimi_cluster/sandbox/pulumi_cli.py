@@ -236,10 +236,15 @@ class PulumiCli:
         for key, value in sorted(secrets.items()):
             self.run(["config", "set", key, "--secret", *common], cwd=stack.project_dir, stdin=value)
 
-    def up(self, stack: Stack, *, echo: bool, timeout: float, parallel: int | None = None) -> str:
+    def up(self, stack: Stack, *, echo: bool, timeout: float, parallel: int | None = None,
+           expect_no_changes: bool = False) -> str:
+        """`pulumi up --yes`; `expect_no_changes`: with --expect-no-changes, which applies what changed and then
+        fails, and --json, whose engine events name each change."""
         args = ["up", "--yes", "--stack", stack.name]
         if parallel:
             args += ["--parallel", str(parallel)]
+        if expect_no_changes:
+            args += ["--expect-no-changes", "--json"]
         return self.run(args, cwd=stack.project_dir, echo=echo, timeout=timeout)
 
     def destroy(self, stack: Stack, *, echo: bool, timeout: float) -> str:

@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from kimi_cluster.fakes.hyperstack.admin import ADMIN_PREFIX
+from kimi_cluster.operator.stack_state import checked_outputs
 
 # How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), still ACTIVE and silent, or
 # stopped (SHUTOFF, as a stop in the console or through the API leaves it: it still bills, and runs nothing).
@@ -23,11 +24,13 @@ DONE = {"delete": "deletes", "error": "shows in ERROR", "stop": "stops (SHUTOFF,
 
 
 def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
-    """VM name -> its address, for every GPU node and the front, from the stack outputs."""
+    """VM name -> its address, for every GPU node and the front, from the stack outputs (StackStateError naming an
+    output of the wrong shape)."""
+    outputs = checked_outputs(outputs)
     names = list(outputs.get("node_names") or [])
     found = dict(zip(names, outputs.get("node_public_ips") or [], strict=False))
     if outputs.get("front_public_ip"):
-        found[str(outputs["environment_name"]) + "-front"] = str(outputs["front_public_ip"])
+        found[str(outputs.get("environment_name")) + "-front"] = str(outputs["front_public_ip"])
     return {str(k): str(v) for k, v in found.items()}
 
 

@@ -25,11 +25,12 @@ import yaml
 
 from kimi_cluster.plan.steps.table import BY_NAME
 from kimi_cluster.sandbox.cli_stacks import CliStacks
+from kimi_cluster.sandbox.nodes import parsers_vllm
 from kimi_cluster.sandbox.refresh import json_documents
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The release before this checkout's (docs/CHANGELOG.md names each release's commit): 0.2.0.
-PREVIOUS_RELEASE = "5cba958"
+# The release before this checkout's (docs/CHANGELOG.md names each release's commit): 0.3.0.
+PREVIOUS_RELEASE = "4273dcf"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kimi-cluster" / "releases"
 INSTALL_TIMEOUT_S = 1200
 # What an upgrade must never replace (nor delete or create anew): each bills, holds the cluster's identity or is
@@ -86,6 +87,9 @@ def sandbox_command(checkout: Path, workdir: Path, *args: str, env: Mapping[str,
     """`python -m scripts.sandbox ARGS --workdir WORKDIR` of that checkout, with its own virtualenv (the door every
     release has: 0.1.0's, which later releases keep as an alias of `kimi-cluster sandbox`)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERSTACK_", "PYTHONPATH"))}
+    # The release's checkout has no parsers venv of its own: its fake front runs this checkout's real vLLM as the
+    # render server (each release since 0.3.0 reads KIMI_PARSERS_VENV).
+    environment.setdefault("KIMI_PARSERS_VENV", str(parsers_vllm().parents[1]))
     environment.update(env or {})
     environment["PYTHONUNBUFFERED"] = "1"
     return subprocess.run([str(checkout / ".venv" / "bin" / "python"), "-m", "scripts.sandbox", *args,

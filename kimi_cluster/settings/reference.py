@@ -8,6 +8,7 @@ tests/settings/test_reference.py fails when the file and the model disagree, or 
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any, Literal
@@ -18,11 +19,18 @@ from pydantic.fields import FieldInfo
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings
 from kimi_cluster.settings.keys import SECRET_KEYS
 from kimi_cluster.settings.model import Settings
+from kimi_cluster.settings.work_model import engine_start_s, image_pull_s, render_server_s
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE: kimi-cluster config-reference --write -->"
 END = "<!-- END GENERATED REFERENCE -->"
 _INTERNAL = ("stack", "hf_token_set", "ssh_private_key_set", "kernel_cache_credentials_set", "tls_private_key_set",
              "plain_credentials", "caretaker_api_key_set")
+
+
+def _floor(seconds: float) -> int:
+    """A step's floor in whole minutes, as kimi_cluster/plan/admission.py refuses below it."""
+    return math.ceil(seconds / 60)
+
 
 # key -> (the default when the model has none of its own to show, what the key means); in the table's order.
 NOTES: dict[str, tuple[str, str]] = {
@@ -171,7 +179,10 @@ NOTES: dict[str, tuple[str, str]] = {
     'stepDeadlineMinutes': (
         'per step',
         'JSON object `{"step": minutes}` overriding a node step\'s deadline (see below); a minute at least, more '
-        'for the cache steps and the warm-up'),
+        'for the cache steps and the warm-up, and for the steps whose own work takes longer in the plan\'s timing '
+        f'model (kimi_cluster/settings/work_model.py): `image` {_floor(image_pull_s())}, `resume` '
+        f'{_floor(render_server_s())}, `engine-ready` and `readiness` {_floor(engine_start_s(False))} '
+        f'({_floor(engine_start_s(True))} with `kernelWarmup` or `kernelCache`; `readiness` behind a front: 1)'),
     'nodeTiming': (
         '(the defaults in `kimi_cluster/settings/timing.py`)',
         "advanced: JSON object overriding the node scripts' waits and retries, camelCase names of `Timing`'s fields,"

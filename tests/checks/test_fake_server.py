@@ -7,8 +7,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -44,6 +47,52 @@ def test_image_colours_come_from_the_pixels(fake, session, left, right):
     content = resp.json()["choices"][0]["message"]["content"]
     names = [colour_name(left), colour_name(right)]
     assert f"left half is {names[0]}" in content and f"right half is {names[1]}" in content
+
+
+def _image_question(url):
+    return {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What do you see?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+
+
+def test_an_image_url_is_fetched_from_loopback_and_answered_as_vllm_answers_a_failed_fetch(fake, session):
+    """vLLM 0.33.0 (vllm/multimodal/media/connector.py): an origin's 404 is a 422 naming the URL's failure, a URL
+    nothing answers a 500 (raised as it is, answered by the last-resort handler); a host off loopback is never asked."""
+    png = make_split_png((255, 0, 0), (0, 0, 255), 32, 16)
+    asked = []
+
+    class Origin(BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            found = self.path == "/split.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(png) if found else 0))
+            self.end_headers()
+            self.wfile.write(png if found else b"")
+
+        def log_message(self, *_):
+            pass
+
+    origin = ThreadingHTTPServer(("127.0.0.1", 0), Origin)
+    threading.Thread(target=origin.serve_forever, daemon=True).start()
+    refused = socket.socket()
+    refused.bind(("127.0.0.1", 0))  # bound, never listening: a connection to it is refused
+    base = f"http://127.0.0.1:{origin.server_address[1]}"
+    try:
+        with fake(engine="vllm") as server:
+            seen = _post(session, server, "/v1/chat/completions", _image_question(f"{base}/split.png"))
+            missing = _post(session, server, "/v1/chat/completions", _image_question(f"{base}/gone.png"))
+            down = _post(session, server, "/v1/chat/completions",
+                         _image_question(f"http://127.0.0.1:{refused.getsockname()[1]}/x.png"))
+            outside = _post(session, server, "/v1/chat/completions", _image_question("http://192.0.2.1/x.png"))
+    finally:
+        origin.shutdown()
+        refused.close()
+    assert "left half is red" in seen.json()["choices"][0]["message"]["content"]
+    assert missing.status_code == 422 and "HTTP 404 error" in missing.json()["message"]
+    assert down.status_code == 500 and down.json()["type"] == "InternalServerError"
+    assert "Cannot connect to host 127.0.0.1" in down.json()["message"]
+    assert outside.status_code == 500 and "loopback only" in outside.json()["message"]
+    assert asked == ["/split.png", "/gone.png"]
 
 
 def test_png_decoder_handles_filtered_rows():

@@ -45,7 +45,9 @@ def test_bare_vllm_serves_inference_on_invocations_without_the_key_and_the_proxy
         for path in ("/invocations", "/tokenize", "/v1/chat/completions"):
             assert _post(head.url, path, head.ca_file).status_code == 401, path
             assert _post(head.url, path, head.ca_file, "wrong").status_code == 401, path
-        assert _post(head.url, "/invocations", head.ca_file, KEY).status_code == 200
+        # With the key, only the public API passes (kimi_cluster/plan/proxy.py PUBLIC_PATHS).
+        assert _post(head.url, "/invocations", head.ca_file, KEY).status_code == 404
+        assert _post(head.url, "/v1/chat/completions", head.ca_file, KEY).status_code == 200
         result = v.run_check("auth", v.Target(head.url, MODEL, KEY, 5, head.ca_certificate), session)
         assert result.passed, result.detail
 

@@ -7,6 +7,7 @@ Behind the proxy sits a recorder instead of an engine, so each test sees exactly
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
@@ -17,7 +18,7 @@ import pytest
 
 from kimi_cluster.fakes.head import ProxiedEngine
 from kimi_cluster.fakes.inference.settings import FakeSettings
-from kimi_cluster.plan import proxy
+from kimi_cluster.plan import proxy, resume
 from kimi_cluster.plan.front_config import caddyfile as front_caddyfile
 from kimi_cluster.settings.loader import load_settings
 
@@ -75,6 +76,15 @@ def front_config(folder: Path, api_port: int, engine_port: int) -> str:
     return front_caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
 
 
+def resuming_front_config(folder: Path, api_port: int, engine_port: int) -> str:
+    """The front with vLLM and resumeStreams: chat and messages go to the resuming layer, here the same recorder."""
+    settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
+                              "topology": "b300x1-vllm", "apiPort": api_port, "enginePort": engine_port}, "dev")
+    assert settings.resumes_streams
+    return (front_caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+            .replace(resume.resume_address(), f"127.0.0.1:{engine_port}"))
+
+
 def tokenspeed_config(folder: Path, api_port: int, engine_port: int) -> str:
     """A head's Caddyfile with TokenSpeed's /metrics route (its own upstream, here the same recorder)."""
     return proxy.caddyfile(api_port, f"127.0.0.1:{engine_port}", f"127.0.0.1:{engine_port}")
@@ -82,7 +92,8 @@ def tokenspeed_config(folder: Path, api_port: int, engine_port: int) -> str:
 
 # The same attacks on every Caddyfile that holds the bearer check: a head's proxy (with TokenSpeed's /metrics route
 # too), and the front over the replicas.
-CONFIGS = {"head proxy": None, "tokenspeed head": tokenspeed_config, "front": front_config}
+CONFIGS = {"head proxy": None, "tokenspeed head": tokenspeed_config, "front": front_config,
+           "resuming front": resuming_front_config}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -189,3 +200,42 @@ def test_an_http2_body_of_undeclared_length_never_reaches_the_engine(head):
         for method, path, headers, body in seen:
             assert (method, path, body) == ("GET", "/health", b""), (extra, headers)
             assert "Transfer-Encoding" not in headers and headers.get("Content-Length") in (None, "0")
+
+
+# With the key, every engine route outside the public API: vLLM 0.33's token API and its aborts by request id (one
+# client could abort another's request by its X-Request-Id), render and derender, its dev, RL and SageMaker routes,
+# and SGLang's admin routes. Written as the engines spell them (vllm/entrypoints/**/api_router.py).
+NOT_PUBLIC = ["/inference/v1/generate", "/inference/v1/abort_requests", "/abort_requests", "/abort_request",
+              "/v1/chat/completions/render", "/v1/chat/completions/derender", "/v1/messages/render",
+              "/v1/completions/render", "/v1/completions/derender", "/v1/responses/render", "/tokenize", "/detokenize",
+              "/invocations", "/reset_prefix_cache", "/sleep", "/wake_up", "/collective_rpc", "/pause",
+              "/update_weights", "/v1/load_lora_adapter", "/server_info", "/flush_cache",
+              "/update_weights_from_disk", "/generate", "/v1/chat/completions/batch", "/v1/models/../../inference"]
+# The same through spellings a matcher might read apart from the engine: dot segments, doubled and encoded slashes,
+# case, a trailing slash (sent as they are: curl --path-as-is).
+NOT_PUBLIC_SPELLED = ["/v1/models/../inference/v1/generate", "/v1/chat/completions/../../inference/v1/generate",
+                      "//inference/v1/generate", "/inference%2Fv1%2Fgenerate",
+                      "/v1%2Fmodels%2F..%2F..%2Fabort_requests",
+                      "/INFERENCE/v1/generate", "/inference/v1/generate/", "/v1/models/%2e%2e/%2e%2e/abort_requests"]
+
+
+@pytest.mark.parametrize("http", ["--http1.1", "--http2"])
+def test_with_the_key_only_the_public_api_reaches_an_engine(head, http):
+    key = ["-H", f"Authorization: Bearer {KEY}"]
+    for path in proxy.PUBLIC_PATHS:
+        method = "GET" if path in ("/v1/models", "/metrics") else "POST"
+        code, seen = reached(head, http, *key, "-X", method, "--data-binary", "{}", head.url + path)
+        assert code == "200" and [(m, p) for m, p, _, _ in seen] == [(method, path)], (path, code, seen)
+    for path in NOT_PUBLIC + NOT_PUBLIC_SPELLED:
+        for method in ("POST", "GET"):
+            before = len(head.engine.seen)
+            done = subprocess.run(["curl", "-sS", "--max-time", "10", "--cacert", head.ca_file, http, "--path-as-is",
+                                   *key, "-X", method, "--data-binary", "{}", "-w", "\\n%{http_code}",
+                                   head.url + path], capture_output=True, text=True, timeout=30)
+            body, _, code = done.stdout.rpartition("\n")
+            seen = [r for r in head.engine.seen[before:] if "X-Forwarded-For" in r[2]]
+            assert (code, seen) == ("404", []), (path, method, done.stderr)
+            assert json.loads(body)["error"]["code"] == 404 and "/v1/chat/completions" in body, (path, body)
+    # Without the key they answer 401 as before: the door says nothing of what lies behind it.
+    for path in ("/inference/v1/generate", "/flush_cache"):
+        assert reached(head, http, "-X", "POST", head.url + path) == ("401", [])

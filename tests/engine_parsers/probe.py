@@ -2,10 +2,11 @@
 
 Run by tests/engine_parsers/test_engine_parsers.py under the parsers' virtualenv (tests/engine_parsers/install.sh),
 never imported by the project: vLLM and TokenSpeed pin their own torch, pydantic and openai, which must not meet the
-project's pins. Reads a list of requests {"engine": "vllm" | "tokenspeed" | "sglang" | "sglang-compile-tool",
-"argv": [...flags after `<engine> serve` or the tool's module]} on stdin and prints one JSON list of answers in the
-same order, each {"ok": true, "values": {...}} or {"ok": false, "error": "..."}. One process answers them all:
-importing vLLM (torch with it) costs some 15 CPU-seconds.
+project's pins. Reads a list of requests {"engine": "vllm" | "vllm-render" (`vllm launch render`) | "vllm-options"
+(every flag of its parser) | "tokenspeed" | "sglang" | "sglang-compile-tool", "argv": [...flags after `<engine> serve`
+or the tool's module]} on stdin and prints one JSON list of answers in the same order, each {"ok": true, "values":
+{...}} or {"ok": false, "error": "..."}. One process answers them all: importing vLLM (torch with it) costs
+some 15 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +39,45 @@ def vllm(argv: list[str]) -> dict[str, Any]:
         "data_parallel_size", "decode_context_parallel_size", "enable_expert_parallel", "max_model_len",
         "load_format", "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "host", "port",
         "enable_scale_out")}
+
+
+def vllm_render(argv: list[str]) -> dict[str, Any]:
+    """`vllm launch render`'s own parser, as vLLM's CLI builds it (vllm/entrypoints/cli/launch.py), with every
+    value of the chat layer's flags as it read them, and the engine arguments its ModelConfig is made from."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()
+    from vllm import AsyncEngineArgs
+    from vllm.entrypoints.cli.launch import LaunchSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    LaunchSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+    args = parser.parse_args(argv)
+    engine = AsyncEngineArgs.from_cli_args(args)
+    return {"launch_command": args.launch_command.__qualname__, "model_tag": args.model_tag,
+            "port": args.port, "host": args.host, "revision": engine.revision,
+            "chat_template": args.chat_template, "default_chat_template_kwargs": args.default_chat_template_kwargs,
+            "chat_template_content_format": args.chat_template_content_format,
+            "generation_config": engine.generation_config,
+            "override_generation_config": engine.override_generation_config, "tokenizer": engine.tokenizer,
+            "tokenizer_mode": engine.tokenizer_mode, "tokenizer_revision": engine.tokenizer_revision,
+            "hf_overrides": engine.hf_overrides, "max_logprobs": engine.max_logprobs,
+            "allowed_media_domains": engine.allowed_media_domains}
+
+
+def vllm_options(_argv: list[str]) -> dict[str, Any]:
+    """Every option string of `vllm serve`'s parser, which `vllm launch render` shares."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    platforms._current_platform = CpuPlatform()
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    return {"options": sorted(o for action in parser._actions for o in action.option_strings)}
 
 
 def _tokenspeed_engine_options(server_args: Path) -> tuple[set[str], dict[str, list[str]]]:
@@ -138,7 +178,8 @@ def sglang(argv: list[str], tool: bool = False) -> dict[str, Any]:
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    engines = {"vllm": vllm, "tokenspeed": tokenspeed, "sglang": sglang,
+    engines = {"vllm": vllm, "vllm-render": vllm_render, "vllm-options": vllm_options, "tokenspeed": tokenspeed,
+               "sglang": sglang,
                "sglang-compile-tool": lambda argv: sglang(argv, tool=True)}
     try:
         values = engines[request["engine"]](list(request["argv"]))

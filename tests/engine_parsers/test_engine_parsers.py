@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import launch, warmup
+from kimi_cluster.plan import chat_layer, launch, resume, warmup
 from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -51,6 +51,13 @@ def _rendered(raw: dict, rank: int = 0) -> list[str]:
     return words[2:]
 
 
+def _render_server(raw: dict) -> list[str]:
+    """The front's `vllm launch render` as the resume step renders it (its slot's port: the first one's)."""
+    settings = load_settings({**BASE, **raw}, "dev")
+    port = str(resume.RENDER_SLOTS[0][1])
+    return [str(w).replace(str(resume.SLOT_PORT), port) for w in launch.flatten(resume.render_server_argv(settings))]
+
+
 def _warmup(raw: dict, rank: int = 0) -> list[str]:
     """The kernel warm-up's flags as warmup.sh.j2 renders them: after `<engine> serve`, or after SGLang's tool."""
     settings = load_settings({**BASE, **raw, "kernelWarmup": True}, "dev")
@@ -73,6 +80,14 @@ VLLM_LAYOUTS = [
 ]
 # Behind a front: the head binds its private address, and serves the token API the front's resuming layer uses.
 VLLM_REPLICAS = {"topology": "b300x1-vllm", "replicas": 2}
+# The replicas' chat layer set through extraEngineArgs, in the spellings vLLM takes (= and underscores included): the
+# front's render server gets the same (kimi_cluster/plan/chat_layer.py); --enforce-eager is not the chat layer's.
+CHAT_LAYER_ARGS = ["--chat-template", "{{ messages[0]['content'] }}", "--default_chat_template_kwargs",
+                   '{"thinking": false}', "--generation-config=vllm", "--override-generation-config",
+                   '{"temperature": 0.6}', "--tokenizer-mode", "slow", "--tokenizer-revision", "main",
+                   "--max-logprobs", "7", "--hf-overrides", '{"max_position_embeddings": 4096}', "--enforce-eager",
+                   "--allowed-media-domains", "upload.wikimedia.org"]
+VLLM_CHAT_LAYER = VLLM_REPLICAS | {"maxModelLen": 131072, "extraEngineArgs": json.dumps(CHAT_LAYER_ARGS)}
 TOKENSPEED = {"topology": "b300x1-tokenspeed", "image": "lightseekorg/tokenspeed:0.1.1"}
 SGLANG = {"topology": "h100x4-sglang"}
 SGLANG_RANKS = range(4)
@@ -111,6 +126,8 @@ def answers(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[st
     asked += [("sglang-compile-tool", _warmup(SGLANG, rank)) for rank in SGLANG_RANKS]
     asked += [("vllm", _warmup(_vllm_raw(layout))) for layout, _ in VLLM_LAYOUTS]
     asked += [("tokenspeed", _warmup(TOKENSPEED)), ("vllm", _rendered(VLLM_REPLICAS))]
+    asked += [("vllm", _rendered(VLLM_CHAT_LAYER)), ("vllm-render", _render_server(VLLM_CHAT_LAYER)),
+              ("vllm-options", [])]
     base = tmp_path_factory.getbasetemp()
     shared = base if worker_id == "master" else base.parent  # this run's directory, never an earlier run's
     # Named by what was asked and with which probe, so no other request set can read these answers.
@@ -132,6 +149,27 @@ def test_a_replicas_vllm_serves_the_token_api_on_its_private_address(answers):
     assert answer["ok"], answer
     assert answer["values"]["enable_scale_out"] is True and answer["values"]["host"] == "10.0.0.1"
     assert "--enable-scale-out" not in _rendered(_vllm_raw(None))  # one replica: no front, no token API
+
+
+def test_the_render_server_gets_the_replicas_chat_layer_and_parses_it_as_vllm_launch_render(answers):
+    assert answers[_key("vllm", _rendered(VLLM_CHAT_LAYER))]["ok"]  # the replicas take them
+    answer = answers[_key("vllm-render", _render_server(VLLM_CHAT_LAYER))]
+    assert answer["ok"], answer
+    values = answer["values"]
+    assert values["launch_command"] == "RenderSubcommand.cmd" and values["model_tag"] == "moonshotai/Kimi-K3.1-Pro"
+    assert (values["host"], values["port"]) == ("127.0.0.1", resume.RENDER_SLOTS[0][1])
+    assert values["chat_template"] == "{{ messages[0]['content'] }}"
+    assert values["default_chat_template_kwargs"] == {"thinking": False}
+    assert values["generation_config"] == "vllm" and values["override_generation_config"] == {"temperature": 0.6}
+    assert (values["tokenizer_mode"], values["tokenizer_revision"], values["max_logprobs"]) == ("slow", "main", 7)
+    assert values["hf_overrides"] == {"max_position_embeddings": 4096}
+    assert values["allowed_media_domains"] == ["upload.wikimedia.org"]
+    assert "--enforce-eager" not in _render_server(VLLM_CHAT_LAYER)
+
+
+def test_every_chat_layer_flag_is_one_of_vllms_own(answers):
+    options = set(answers[_key("vllm-options", [])]["values"]["options"])
+    assert [f for f in (*chat_layer.RENDER_FLAGS, *chat_layer.UNRENDERABLE) if f not in options] == []
 
 
 @pytest.mark.parametrize("layout,expected", VLLM_LAYOUTS)

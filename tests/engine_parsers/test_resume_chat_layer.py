@@ -276,3 +276,38 @@ def test_the_anthropic_client_gets_a_whole_stream_across_a_loss(front, mode: str
     assert final.stop_reason == "tool_use"
     assert twin.requests[-1]["sampling_params"]["max_tokens"] == 1000 - 40
     assert vllm_refuses([("GenerateRequest", r) for r in twin.requests]) == ""
+
+
+def test_the_derender_parses_with_the_parse_context_as_with_the_whole_body(render: tuple[str, int]) -> None:
+    """The derender is sent the render's parse context and the body's decoding switches, not the body (issue 52:
+    a client's 2 MB field was carried on every call). vLLM's real render server derenders a tool-call turn with
+    reasoning chunk by chunk to the same chunks from either, and a stream with a 2 MB junk field comes out as the
+    one without."""
+    status, rendered, _ = wire.call_json(*render, chat.RENDER_PATH, TOOL_TURN, 120)
+    assert status == 200
+    framing = chat.ChatFraming(TOOL_TURN, rendered)
+    chunks = list(generate.stream_events(dict(rendered, stream_options={"include_usage": True}), SETTINGS))
+
+    def derendered(request_of: Any) -> list[list[dict[str, Any]]]:
+        state, out = None, []
+        for item in chunks:
+            finishing = any(c.get("finish_reason") == "stop" for c in item.get("choices") or ())
+            status, answer, raw = wire.call_json(*render, chat.DERENDER_PATH, {
+                "stream": True, "model": rendered["model"], "generate_chunk": item, "stream_state": state,
+                "prompt_tokens": len(rendered["token_ids"]), "prompt_token_ids": rendered["token_ids"],
+                "chat_request": request_of(finishing)}, 120)
+            assert status == 200, raw[:500]
+            state = answer["stream_state"]
+            for choice in answer["chunk"]["choices"]:
+                for call in choice["delta"].get("tool_calls") or []:
+                    call.pop("id", None)  # drawn anew per request: its stability is checked above
+            out.append(answer["chunk"]["choices"])
+        return out
+
+    with_context = derendered(framing.chat_request)
+    assert with_context == derendered(lambda _finishing: TOOL_TURN)
+    assert any(c and c[0]["delta"].get("tool_calls") for c in with_context)
+    with FakeInferenceServer(SETTINGS) as replica:
+        plain, _ = assembled(run([render], TOOL_TURN, [replica.url]).data)
+        junk, _ = assembled(run([render], dict(TOOL_TURN, junk="x" * (2 << 20)), [replica.url]).data)
+    assert junk == plain

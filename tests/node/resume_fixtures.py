@@ -3,7 +3,15 @@ proxy in front of it that loses the connection after a given number of streamed 
 
 The token server is autoregressive like a model: its answer to a prompt is fixed (`REPLY`), and what follows the
 prompt's last `PROMPT_END` token is the part of the answer already generated, which it continues. So a generation
-cut anywhere and carried on elsewhere must come out as the uncut one.
+cut anywhere and carried on elsewhere must come out as the uncut one. A prompt holding `FAIL` is answered 500 as
+vLLM answers a request it cannot serve (an image it cannot fetch); one holding `ERROR_EVENT` gets two tokens, then
+vLLM's error event (a continuation goes on past it); one holding `LONG` gets `max_tokens` tokens, as a model that
+does not stop. Its chat endpoint answers a body holding "fail" with 500 too, any other with a short answer.
+
+`render_server` stands in for vLLM's render server where its parsers are not the point: it renders a chat body to
+such a prompt (its text's markers become the tokens above) and derenders each chunk to `<token>` text, and it
+records the size of every call it gets (and answers a render of "malformed" text without its token ids). `layer`
+runs the resuming layer in its own process, as the front does.
 """
 
 from __future__ import annotations
@@ -11,24 +19,39 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 PROMPT_END = 7
 EOS = 2
 REPLY = [100 + i for i in range(12)] + [EOS]
+FAIL, ERROR_EVENT, LONG = 900, 901, 902
+MARKERS = {"fail": FAIL, "error-event": ERROR_EVENT, "long": LONG}
+# vLLM's error body (vllm/entrypoints/serve/exception_handling/error_response.py) for a request it cannot serve.
+ENGINE_ERROR = {"error": {"message": "Cannot fetch the image", "type": "InternalServerError", "param": None,
+                          "code": 500}}
 
 
 class TokenServer(ThreadingHTTPServer):
     daemon_threads = True
-    requests: list[dict[str, Any]]
+    requests: list[dict[str, Any]]  # the token API's bodies
+    chat_requests: list[dict[str, Any]]  # the chat endpoint's bodies
+    token_s: float = 0.0  # a pause before each token
+    healthy: bool = True  # what /health answers
+    sent: int = 0  # tokens written
+    cut: int = 0  # streams whose reader went away before their end
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
 
 
 class _Tokens(BaseHTTPRequestHandler):
@@ -39,26 +62,58 @@ class _Tokens(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/health" else 404)
+        self.send_response(404 if self.path != "/health" else 200 if self.server.healthy else 503)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
     def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(raw)
+        if self.path != "/inference/v1/generate":
+            self.server.chat_requests.append(body)
+            return self._whole(500 if b"fail" in raw else 200, ENGINE_ERROR if b"fail" in raw else {
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]})
         self.server.requests.append(body)
         ids = body["token_ids"]
+        if FAIL in ids:
+            return self._whole(500, ENGINE_ERROR)
         done = ids[len(ids) - ids[::-1].index(PROMPT_END):]
-        left = REPLY[len(done):][:body["sampling_params"]["max_tokens"]]
+        max_tokens = body["sampling_params"]["max_tokens"]
+        reply = [1000 + i for i in range(len(done) + max_tokens)] if LONG in ids else REPLY
+        left = reply[len(done):][:max_tokens]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        try:
+            self._tokens(body, left, ERROR_EVENT in ids and not done)  # a continuation goes on past it
+        except OSError:  # the reader went away: vLLM aborts such a request
+            self.server.cut += 1
+
+    def _whole(self, status: int, answer: dict[str, Any]) -> None:
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _tokens(self, body: dict[str, Any], left: list[int], error_event: bool) -> None:
         for i, token in enumerate(left):
+            if error_event and i == 2:
+                self._event(ENGINE_ERROR)  # as vLLM ends a stream whose request failed, or whose engine died
+                self._send(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            if self.server.token_s:
+                time.sleep(self.server.token_s)
             last = i == len(left) - 1
             finish = ("stop" if token == EOS else "length") if last else None
             self._event({"request_id": body.get("request_id", "x"),
                          "choices": [{"index": 0, "token_ids": [token], "finish_reason": finish}]})
+            self.server.sent += 1
         if (body.get("stream_options") or {}).get("include_usage"):
+            ids = body["token_ids"]
             self._event({"request_id": "x", "choices": [],
                          "usage": {"prompt_tokens": len(ids), "completion_tokens": len(left),
                                    "total_tokens": len(ids) + len(left)}})
@@ -74,9 +129,9 @@ class _Tokens(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def token_server() -> Iterator[TokenServer]:
-    server = TokenServer(("127.0.0.1", 0), _Tokens)
-    server.requests = []
+def token_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[TokenServer]:
+    server = TokenServer((host, port), _Tokens)
+    server.requests, server.chat_requests = [], []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -239,3 +294,146 @@ class RestartingServer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class RenderStandIn(ThreadingHTTPServer):
+    daemon_threads = True
+    calls: list[tuple[str, int, dict[str, Any]]]  # (path, bytes received, body) of every call
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.server_address[1])
+
+
+class _Render(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RenderStandIn
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # the resume step waits for it
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(raw)
+        self.server.calls.append((self.path, len(raw), body))
+        if self.path.endswith("/render"):
+            text = json.dumps(body.get("messages"))
+            markers = [token for word, token in MARKERS.items() if word in text]
+            answer: dict[str, Any] = {
+                "request_id": "chatcmpl-render", "token_ids": [1, 5, 6, *markers, PROMPT_END],
+                "model": body.get("model"),
+                "sampling_params": {"max_tokens": body.get("max_tokens") or 64}, "stream": True,
+                "parse_context": {"tools": None, "tool_choice": "none", "parallel_tool_calls": True,
+                                  "include_reasoning": True, "chat_template_kwargs": {}, "history_tool_call_cnt": 0}}
+            if "malformed" in text:  # an answer the layer does not expect: its own failure, not the client's
+                del answer["token_ids"]
+        else:
+            chunk, state = body["generate_chunk"], body["stream_state"] or {"tokens": 0}
+            choices = [{"index": 0, "delta": {"content": "".join(f"<{t}>" for t in c.get("token_ids") or [])},
+                        "finish_reason": c.get("finish_reason")} for c in chunk.get("choices") or []]
+            made = sum(len(c.get("token_ids") or []) for c in chunk.get("choices") or [])
+            answer = {"chunk": {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                "choices": choices, "usage": chunk.get("usage")},
+                      "stream_state": {"tokens": state["tokens"] + made}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@contextmanager
+def render_server(port: int = 0) -> Iterator[RenderStandIn]:
+    server = RenderStandIn(("127.0.0.1", port), _Render)
+    server.calls = []
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class Layer:
+    """The resuming layer as the front runs it: its own process (`python3 -m kimi_cluster.node.resume`), its log
+    in a file, so its memory is its own to measure."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.process, self.port, self.log = process, port, log
+
+    def _status(self, field: str) -> float:
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith(field + ":"))) / 1024
+
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident memory so far (VmHWM), in MiB."""
+        return self._status("VmHWM")
+
+    def rss_mb(self) -> float:
+        return self._status("VmRSS")
+
+
+@contextmanager
+def layer(tmp: Path, render: tuple[str, int], replicas: list[str], *extra: str) -> Iterator[Layer]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp / f"resume-{port}.log"
+    argv = [sys.executable, "-m", "kimi_cluster.node.resume", "--listen", f"127.0.0.1:{port}",
+            "--render", f"http://{render[0]}:{render[1]}", *[w for url in replicas for w in ("--replica", url)],
+            "--health-interval-s", "0.1", "--health-timeout-s", "1", "--tick-s", "0.05", *extra]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the layer did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.05)
+        yield Layer(process, port, log)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def exchange(port: int, request: bytes, timeout_s: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes to the layer and read its whole answer (it closes the connection after each): status,
+    headers, body (chunks joined)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", ""):
+        joined, rest = b"", body
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line or b"0", 16)
+            if size == 0:
+                break
+            joined, rest = joined + rest[:size], rest[size + 2:]
+        body = joined
+    return int(lines[0].split()[1]), headers, body
+
+
+def post(port: int, path: str, body: Any, headers: dict[str, str] | None = None,
+         timeout_s: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}"
+               f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    return exchange(port, request, timeout_s)

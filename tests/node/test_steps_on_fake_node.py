@@ -565,3 +565,24 @@ def test_readiness_passes_a_proxy_that_refuses_the_empty_bearer(node, proxy_serv
     _trust(node, ca)
     out = ok(node.run(_readiness(node, server.server_address[1]), stdin=API_KEY))
     assert "and to an empty bearer" in out
+
+
+def test_the_render_servers_log_reaches_the_output_escaped(node_factory):
+    """Issue 52: the resume step printed the render server's log tail raw into `pulumi up`'s output, as the engine's
+    once was (above); every log tail of every step goes through status's escape (tests/plan/test_log_tails.py)."""
+    from kimi_cluster.plan.steps.model import VmSpot
+    from kimi_cluster.plan.steps.render import render_vm_scripts
+    from kimi_cluster.plan.steps.resolve import resolve_vms
+
+    osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
+    erase = "\x1b[2K\x1b[1G"  # the line so far erased: what follows would pass for the step's own line
+    log = f"Traceback {osc52}{erase}[kimi] forged\x9b2J end\n"
+    node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": log})
+    settings = make_settings("b300x1-vllm", replicas="2", nodeRoot=str(node.root))
+    front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
+    script = render_vm_scripts(settings, front, VmSpot(private_ip="10.0.0.2", front_upstreams=["10.0.0.21"]),
+                               ["resume"], replace(FAST, proxy_timeout_s=2))["resume"]
+    out = failed(node.run(script, stdin="\n"), "vLLM's render server did not start")
+    for raw in ("\x1b", "\x07", "\x9b"):
+        assert raw not in out, (raw, out)
+    assert "Traceback \\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\\x07\\x1b[2K\\x1b[1G[kimi] forged\\x9b2J end" in out, out

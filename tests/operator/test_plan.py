@@ -88,6 +88,39 @@ def test_bad_config_refused(tmp_path, capsys, body, expected):
     assert expected in err
 
 
+@pytest.mark.parametrize("body, expected", [
+    ("  kimi-cluster:topology: b300x1-vllm\n  kimi-cluster:replicas: 2\n"
+     "  kimi-cluster:extraEngineArgs: '[\"--chat-template-content-format\", \"openai\", \"--enforce-eager\"]'\n",
+     "Streams      resume when their replica is lost (vllm): vLLM's render server on the front renders each stream "
+     "with the replicas' chat layer (extraEngineArgs --chat-template-content-format openai)"),
+    ("  kimi-cluster:topology: b300x1-vllm\n  kimi-cluster:replicas: 2\n  kimi-cluster:resumeStreams: false\n",
+     "Streams      do not resume when their replica is lost (vllm): off (kimi-cluster:resumeStreams false)"),
+    ("  kimi-cluster:topology: h100x4-sglang\n  kimi-cluster:replicas: 2\n",
+     "Streams      do not resume when their replica is lost (sglang): not yet on sglang"),
+    ("  kimi-cluster:topology: b300x1-tokenspeed\n  kimi-cluster:replicas: 2\n"
+     f"  kimi-cluster:image: lightseekorg/tokenspeed:0.1.1@sha256:{'a' * 64}\n",
+     "Streams      do not resume when their replica is lost (tokenspeed): not yet on tokenspeed"),
+    ("  kimi-cluster:topology: b300x1-vllm\n",
+     "Streams      do not resume when their replica is lost (vllm): one replica (kimi-cluster:replicas 1)"),
+])
+def test_the_plan_says_whether_streams_resume_on_which_engine_and_why(tmp_path, capsys, body, expected):
+    cfg = write_stack(tmp_path, body + f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n"
+                                       f"  kimi-cluster:sshPublicKey: {KEY}\n")
+    assert plan.main(["--config", cfg]) == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_a_chat_layer_flag_the_render_server_cannot_follow_is_refused_while_streams_resume(tmp_path, capsys):
+    body = ("  kimi-cluster:topology: b300x1-vllm\n  kimi-cluster:replicas: 2\n"
+            "  kimi-cluster:extraEngineArgs: '[\"--return-tokens-as-token-ids\"]'\n"
+            f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n")
+    assert plan.main(["--config", write_stack(tmp_path, body)]) == 1
+    assert ("kimi-cluster:extraEngineArgs sets --return-tokens-as-token-ids ('--return-tokens-as-token-ids'), which "
+            "the front's render server cannot follow while streams resume") in capsys.readouterr().err
+    # Without the front's resuming (resumeStreams false) the replicas take it.
+    assert plan.main(["--config", write_stack(tmp_path, body + "  kimi-cluster:resumeStreams: false\n")]) == 0
+
+
 def test_missing_stack_file(capsys):
     assert plan.main(["--stack", "nope"]) == 2
     assert "no stack config" in capsys.readouterr().err

@@ -4,6 +4,8 @@ starts, and the front's Caddyfile handing it the chat completions."""
 from __future__ import annotations
 
 import ast
+import base64
+import gzip
 import json
 import re
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
 from kimi_cluster.plan.render import shell_words
 from kimi_cluster.plan.step_scripts import PLAN_TLS
@@ -44,8 +47,13 @@ def test_only_vllm_replicas_behind_a_front_resume_and_the_key_turns_it_off():
 def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
     settings = make_settings("b300x1-vllm", replicas="2", hfToken="hf_" + "s" * 34)
     script = front_scripts(settings)["resume"]
-    for path in resume.PROGRAM:
-        assert (ROOT / path).read_text(encoding="utf-8") in script, path
+    for path in resume.PROGRAM:  # each gzipped in base64, written where it sits in this repository
+        packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)' \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\"",
+                           script)
+        assert packed, path
+        assert gzip.decompress(base64.b64decode(packed[1])).decode() == (ROOT / path).read_text(encoding="utf-8")
+    # The step travels as one argument, in base64 (kimi_cluster/deploy/remote_step.py): Linux takes 128 KiB at most.
+    assert len(remote_command_text("resume", script, deadline_s=600)) < 128 * 1024
     assert "hf_sss" not in script
     # Every module of the program is shipped, and each import inside it is one of them.
     shipped = {Path(p).stem for p in resume.PROGRAM}
@@ -93,9 +101,56 @@ def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp
     assert adapted.returncode == 0, adapted.stderr
     # The resumable route comes before the replicas' catch-all for keyed requests (the routes are tried in order).
     routes = json.loads(adapted.stdout)["apps"]["http"]["servers"]["srv0"]["routes"]
-    dials = [{u["dial"] for h in r["handle"] for sub in h.get("routes", []) for hh in sub["handle"]
-              for u in hh.get("upstreams", [])} for r in routes]
+    def upstreams(node) -> set[str]:  # every dial under a route, however deep its subroutes nest
+        if isinstance(node, dict):
+            found = {u["dial"] for u in node.get("upstreams", [])}
+            return found.union(*(upstreams(v) for k, v in node.items() if k != "upstreams"))
+        return set().union(*(upstreams(v) for v in node)) if isinstance(node, list) else set()
+
+    dials = [upstreams(r["handle"]) for r in routes]
     resumable = dials.index({"127.0.0.1:20080"})
     keyed = next(i for i, r in enumerate(routes) if "path" not in r.get("match", [{}])[0]
                  and "vars" in r.get("match", [{}])[0])
     assert resumable < keyed and dials[keyed] == {"10.0.0.21:30000", "10.0.0.31:30000"}
+
+
+def test_the_replicas_chat_layer_flags_reach_the_render_server_and_the_rest_stay_on_the_replicas():
+    from kimi_cluster.plan import admission, chat_layer
+
+    args = ["--enforce-eager", "--chat-template", "{{ x }}", "--max_logprobs=3", "--gpu-memory-utilization", "0.9",
+            "--tokenizer-m", "slow", "--no-trust-request-chat-template", "--default-chat-template-kwargs",
+            '{"thinking": false}', "--no-enable-prompt-tokens-details"]
+    settings = make_settings("b300x1-vllm", replicas="2", extraEngineArgs=json.dumps(args))
+    assert chat_layer.render_args(settings) == [
+        "--chat-template", "{{ x }}", "--max_logprobs=3", "--tokenizer-m", "slow", "--no-trust-request-chat-template",
+        "--default-chat-template-kwargs", '{"thinking": false}']
+    argv = shell_words(resume.render_server_argv(settings))
+    assert argv.endswith("""--chat-template '{{ x }}' --max_logprobs=3 --tokenizer-m slow """
+                         """--no-trust-request-chat-template --default-chat-template-kwargs '{"thinking": false}'""")
+    # A --no- spelling keeps vLLM's default, the render server's too: nothing to refuse.
+    assert admission.problems(settings) == []
+    for flag in chat_layer.UNRENDERABLE:
+        refused = make_settings("b300x1-vllm", replicas="2", extraEngineArgs=json.dumps([flag, "x"]))
+        [problem] = admission.problems(refused)
+        assert problem.startswith(f"kimi-cluster:extraEngineArgs sets {flag} ('{flag} x'), which the front's render "
+                                  "server cannot follow while streams resume"), problem
+        # Where streams do not resume, the replicas' own `vllm serve` answers every request: they take it.
+        kept = make_settings("b300x1-vllm", replicas="2", resumeStreams="false", extraEngineArgs=json.dumps([flag]))
+        assert admission.problems(kept) == []
+
+
+def test_an_allow_list_of_media_hosts_turns_redirects_off_on_the_replicas_and_the_render_server():
+    from kimi_cluster.plan import launch
+
+    def envs(**config: str) -> tuple[bool, bool]:
+        settings = make_settings("b300x1-vllm", replicas="2", **config)
+        render = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
+        replica = shell_words(launch.docker_run_argv(settings, 0, private_ip="10.0.0.21", head_private_ip="10.0.0.21",
+                                                     hf_dir="/hf", cache_dir="/cache"))
+        return "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in render, "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in replica
+
+    assert envs() == (False, False)  # vLLM's defaults: nothing to hold a redirect against
+    listed = json.dumps(["--allowed_media_domains=upload.wikimedia.org"])
+    assert envs(extraEngineArgs=listed) == (True, True)
+    render = shell_words(resume.render_server_argv(make_settings("b300x1-vllm", replicas="2", extraEngineArgs=listed)))
+    assert render.endswith("--allowed_media_domains=upload.wikimedia.org")

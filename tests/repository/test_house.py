@@ -127,8 +127,9 @@ def test_dependencies_point_down_the_layers() -> None:
 
 
 def test_no_module_of_the_package_over_450_lines() -> None:
-    # A node program past it ships as several modules (kimi_cluster/plan/step_scripts.py, shipped()).
-    assert long_modules(REPO, "kimi_cluster", MAX_LINES) == []
+    # A node program past it ships as several modules (kimi_cluster/plan/step_scripts.py, shipped()). The
+    # benchmarks are held to it too.
+    assert long_modules(REPO, "kimi_cluster", MAX_LINES) + long_modules(REPO, "benchmarks", MAX_LINES) == []
 
 
 # ---- the README's Layout table --------------------------------------------------------------------------------------

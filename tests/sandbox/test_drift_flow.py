@@ -1,7 +1,8 @@
 """Drift under the real CLI: what changed behind Pulumi's back is found by `sandbox refresh` (`pulumi refresh`) and
 by `up` alone, and `up` puts it right; a destroy leaves every rule to go with its VM.
 
-Right after `up`, `refresh --expect-no-changes` and `up --expect-no-changes` pass. A rule deleted behind the stack's
+Right after `up`, `refresh --expect-no-changes` and `up --expect-no-changes` pass; the latter with a changed
+`--config` names the change and fails. A rule deleted behind the stack's
 back is dropped by a refresh and made again by `up`; a VM stopped behind its back (SHUTOFF, which still bills) is
 reported with its hourly price by refresh and status, and `up` replaces it, saying so; a VM deleted (`reclaim`) is
 dropped by a refresh and made again by `up` with its whole chain and rules; a VM of another flavor is drift, which
@@ -101,6 +102,12 @@ def test_b300_a_vm_deleted_behind_the_stacks_back_comes_back_with_its_chain(sand
     assert _rules_of(emulator.inventory(), "kimi-sandbox-node0") == rules
     ok(run("refresh", "--expect-no-changes"))
     ok(run("up", "--expect-no-changes"))
+    # A changed setting is a change (it was dropped unread, and "no changes" said): as pulumi's own flag does, the
+    # up applies it, names what changed and exits 1; the workdir keeps it, as up keeps it, so the next check passes.
+    rotated = run("up", "--expect-no-changes", "--config", "apiKeyVersion=2")
+    assert rotated.code == 1 and "none expected" in rotated.output, rotated.output
+    assert re.search(r"^  \S+ kimi-\S+: (changed|replaced)", rotated.output, re.M), rotated.output
+    assert "no changes" in ok(run("up", "--expect-no-changes"))
     ok(run("verify"))
     ok(run("destroy"))
     assert emulator.url and leftover_processes(run.workdir) == []

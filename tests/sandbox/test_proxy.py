@@ -89,12 +89,14 @@ def test_vllm_head_behind_the_proxy_key_rotation_and_cidrs(sandbox, tmp_path) ->
     assert all((node / h).stat().st_mode & 0o077 == 0 for h in holders)
 
     # vLLM's /invocations serves inference without the key on the engine's own loopback port (reached here from
-    # the node itself: nothing outside it reaches that port); the proxy closes it.
+    # the node itself: nothing outside it reaches that port); the proxy closes it, to the key's holder too (only the
+    # public API passes: kimi_cluster/plan/proxy.py PUBLIC_PATHS).
     direct = f"http://127.0.0.1:{run.record()['engine_port']}"
     assert _status_on_the_node(run, out["head_public_ip"], direct + "/invocations") == 200
     assert _status(url + "/invocations", None, str(ca)) == 401
     assert _status(url + "/invocations", "wrong", str(ca)) == 401
-    assert _status(url + "/invocations", key, str(ca)) == 200
+    assert _status(url + "/invocations", key, str(ca)) == 404
+    assert _status(url + "/v1/chat/completions", key, str(ca)) == 200
 
     # Rotation: a new key, the old one refused; engine and proxy are the same processes; only the key, the proxy
     # step and the readiness wait changed.

@@ -57,6 +57,33 @@ def test_a_lost_replica_costs_no_request_and_cuts_no_stream(tmp_path: Path, monk
     assert figures["requests"] > figures["requests_before_reclaim"]
 
 
+
+def test_noisy_neighbours_cost_the_other_clients_no_stream_and_no_request(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """bench_replicas --noisy: beside a client its engine answers 500 and one that reads nothing of its stream, the
+    other clients lose no stream and no request, nothing is sent twice, no replica leaves the pool, and the 5xx
+    client gets its engine's own answer. The latencies are printed, not asserted (2 loaded cores)."""
+    from benchmarks import bench_replicas
+
+    monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = bench_replicas.main(["--noisy", "--chats", "4", "--phase", "8", "--json", "--no-kernel-cache",
+                                    "--workdir", str(tmp_path / "sb")])
+    assert code == 0
+    text = out.getvalue()
+    figures = json.loads(text[text.index("{"):])
+    print(bench_replicas.format_noisy(figures))
+    quiet, noisy = figures["quiet"], figures["noisy"]
+    for phase in (quiet, noisy):
+        assert phase["requests"] > 0 and phase["streams_completed"] > 0, phase
+        assert phase["failed_non_streamed"] == 0, phase["failures"]
+        assert phase["streams_cut"] == phase["streams_refused"] == phase["streams_hung"] == 0, phase
+        assert phase["sent_again"] == 0 and phase["marked_down_by_a_request"] == 0, phase
+        assert phase["engine_requests_begun"] == phase["sent_by_clients"], phase
+        assert phase["layer_peak_kib"], phase
+    assert set(noisy["five_hundreds_answers"]) == {"500"}, noisy["five_hundreds_answers"]
+
 def _hub_bytes(sandbox, front: set[str]) -> int:
     """The file bytes the hub sent the GPU nodes: everyone but the front (at its `front` addresses), whose render
     server reads the model's config, tokenizer and chat template from it, never a weight."""

@@ -29,6 +29,9 @@ CHANGELOG = (Path(__file__).resolve().parents[2] / "docs" / "CHANGELOG.md").read
 RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__)
 REPLICAS_RUN_AGAIN = releases.steps_run_again(CHANGELOG, __version__, keys=("replicas",))
 REPLICAS_ADDED = releases.steps_added(CHANGELOG, __version__, keys=("replicas",))
+# The longest the previous release's resuming layer may leave the front without a layer while this up restarts it:
+# its exit (it polls for shutdown every 0.5 s) and the new one's start (a Python start on a loaded 2-core machine).
+RESTART_WINDOW_S = 10.0
 
 
 def _previous_release() -> Path:
@@ -92,9 +95,9 @@ def test_a_stack_of_the_previous_release_upgrades_with_nothing_replaced(sandbox)
 
 def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same upgrade under traffic: two b300x1-vllm replicas behind the front, chats and streams through it for
-    the whole `up` with the working tree; no non-streamed request fails, no stream is refused, and nothing is
-    replaced."""
-    from benchmarks.bench_replicas import Tally, run_load
+    the whole `up` with the working tree; nothing is replaced, and only the previous release's resuming layer, which
+    this up restarts, ends what it carries at that moment (bounded below)."""
+    from benchmarks._replicas_load import Tally, run_load
 
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # answers in about a second: many during the up
     old = _previous_release()
@@ -124,15 +127,20 @@ def test_two_replicas_behind_a_front_upgrade_with_no_failed_request(sandbox, mon
             thread.join(60)
     _no_change_but_the_named_steps(upgraded[upgraded.rindex("Resources:"):].split("Duration:")[0], found["updated"],
                                    found["other"])
+    at_the_restart = tally.failed + tally.streams_cut + tally.stream_refused
+    window = max(tally.noted_at) - min(tally.noted_at) if tally.noted_at else 0.0
     report(f"upgrade with 2 replicas: {during} requests during the up, {len(tally.failed)} failed, "
-           f"{len(tally.streams_cut)} streams cut, {len(tally.stream_refused)} refused")
-    assert during > 0 and tally.failed == [] and tally.stream_refused == [], tally
-    # This release's upgrade restarts each replica's engine in turn (--enable-scale-out, docs/CHANGELOG.md): a stream
-    # open on a replica at its restart, which had no token API yet to resume it, may be cut, as in any rolling change
-    # before 0.3.0. At most one per stream worker and restart, each after its first chunk; the rolls that come after
-    # cut none (tests/sandbox/test_replicas_flow.py).
-    stream_workers, restarts = 2, 2
-    assert len(tally.streams_cut) <= stream_workers * restarts, tally.streams_cut
-    assert all(not cut.startswith("after 0 chunks") for cut in tally.streams_cut), tally.streams_cut
+           f"{len(tally.streams_cut)} streams cut, {len(tally.stream_refused)} refused, all within {window:.2f} s: "
+           f"{sorted(set(at_the_restart))}")
+    assert during > 0, tally
+    # This release's upgrade restarts the front's resuming layer once (its program changed, docs/CHANGELOG.md). The
+    # previous release's layer cannot hand over: it exits at SIGTERM, cutting what it carries, and its Caddyfile has
+    # no retry for the layer until this up's proxy step reloads it. So what reaches the front between the old
+    # layer's exit and the new one's start ends there, as the front's 502 or a cut stream (the load's clients do not
+    # retry, so each worker fails as fast as it sends, hence a count per worker means nothing): one burst, within
+    # seconds. The layer's later handovers cut none (tests/node/test_resume_handover.py).
+    assert window <= RESTART_WINDOW_S, (window, at_the_restart)
+    assert all(re.search(r"502|APIConnectionError|RemoteProtocolError|incomplete chunked read|peer closed", what)
+               for what in at_the_restart), at_the_restart
     ok(run("verify"))
     ok(run("destroy"))

@@ -1,12 +1,13 @@
 """benchmarks.bench_replicas' own figures from the streams it saw: which streams count as open at the loss, how long
 each one's client waited for a chunk from the loss on (`longest_resume_gap_s`), and which completed streams differ
-from the first of their kind; what it reads from the front's log."""
+from the first of their kind; what it reads from the front's log, its engines' counters and its layer's memory; and
+--noisy's percentiles and side-by-side table."""
 
 from __future__ import annotations
 
 
 def test_a_stream_open_at_the_loss_counts_its_longest_wait_for_a_chunk_from_the_loss_on():
-    from benchmarks.bench_replicas import Tally  # imports the openai SDK: only here
+    from benchmarks._replicas_load import Tally  # imports the openai SDK: only here
 
     tally = Tally(loss_at=10.0)
     # Open at the loss: a wait of 0.9 s for its first chunk before the loss (not counted), a chunk at 9.95, none
@@ -20,7 +21,7 @@ def test_a_stream_open_at_the_loss_counts_its_longest_wait_for_a_chunk_from_the_
 
 
 def test_a_stream_that_differs_from_the_first_of_its_kind_is_wrong():
-    from benchmarks.bench_replicas import Tally
+    from benchmarks._replicas_load import Tally
 
     tally = Tally()
     tally.check("tool-call stream", ("", "thinking", "tool_calls", [("get_weather", '{"city": "Tokyo"}', 1)]),
@@ -32,7 +33,7 @@ def test_a_stream_that_differs_from_the_first_of_its_kind_is_wrong():
 
 
 def test_the_front_log_counts_only_what_was_written_after_its_size_was_taken(tmp_path):
-    from benchmarks.bench_replicas import resume_log_lines, resume_log_sizes
+    from benchmarks._replicas_front import resume_log_lines, resume_log_sizes
 
     log = tmp_path / "10.0.0.9/var/log/kimi-cluster/resume.log"
     log.parent.mkdir(parents=True)
@@ -43,3 +44,76 @@ def test_the_front_log_counts_only_what_was_written_after_its_size_was_taken(tmp
     assert resume_log_lines(before, "a stream not resumed: ") == ["kimi-resume: a stream not resumed: n > 1"]
     assert len(resume_log_lines(resume_log_sizes(tmp_path, empty=True), "a stream not resumed: ")) == 2
     assert resume_log_sizes(tmp_path / "elsewhere") == {}
+
+
+def test_percentiles_lie_linearly_between_the_nearest_values_as_numpys_do():
+    from benchmarks._replicas_noisy import percentile
+
+    values = [4.0, 1.0, 3.0, 2.0, 5.0]
+    assert percentile(values, 50) == 3.0
+    assert round(percentile(values, 95) or 0, 6) == 4.8  # numpy.percentile([1..5], 95): 4.8
+    assert percentile([], 50) is None and percentile([7.0], 95) == 7.0
+
+
+def test_the_layers_log_counts_what_it_sent_again_and_what_took_a_replica_out():
+    from benchmarks._replicas_noisy import log_counts
+
+    lines = [
+        "kimi-resume: replica http://10.0.0.5:8000 is down: HTTP 500",
+        "kimi-resume: replica http://10.0.0.6:8000 is down: 2 health checks missed in a row",
+        "kimi-resume: request r1: lost http://10.0.0.5:8000 after 12 tokens (HTTP 500); carrying on elsewhere",
+        "kimi-resume: request r1: carried on by http://10.0.0.6:8000 0.40 s after the loss",
+        "kimi-resume: a request that is not streamed lost http://10.0.0.5:8000 (reset); sending it whole to another "
+        "replica",
+        "kimi-resume: replica http://10.0.0.5:8000 is back: 2 good health checks in a row",
+    ]
+    assert log_counts(lines) == {"sent_again": 2, "marked_down_by_a_request": 1, "marked_down_by_health_checks": 1}
+
+
+def test_the_engines_counter_is_summed_over_its_labels_and_missing_is_none():
+    from benchmarks._replicas_front import REQUESTS_COUNTER, counter
+
+    text = (f"# TYPE {REQUESTS_COUNTER} counter\n{REQUESTS_COUNTER}{{model_name=\"kimi\"}} 12.0\n"
+            f"{REQUESTS_COUNTER}{{model_name=\"other\"}} 3.0\nvllm:prompt_tokens_total{{model_name=\"kimi\"}} 99.0\n")
+    assert counter(text, REQUESTS_COUNTER) == 15
+    assert counter("error: connection refused", REQUESTS_COUNTER) is None
+
+
+def test_the_layers_memory_is_read_from_its_proc_status():
+    from benchmarks._replicas_front import memory_kib
+
+    status = "Name:\tpython3\nVmPeak:\t  300000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\nThreads:\t9\n"
+    assert memory_kib(status) == {"VmHWM": 51200, "VmRSS": 40960}
+    assert memory_kib("Name:\tzombie\n") == {}
+
+
+def _phase(noisy, whole, cut=0, sent_again=0, begun=10, peak=51200, answers=None):
+    from benchmarks._replicas_load import FIRST_CHUNK, STREAM, WHOLE
+
+    return {"noisy": noisy, "requests": 6, "streams_started": 4, "streams_completed": 4 - cut, "streams_cut": cut,
+            "cut": ["after 3 chunks: APIError: lost"] * cut, "streams_refused": 0, "refused": [], "streams_hung": 0,
+            "streams_wrong": 0, "failed_non_streamed": 0, "failures": [], "sent_by_clients": 10 + noisy,
+            "engine_requests_begun": begun, "sent_again": sent_again, "marked_down_by_a_request": 3 * noisy,
+            "marked_down_by_health_checks": 0, "layer_pid": 7, "layer_pid_after": 7, "layer_peak_reset": True,
+            "layer_peak_kib": peak, "layer_rss_kib": peak - 1024, "five_hundreds_answers": answers or {},
+            "latencies": {WHOLE: whole, FIRST_CHUNK: [0.1, 0.2], STREAM: [1.0, 1.2]}}
+
+
+def test_the_phases_of_each_kind_are_summed_and_set_side_by_side():
+    from benchmarks._replicas_load import WHOLE
+    from benchmarks._replicas_noisy import format_noisy, summed
+
+    quiet = summed([_phase(False, [1.0, 1.0]), _phase(False, [1.0, 1.0])])
+    noisy = summed([_phase(True, [1.0, 3.0], cut=1, sent_again=2, begun=13, peak=102400, answers={"503": 4}),
+                    _phase(True, [1.0, 1.0], answers={"500": 2, "503": 1})])
+    assert quiet["requests"] == 12 and quiet[WHOLE] == {"count": 4, "p50_s": 1.0, "p95_s": 1.0}
+    assert noisy["streams_cut"] == 1 and noisy["sent_again"] == 2 and noisy["layer_peak_kib"] == 102400
+    assert noisy["five_hundreds_answers"] == {"500": 2, "503": 5} and noisy[WHOLE]["p95_s"] == 2.7
+    text = format_noisy({"chats": 8, "token_seconds": 0.02, "phase_seconds": 20.0, "rounds": 2,
+                         "noisy_interval_s": 0.25, "unfetchable_image": "http://127.0.0.1:9/kimi.png",
+                         "quiet": quiet, "noisy": noisy})
+    row = next(line for line in text.splitlines() if line.startswith(f"{WHOLE} p50"))
+    assert "1.00 / 2.70" in row  # the noisy phases' p95 is 2.7 times the quiet ones'
+    arrivals = next(line for line in text.splitlines() if line.startswith("engine arrivals"))
+    assert arrivals.split()[-2:] == ["+0", "+1"]  # 20 begun of 20 sent; 23 begun of 22 sent
+    assert "500 x 2, 503 x 5" in text and "100.0 / 99.0" in text and "how each figure is taken" in text

@@ -8,8 +8,9 @@ head's proxy closes. TokenSpeed's shape is its smg gateway's (tokenspeed-smg 1.1
 smg_router_requests_total and smg_router_tokens_total{token_type="input"|"output"}, tokens counted for streamed chat
 and Anthropic messages only (smg's metrics docs).
 
-One concern a module: `settings` (how it behaves, its faults), `png` (seeing an image), `compose` (the scripted
-turn), `wire` (the OpenAI and Anthropic shapes), `handler` (the HTTP routes and counters), `server`
-(`FakeInferenceServer`), `cli` (the engine-style command line) and `warmup` (the kernel cache).
+One concern a module: `settings` (how it behaves, its faults), `png` (seeing an image), `media` (an image fetched
+by URL, and vLLM's answer when it cannot be), `compose` (the scripted turn), `wire` (the OpenAI and Anthropic
+shapes), `handler` (the HTTP routes and counters), `server` (`FakeInferenceServer`), `cli` (the engine-style command
+line) and `warmup` (the kernel cache).
 `kimi_cluster.fakes.inference_server` re-exports the names its callers use and runs the command line.
 """

@@ -9,7 +9,9 @@ import zlib
 from base64 import b64decode
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
+from .media import fetch_image
 from .png import half_colours
 from .settings import EFFORTS, FakeSettings, HttpError, Reply
 
@@ -216,11 +218,15 @@ def _answer_image(images: list[str], prompt: str, effort: str, settings: FakeSet
     if "no_image" in settings.faults:
         raise HttpError(400, "image input is not supported by this server (multimodal disabled)")
     url = images[0]
-    match = re.match(r"data:image/png;base64,(.+)$", url, re.S)
-    if not match:
-        raise HttpError(400, "only data:image/png;base64 URIs are understood by the fake server")
+    if urlsplit(url).scheme.lower() in ("http", "https"):
+        png = fetch_image(url)  # raises what vLLM answers to a URL it cannot fetch
+    else:
+        match = re.match(r"data:image/png;base64,(.+)$", url, re.S)
+        if not match:
+            raise HttpError(400, "only http(s) URLs and data:image/png;base64 URIs are understood by the fake server")
+        png = b64decode(match.group(1), validate=False)
     try:
-        left, right = half_colours(b64decode(match.group(1), validate=False))
+        left, right = half_colours(png)
     except (ValueError, zlib.error) as exc:
         raise HttpError(400, f"could not decode the image: {exc}") from exc
     if left == right:

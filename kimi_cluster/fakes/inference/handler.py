@@ -109,7 +109,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(401, {"error": "Unauthorized"})
         else:
             kind = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError",
-                    500: "InternalServerError"}.get(status, "Error")
+                    422: "UnprocessableEntityError", 500: "InternalServerError"}.get(status, "Error")
             self._send_json(status, {"object": "error", "message": message, "type": kind, "code": status})
 
     def _send_sse(self, events: Iterator[bytes]) -> None:

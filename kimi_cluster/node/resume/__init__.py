@@ -11,6 +11,8 @@ the prompt plus every token already delivered, with `max_tokens` lowered by thei
 
 Modules: `wire` (HTTP/1.1 and server-sent events over a socket, where silence is told from a loss), `pool` (the
 replicas and their health), `render` (the render server's two slots: the one answering is called), `generation`
-(one generation across replicas), `chat` (one client request), `messages` (Anthropic's events from chat chunks),
-`server` (the HTTP server and the command line). Standard library only: it runs on the front's own Python.
+(one generation across replicas), `request` (what a client's body may be, and what of it an engine gets), `chat`
+(one client request, its resumed stream), `relay` (requests sent as they are to a replica's chat endpoint),
+`messages` (Anthropic's events from chat chunks), `server` (the HTTP server and the command line). Standard library
+only: it runs on the front's own Python.
 """

@@ -13,13 +13,17 @@
   answers (render.py): the calls go on to the new one with no gap. While no render server answers (a crash), a new
   stream passes through unresumed, and a stream already going waits for one, with its keep-alives, up to
   `render_timeout_s`: each derender call carries the whole stream so far, so any server picks it up.
-- A request that is not streamed goes to a replica's own chat endpoint as it is; lost before its answer (a reset, or
-  silence while the replica's health check fails), it is sent whole to another one. Nothing was answered yet, so
-  nothing is answered twice.
+- A request that is not streamed goes to a replica's own chat endpoint as it is (relay.py).
+- The body is checked first (request.py): a bad one gets a 4xx naming the field. What reaches a render server or an
+  engine carries the front's own request id and no client-chosen multimodal cache key.
+- A client that stops reading holds its stream back, not this layer's memory: at most QUEUED chunks wait between
+  the generation and the client's socket, the generation's thread then waits too (so its replica's connection
+  fills and waits), and the server's write timeout ends the request (server.py), which aborts it on the replica.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -27,11 +31,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from . import messages, wire
-from .generation import Generation, Limits, NoTokenApi, Unavailable, UpstreamError, read_while_alive
-from .pool import Pool, Replica, log
+from . import messages, relay, request, wire
+from .generation import Generation, Limits, NoTokenApi, Unavailable, UpstreamError
+from .pool import Pool, log
+from .relay import Client
 from .render import RenderServers
 
 CHAT_PATH = "/v1/chat/completions"
@@ -41,15 +46,6 @@ MESSAGES_RENDER_PATH = "/v1/messages/render"
 DERENDER_PATH = "/v1/chat/completions/derender"
 GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                  "structural_tag")
-
-
-class Client(Protocol):
-    """What answers the client (server.py): a whole answer, or a stream of events and comments."""
-
-    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None: ...
-    def start_stream(self) -> None: ...
-    def write(self, data: bytes) -> None: ...
-    def end(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,15 +73,15 @@ def not_resumable(body: dict[str, Any]) -> str | None:
         return "a forced tool_choice (guided decoding)"
     if body.get("stop"):
         return "stop strings"
-    if (body.get("stream_options") or {}).get("continuous_usage_stats"):
+    if request.wants(body.get("stream_options"), "continuous_usage_stats"):
         return "continuous usage stats"
     return None
 
 
-def not_resumable_rendered(request: dict[str, Any]) -> str | None:
+def not_resumable_rendered(rendered: dict[str, Any]) -> str | None:
     """What the render server's GenerateRequest shows that the body did not: the engine constraining the output
     (a strict tool, Kimi K3's structural tags) is guided decoding too."""
-    params = request.get("sampling_params") or {}
+    params = rendered.get("sampling_params") or {}
     if params.get("structured_outputs"):
         return "guided decoding (the engine constrains this request's output)"
     if (params.get("n") or 1) != 1:
@@ -110,17 +106,33 @@ def not_resumable_messages(body: dict[str, Any]) -> str | None:
 
 class ChatFraming:
     """OpenAI's chat completion stream: `data:` chunks (one id and one `created` throughout), `[DONE]` last; the
-    usage chunk only if the client asked for it; an SSE comment while it waits, which clients skip."""
+    usage chunk only if the client asked for it; an SSE comment while it waits, which clients skip.
+
+    The derender reads the chat request for its parsers and its decoding, not for the conversation: it gets the
+    render's parse context (as a Messages stream does: messages.chat_request) and the few decoding switches of the
+    body that vLLM's streaming derender reads besides (vllm/renderers/online_derenderer.py), never the body itself,
+    so a client's large field is not carried to the render server on every call."""
 
     keep_alive = b": waiting for the model\n\n"
+    # Read by the derender from the chat request: whether to return token ids and logprobs and how many, and the
+    # special-token decoding. Small values: the render server validated them with the rest of the body.
+    DECODING = ("return_token_ids", "logprobs", "top_logprobs", "skip_special_tokens",
+                "spaces_between_special_tokens", "include_stop_str_in_output", "ignore_eos")
 
-    def __init__(self, body: dict[str, Any], _rendered: dict[str, Any]) -> None:
-        self.body = body
-        self.want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    def __init__(self, body: dict[str, Any], rendered: dict[str, Any]) -> None:
+        self.want_usage = request.wants(body.get("stream_options"), "include_usage")
         self.ident, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        self.request = messages.chat_request(rendered)
+        self.request.update({name: body[name] for name in self.DECODING if body.get(name) is not None})
+        if body.get("logprob_token_ids"):  # only whether it is set is read (_chat_top_logprobs_limit)
+            self.request["logprob_token_ids"] = list(body["logprob_token_ids"][:1])
+        # Read only to drop the token that stopped the generation: sent with the chunk that finishes on "stop".
+        self.stop_token_ids = (rendered.get("sampling_params") or {}).get("stop_token_ids") or []
 
-    def chat_request(self) -> dict[str, Any]:
-        return self.body
+    def chat_request(self, finishing: bool = False) -> dict[str, Any]:
+        if finishing and self.stop_token_ids:
+            return dict(self.request, stop_token_ids=self.stop_token_ids)
+        return self.request
 
     def frames(self, chunk: dict[str, Any]) -> list[bytes]:
         if not chunk.get("choices") and not self.want_usage:
@@ -131,7 +143,8 @@ class ChatFraming:
         return b"data: [DONE]\n\n"
 
     def error(self, code: int, message: str) -> bytes:
-        return b"data: " + _error(code, message) + b"\n\n"
+        """vLLM's error event, then `[DONE]`, as vLLM ends a stream that failed."""
+        return b"data: " + request.error_body(code, message) + b"\n\n" + self.done()
 
 
 class MessagesFraming:
@@ -140,11 +153,11 @@ class MessagesFraming:
     keep_alive = messages.PING
 
     def __init__(self, _body: dict[str, Any], rendered: dict[str, Any]) -> None:
-        self.rendered = rendered
+        self.chat = messages.chat_request(rendered)
         self.events = messages.MessageEvents(rendered.get("model"))
 
-    def chat_request(self) -> dict[str, Any]:
-        return messages.chat_request(self.rendered)
+    def chat_request(self, finishing: bool = False) -> dict[str, Any]:
+        return self.chat
 
     def frames(self, chunk: dict[str, Any]) -> list[bytes]:
         return self.events.feed(chunk)
@@ -171,19 +184,22 @@ ROUTES = {route.path: route for route in (
 
 
 def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
+    """Answer one request (request.BadRequest, raised before anything is sent on, is the server's to answer)."""
     route = ROUTES[path]
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        return client.whole(400, _error(400, "request body must be a JSON object"))
-    if not body.get("stream"):
-        return whole(front, path, raw, client)
+    with PARSING if len(raw) > LARGE_BODY else contextlib.nullcontext():
+        body = request.parse(raw)
+        stream = request.streamed(body, with_options=path == CHAT_PATH)
+        # Every id an engine sees is the front's: vLLM's Messages request has no request_id field to set.
+        own_id = request.front_request_id()
+        body, _taken = request.engine_body(body, own_id if path == CHAT_PATH else None)
+        forward = request.encoded(body)  # what is sent on, in place of the client's bytes
+    if not stream:
+        del body  # held no longer than it is needed: a body of tiny objects takes many times its size parsed
+        return relay.whole(front.pool, front.limits, path, forward, client)
     reason = route.refuses(body)
     if reason is None:
         # No render server answering (one died; both are away) still serves the stream, unresumed.
-        status, rendered, answer = front.render.call(route.render_path, body, front.render_timeout_s)
+        status, rendered, answer = front.render.call(route.render_path, forward, front.render_timeout_s)
         if 400 <= status < 500 and status != 429:
             return client.whole(status, answer)  # the request's own fault, as the replica would have said it
         if status != 200 or not isinstance(rendered, dict):
@@ -191,12 +207,21 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
         else:
             reason = not_resumable_rendered(rendered)
         if reason is None:
+            rendered["request_id"] = own_id
+            framing = route.framing(body, rendered)
+            del body
             try:
-                return resumed(front, route.framing(body, rendered), rendered, client)
+                return resumed(front, framing, rendered, client)
             except NoTokenApi as exc:  # raised only before the stream's first byte
                 reason = f"a replica answers {exc.status} to the token API (started without --enable-scale-out?)"
     log(f"a stream not resumed: {reason}")
-    return passed_through(front, path, raw, client)
+    return relay.passed_through(front.pool, front.limits, path, forward, client)
+
+
+# Bodies larger than this are parsed two at a time: parsing one of many tiny objects takes some ten times its size
+# for a moment (docs/operations.md has the figures), and the front's memory is shared with the render server.
+LARGE_BODY = 1 << 20
+PARSING = threading.BoundedSemaphore(2)
 
 
 def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
@@ -208,28 +233,39 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     and a cheap stream still goes out a chunk per token."""
     rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
     prompt_ids = list(rendered["token_ids"])
-    chat_request = framing.chat_request()
-    arrived: queue.Queue[Any] = queue.Queue()
+    arrived: queue.Queue[Any] = queue.Queue(maxsize=QUEUED)
     gone = threading.Event()  # the client went away: the generation stops, and its replica aborts the request
 
+    def put(item: Any) -> None:
+        """Hand the consumer an item, waiting while QUEUED wait already (the replica waits meanwhile)."""
+        while True:
+            if gone.is_set():
+                raise GoneAway()
+            try:
+                return arrived.put(item, timeout=front.limits.tick_s)
+            except queue.Full:
+                continue
+
     def waiting(_quiet_s: float) -> None:
-        if gone.is_set():
-            raise GoneAway()
-        arrived.put(KEEP_ALIVE)
+        put(KEEP_ALIVE)
 
     generation = Generation(front.pool, rendered, front.limits, waiting)
 
     def produce() -> None:
+        chunks = generation.chunks()  # a generator: close() ends it where it waits
         try:
-            for chunk in generation.chunks():
-                if gone.is_set():
-                    return  # leaving the loop closes the generation and with it the replica's connection
-                arrived.put(chunk)
-            arrived.put(END)
+            for chunk in chunks:
+                put(chunk)
+            put(END)
         except GoneAway:
             return
         except Exception as exc:  # noqa: BLE001  # handed to the consumer, which answers the client with it
-            arrived.put(exc)
+            try:
+                put(exc)
+            except GoneAway:
+                return
+        finally:
+            chunks.close()  # the replica's connection closes with it: vLLM aborts a request whose client went
 
     threading.Thread(target=produce, name="generation", daemon=True).start()
     started = False
@@ -246,9 +282,11 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
                     keep_alive()
                 continue
             called = time.monotonic()
+            finishing = any(choice.get("finish_reason") == "stop" for choice in item.get("choices") or ())
             answer = _derender(front, {
                 "stream": True, "model": rendered.get("model"), "generate_chunk": item, "stream_state": state,
-                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids, "chat_request": chat_request,
+                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
+                "chat_request": framing.chat_request(finishing),
             }, keep_alive if started else _nothing)
             slow[0] = time.monotonic() - called >= MERGE_AFTER_S
             state = answer["stream_state"]
@@ -263,11 +301,11 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
             raise
         if not started:
             return client.whole(exc.status, exc.body)
-        return _end_with(client, framing.error(exc.status, exc.body.decode("utf-8", "replace")))
+        return relay.end_with(client, framing.error(exc.status, _message(exc.body)))
     except (Unavailable, wire.Lost) as exc:
         if not started:
-            return client.whole(503, _error(503, str(exc)))
-        return _end_with(client, framing.error(503, str(exc)))
+            return client.whole(503, request.error_body(503, str(exc)))
+        return relay.end_with(client, framing.error(503, str(exc)))
     finally:
         gone.set()
     if not started:
@@ -277,6 +315,9 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
 
 
 KEEP_ALIVE, END = object(), object()
+# Chunks waiting between the generation and a client that reads slower than the replica writes (each a few hundred
+# bytes): past this the generation waits, and with it the replica's connection.
+QUEUED = 64
 # A derender call this long or longer (vLLM's replay of a stream some hundreds of tokens long: 4 ms at 100 tokens,
 # 29 ms at 1,000, 126 ms at 4,000, measured on a 2-core machine, docs/operations.md) makes the next call take every
 # chunk waiting.
@@ -345,95 +386,10 @@ def _next_waiting(arrived: queue.Queue[Any]) -> Any:
         return None
 
 
-def _send_to_replica(front: Front, path: str, raw: bytes, tried: tuple[Replica, ...], stream: bool,
-                     ) -> tuple[Replica, wire.Upstream]:
-    """Send the body as it is to a healthy replica's chat endpoint and read its status line and headers; a replica
-    that cannot take it (refused, reset, a 5xx, silent while down) is marked down and the next one tried."""
-    while True:
-        replica = front.pool.pick(wait_s=front.limits.pick_s)
-        if replica is None:
-            raise Unavailable("no replica is healthy" + (f" (tried {', '.join(r.url for r in tried)})"
-                                                         if tried else ""))
-        tried = (*tried, replica)
-        try:
-            up = wire.send(replica.host, replica.port, "POST", path, raw,
-                           {"Content-Type": "application/json",
-                            "Accept": "text/event-stream" if stream else "application/json"}, front.limits.connect_s)
-            _read(front, replica, up, up.read_head)
-            if up.status >= 500:
-                up.close()
-                raise wire.Lost(f"HTTP {up.status}")
-            return replica, up
-        except wire.Lost as exc:
-            front.pool.release(replica)
-            front.pool.mark_lost(replica, str(exc))
-            if len(tried) > front.limits.resumes:
-                raise Unavailable(f"lost {len(tried)} replicas: {exc}") from None
-
-
-def whole(front: Front, path: str, raw: bytes, client: Client) -> None:
-    """A request that is not streamed: the first replica's whole answer, or the next one's if that one is lost."""
-    tried: tuple[Replica, ...] = ()
-    while True:
-        try:
-            if len(tried) > front.limits.resumes:
-                raise Unavailable(f"lost {len(tried)} replicas during this request")
-            replica, up = _send_to_replica(front, path, raw, tried, stream=False)
-        except Unavailable as exc:
-            return client.whole(503, _error(503, str(exc)))
-        tried = (*tried, replica)
-        try:
-            answer = _read(front, replica, up, up.read_body)
-            return client.whole(up.status, answer, up.headers.get("content-type", "application/json"))
-        except wire.Lost as exc:
-            front.pool.mark_lost(replica, str(exc))
-            log(f"a request that is not streamed lost {replica.url} ({exc}); sending it whole to another replica")
-        finally:
-            up.close()
-            front.pool.release(replica)
-
-
-def passed_through(front: Front, path: str, raw: bytes, client: Client) -> None:
-    """A stream that is not resumed: relayed as the replica sends it."""
+def _message(body: bytes) -> str:
+    """The message of an engine's error body (or event), or the body itself."""
     try:
-        replica, up = _send_to_replica(front, path, raw, (), stream=True)
-    except Unavailable as exc:
-        return client.whole(503, _error(503, str(exc)))
-    try:
-        if up.status != 200:
-            return client.whole(up.status, _read(front, replica, up, up.read_body),
-                                up.headers.get("content-type", "application/json"))
-        client.start_stream()
-        while True:
-            data = _read(front, replica, up, up.take_body)
-            if not data:
-                break
-            client.write(data)
-        client.end()
-    except wire.Lost as exc:
-        front.pool.mark_lost(replica, str(exc))
-        message = f"the replica serving this stream was lost ({exc}); this request cannot be resumed exactly"
-        _end_with(client, messages.error_event(message, "overloaded_error") if path == MESSAGES_PATH
-                  else b"data: " + _error(503, message) + b"\n\n")
-    finally:
-        up.close()
-        front.pool.release(replica)
-
-
-def _read(front: Front, replica: Replica, up: wire.Upstream, read: Callable[[float], Any]) -> Any:
-    return read_while_alive(front.pool, replica, up, read, front.limits)
-
-
-def _error(code: int, message: str) -> bytes:
-    """vLLM's error body (vllm/entrypoints/serve/engine/protocol.py ErrorResponse)."""
-    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(code, "InternalServerError")
-    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
-
-
-def _end_with(client: Client, frame: bytes) -> None:
-    """An error event, as the engine streams one, then the end: the client's SDK raises it with its message."""
-    try:
-        client.write(frame)
-        client.end()
-    except OSError:
-        pass
+        error = json.loads(body).get("error")
+        return str(error.get("message")) if isinstance(error, dict) else body.decode("utf-8", "replace")
+    except (ValueError, AttributeError):
+        return body.decode("utf-8", "replace")[:500]

@@ -2,12 +2,20 @@
 
 The request is vLLM's GenerateRequest as `/v1/chat/completions/render` made it (vLLM 0.33.0,
 vllm/entrypoints/scale_out/token_in_token_out/protocol.py). Every token a chunk brings is kept. When the replica is
-lost (a reset, an end before a finish, a 5xx, or silence beyond `silence_s` while its health check fails), the same
+lost (a reset, an end before a finish, or silence beyond `silence_s` while its health check fails), the same
 request goes to another replica with the prompt plus those tokens as its `token_ids` and `max_tokens` (and
 `min_tokens`) lowered by their count, which is NVIDIA Dynamo's request migration (ai-dynamo/dynamo,
 lib/llm/src/migration.rs) over vLLM's token-level door. A continuation from the exact prefix is a valid sample of
 the same request, so nothing is repeated and nothing is missing. The usage the caller sees counts the original prompt
 and every generated token, wherever each was made.
+
+A replica's HTTP answer, whatever its status, is the request's answer (`UpstreamError`): it is passed on, the replica
+stays in the pool, and nothing is sent again. An error event inside the stream is the same unless the engine died:
+vLLM 0.33.0 streams `{"error": {..., "code": 500}}` then `[DONE]` both for a request's own failure (a GenerationError)
+and for a dead engine (EngineDeadError, whose server then answers `/health` 503 and shuts down:
+vllm/entrypoints/scale_out/token_in_token_out/serving.py, vllm/entrypoints/serve/exception_handling/). So an error
+event with a 5xx code is followed by one health check of that replica at once: failed, the replica is lost and the
+generation carries on elsewhere; passed, the event is the client's answer.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +52,8 @@ class Unavailable(Exception):
 
 
 class UpstreamError(Exception):
-    """The replica refused the request itself (a 4xx, or an error event that is not a server error): its answer is
-    the client's answer, as it would be without this layer."""
+    """The replica answered the request with an error (an HTTP status, or an error event from an engine that still
+    passes its health check): its answer is the client's answer, as it would be without this layer."""
 
     def __init__(self, status: int, body: bytes) -> None:
         super().__init__(f"HTTP {status}")
@@ -97,7 +105,7 @@ class Generation:
         body["request_id"] = f"{self.request.get('request_id', 'kimi')}-resume{len(self.resumes)}"
         return body
 
-    def chunks(self) -> Iterator[dict[str, Any]]:
+    def chunks(self) -> Generator[dict[str, Any], None, None]:
         """Every generate stream chunk of the whole generation, in order, the usage chunk last (if asked for)."""
         tried: tuple[Replica, ...] = ()
         while True:
@@ -150,8 +158,6 @@ class Generation:
                        {"Content-Type": "application/json", "Accept": "text/event-stream"}, self.limits.connect_s)
         try:
             self._wait(up, replica, up.read_head)
-            if up.status >= 500:
-                raise wire.Lost(f"HTTP {up.status} from {GENERATE_PATH}")
             if up.status in (403, 404):
                 raise NoTokenApi(up.status, self._wait(up, replica, up.read_body))
             if up.status != 200:
@@ -165,9 +171,11 @@ class Generation:
                 chunk = json.loads(data)
                 if "error" in chunk:
                     error = chunk["error"] if isinstance(chunk["error"], dict) else {}
-                    if int(error.get("code") or 500) >= 500:
-                        raise wire.Lost(f"error in the stream: {str(error.get('message'))[:200]}")
-                    raise UpstreamError(int(error["code"]), data.encode())
+                    code = error.get("code")
+                    code = code if isinstance(code, int) and 400 <= code < 600 else 500
+                    if code >= 500 and not self.pool.passes_check(replica):
+                        raise wire.Lost(f"an error event and a failed health check: {str(error.get('message'))[:200]}")
+                    raise UpstreamError(code, data.encode())
                 yield from self._take(chunk, replica)
         finally:
             up.close()

@@ -115,6 +115,13 @@ class Pool:
             replica.healthy, replica.passes = False, 0
             self.changed.notify_all()
 
+    def passes_check(self, replica: Replica) -> bool:
+        """Ask the replica's health now, once (an engine that died answers 503 at once); a miss marks it lost."""
+        if self._check(replica):
+            return True
+        self.mark_lost(replica, "its health check fails")
+        return False
+
     def is_down(self, replica: Replica) -> bool:
         with self.changed:
             return not replica.healthy
@@ -161,4 +168,12 @@ class Pool:
 
 
 def log(message: str) -> None:
-    print(f"kimi-resume: {message}", flush=True)
+    """One line of resume.log. What came from a client or an upstream is escaped: no control character reaches the
+    operator's terminal, and no line break forges a line."""
+    print(f"kimi-resume: {printable(message)}", flush=True)
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """text with every character that is not printable written as its escape, cut at limit characters."""
+    out = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")

@@ -1,14 +1,26 @@
 """The resuming layer's HTTP server and command line: `python3 -m kimi_cluster.node.resume ...` on the front.
 
 It listens on the front's loopback only (Caddy, beside it, holds TLS and the key check and hands it
-`POST /v1/chat/completions`), answers `GET /health` for itself, and runs until SIGTERM.
+`POST /v1/chat/completions`), answers `GET /health` for itself, and runs until SIGTERM. Then it hands over: it closes
+its listener at once (a new layer can take the port, and Caddy dials that one), serves every connection it already
+took to its end, up to `--drain-s`, and exits 0. So a change of its program or flags cuts no stream
+(kimi_cluster/plan/templates/resume.sh.j2 starts the new one beside the draining one).
+
+Each connection is one client's and stays that client's trouble: its body is read within `--client-timeout-s`
+(408 if it does not come), by a Content-Length or chunks that must be numbers (400 naming the header otherwise),
+and up to `--max-body-bytes` (413); every write to it must go through within the same timeout, so a client that
+stops reading ends its own request (and its generation) instead of holding this layer. Anything unexpected is a
+500 with a one-line message, and one line in the log, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import selectors
 import signal
+import socket
+import string
 import sys
 import threading
 from collections.abc import Sequence
@@ -19,26 +31,119 @@ from . import chat, wire
 from .generation import Limits
 from .pool import Pool, log
 from .render import RenderServers
+from .request import BadRequest, error_body
 
-MAX_BODY = 64 * 1024 * 1024  # as the front's Caddy buffers at most (request_buffers), and vLLM's own limit is larger
+# What the front's Caddy buffers of a body (kimi_cluster/plan/front_tuning.py, request_buffers: 16MiB): a larger one
+# is not replayed by Caddy either. tests/node/test_resume_input.py holds the two equal.
+MAX_BODY = 16 * 1024 * 1024
+CLIENT_TIMEOUT_S = 60.0  # a client's body must arrive, and each write to it go through, within this
+# How long a layer told to stop goes on serving the requests it took: an agent's turn can stream for minutes. The
+# front's step gives the unit this and a margin before systemd kills it (kimi_cluster/plan/resume.py).
+DRAIN_S = 600.0
+HEX = frozenset(string.hexdigits.encode())
 
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     front: chat.Front
+    max_body: int = MAX_BODY
+    client_timeout_s: float = CLIENT_TIMEOUT_S
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.in_flight = 0  # connections taken and not yet answered to their end
+        self.settled = threading.Condition()
+        self.stopping = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.settled:  # counted before its thread starts: a drain never misses one
+            self.in_flight += 1
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self.settled:
+            self.in_flight -= 1
+            self.settled.notify_all()
+
+    def stop(self) -> None:
+        """Asks serve() to stop taking connections (safe in a signal handler: a flag and one byte)."""
+        self.stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # already woken
+            pass
+
+    def serve(self) -> None:
+        """Accepts until stop(); then takes what the kernel already queued and closes the listener, at once (no
+        poll interval): from then on a connect is refused, and the front's Caddy dials the next layer."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self.stopping:
+                for key, _ in selector.select():
+                    if key.fileobj is self.socket and not self.stopping:
+                        self._take()
+        # A connection the kernel completed before the close is a request Caddy already sent: served, not reset.
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, address = self.socket.accept()
+            except OSError:
+                break
+            request.setblocking(True)
+            try:
+                self.process_request(request, address)
+            except Exception:  # noqa: BLE001  # as in _take
+                self.shutdown_request(request)
+        self.server_close()
+
+    def _take(self) -> None:
+        """Accepts one connection and hands it to its thread (as socketserver's own loop does)."""
+        try:
+            request, address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, address)
+        except Exception:  # noqa: BLE001  # a thread that cannot start: that connection is closed, the server goes on
+            self.shutdown_request(request)
+
+    def drain(self, bound_s: float) -> int:
+        """Waits until every connection taken is answered, at most bound_s; returns how many were still going."""
+        with self.settled:
+            self.settled.wait_for(lambda: self.in_flight == 0, timeout=bound_s)
+            return self.in_flight
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: Server
 
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.client_timeout_s)  # every read and write of this connection
+        self.answered = False
+
     def log_message(self, fmt: str, *args: Any) -> None:  # Caddy logs the requests; this logs only what it does
         pass
 
-    # ---- chat.Client
+    # ---- relay.Client
 
     def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.answered = True
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -47,6 +152,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def start_stream(self) -> None:
+        self.answered = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -77,31 +183,68 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path not in chat.ROUTES:
             return self.whole(404, b'{"detail":"Not Found"}')
-        raw = self._body()
-        if raw is None:
-            return self.whole(413, b'{"detail":"request body too large"}')
         try:
-            chat.handle(self.server.front, path, raw, self)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client went away; the upstream's socket closed with the generation, which aborts it
+            chat.handle(self.server.front, path, self._body(), self)
+        except BadRequest as exc:
+            if not self.answered:
+                self.whole(exc.status, exc.body())
+        except TimeoutError:
+            if not self.answered:
+                log(f"a client's body did not arrive within {self.server.client_timeout_s:g} s")
+                self._last_word(408, f"the request body did not arrive within {self.server.client_timeout_s:g} s")
+            else:
+                log(f"a client read nothing for {self.server.client_timeout_s:g} s: its request is ended")
+            self.close_connection = True
+        except OSError:
+            self.close_connection = True  # the client went away: its generation closed with the request
+        except Exception as exc:  # noqa: BLE001  # the last word: one line for the log, a short 500 for the client
+            log(f"{path}: unexpected {type(exc).__name__}: {exc}")
+            self._last_word(500, f"the resuming layer failed on this request ({type(exc).__name__})")
+            self.close_connection = True
 
+    def _last_word(self, status: int, message: str) -> None:
+        """A whole error answer if nothing was answered yet (a stream already going just ends)."""
+        if self.answered:
+            return
+        try:
+            self.whole(status, error_body(status, message))
+        except OSError:
+            pass
 
-    def _body(self) -> bytes | None:
-        """The request's body, by its length or its chunks (None past MAX_BODY)."""
+    def _body(self) -> bytes:
+        """The request's body, by its length or its chunks, at most max_body bytes (BadRequest otherwise)."""
+        limit = self.server.max_body
+        too_large = BadRequest(413, f"the request body is larger than {limit} bytes")
         if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
-            length = int(self.headers.get("Content-Length") or 0)
-            return self.rfile.read(length) if 0 <= length <= MAX_BODY else None
-        body = b""
+            declared = (self.headers.get("Content-Length") or "0").strip()
+            if not declared.isascii() or not declared.isdigit():
+                raise BadRequest(400, "Content-Length must be a number of bytes", "Content-Length")
+            if int(declared) > limit:
+                raise too_large
+            body = self.rfile.read(int(declared))
+            if len(body) < int(declared):
+                raise BadRequest(400, "the request body ended before its Content-Length", "Content-Length")
+            return body
+        parts: list[bytes] = []
+        size_total = 0
         while True:
-            size = int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16)
+            line = self.rfile.readline(1024)
+            size_text = line.split(b";")[0].strip()
+            if not line.endswith(b"\n") or not size_text or len(size_text) > 16 or not set(size_text) <= HEX:
+                raise BadRequest(400, "a chunk size must be a hexadecimal number", "Transfer-Encoding")
+            size = int(size_text, 16)
             if size == 0:
-                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return body
-            if len(body) + size > MAX_BODY:
-                return None
-            body += self.rfile.read(size)
-            self.rfile.readline(1024)
+                for _ in range(100):  # trailers, bounded
+                    if self.rfile.readline(1024) in (b"\r\n", b"\n", b""):
+                        break
+                return b"".join(parts)
+            size_total += size
+            if size_total > limit:
+                raise too_large
+            chunk = self.rfile.read(size)
+            if len(chunk) < size or self.rfile.readline(1024) not in (b"\r\n", b"\n"):
+                raise BadRequest(400, "a chunk ended before its size", "Transfer-Encoding")
+            parts.append(chunk)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -123,10 +266,19 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--health-timeout-s", type=float, default=1.0)
     ap.add_argument("--health-fails", type=int, default=2)
     ap.add_argument("--health-passes", type=int, default=2)
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY, help="the largest request body taken (413 past it)")
+    ap.add_argument("--client-timeout-s", type=float, default=CLIENT_TIMEOUT_S,
+                    help="a client's body must arrive, and each write to it go through, within this (408 / ended)")
+    ap.add_argument("--drain-s", type=float, default=DRAIN_S,
+                    help="after SIGTERM (its listener closed at once), how long the requests it took may go on")
     args = ap.parse_args(argv)
     if bool(args.replica) == bool(args.replicas_file):
         ap.error("give the replicas with --replica or with --replicas-file (one of them)")
-    for name in ("silence_s", "tick_s", "pick_s", "health_interval_s", "health_timeout_s"):
+    if not 0 < args.max_body_bytes <= 1 << 30:
+        ap.error("--max-body-bytes must be more than 0 and at most 1 GiB")
+    if not 0 <= args.drain_s <= 86400:
+        ap.error("--drain-s must be between 0 and 86400")
+    for name in ("silence_s", "tick_s", "pick_s", "health_interval_s", "health_timeout_s", "client_timeout_s"):
         if not 0 < getattr(args, name) <= 3600:
             ap.error(f"--{name.replace('_', '-')} must be more than 0 and at most 3600")
     for name in ("resumes", "health_fails", "health_passes"):
@@ -166,6 +318,7 @@ def build(args: argparse.Namespace) -> Server:
     pool = Pool(urls, args.health_interval_s, args.health_timeout_s, args.health_fails, args.health_passes)
     host, port = wire.address("http://" + args.listen)
     server = Server((host, port), Handler)
+    server.max_body, server.client_timeout_s = args.max_body_bytes, args.client_timeout_s
     server.front = chat.Front(pool, RenderServers([wire.address(url) for url in args.render]),
                               Limits(args.silence_s, args.tick_s, args.pick_s, args.resumes))
     return server
@@ -182,9 +335,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replicas_file:
         threading.Thread(target=follow, args=(server.front.pool, args.replicas_file, args.health_interval_s),
                          name="replicas file", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     log(f"serving on {args.listen}: {len(server.front.pool.urls())} replicas, render servers {server.front.render}")
-    server.serve_forever(poll_interval=0.5)
+    server.serve()
+    log(f"stopping: the listener is closed; {server.in_flight} requests in flight may finish within "
+        f"{args.drain_s:g} s")
+    left = server.drain(args.drain_s)
+    if left:
+        log(f"{left} requests still going after {args.drain_s:g} s: they end with this process")
+    else:
+        log("every request taken was answered: exiting")
     server.front.pool.stop.set()
     return 0
 

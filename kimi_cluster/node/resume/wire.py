@@ -180,7 +180,9 @@ def send(host: str, port: int, method: str, path: str, body: bytes | None = None
     if body is not None:
         lines.append(f"Content-Length: {len(body)}")
     try:
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if body:
+            sock.sendall(body)  # not joined to the head: a large body is not copied again
     except OSError as exc:
         sock.close()
         raise Lost(f"cannot send to {host}:{port}: {exc}") from None
@@ -188,10 +190,11 @@ def send(host: str, port: int, method: str, path: str, body: bytes | None = None
 
 
 def call_json(host: str, port: int, path: str, payload: Any, timeout_s: float) -> tuple[int, Any, bytes]:
-    """POST JSON and read the whole JSON answer within timeout_s: (status, parsed or None, raw body)."""
+    """POST JSON (a payload already encoded is sent as it is) and read the whole JSON answer within timeout_s:
+    (status, parsed or None, raw body)."""
     deadline = time.monotonic() + timeout_s
-    up = send(host, port, "POST", path, json.dumps(payload).encode(), {"Content-Type": "application/json"},
-              connect_timeout_s=timeout_s)
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    up = send(host, port, "POST", path, data, {"Content-Type": "application/json"}, connect_timeout_s=timeout_s)
     try:
         while True:
             left = deadline - time.monotonic()

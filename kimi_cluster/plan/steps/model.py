@@ -63,6 +63,16 @@ class View:
     make: Callable[[VmPlan, VmSpot], NodeSpot]
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The least a step's own work takes (kimi_cluster/settings/work_model.py), and what that work is: a
+    kimi-cluster:stepDeadlineMinutes below it would stop the step mid-way every time (kimi_cluster/plan/admission.py
+    refuses it)."""
+
+    seconds: Callable[[Settings], float]
+    work: str
+
+
 ValueBuilder = Callable[["Settings", str, NodeSpot, "Timing", int], dict[str, Any]]
 
 
@@ -95,6 +105,7 @@ class Step:
     suffix: Callable[[Settings], str] | None = None  # appended to the script (e.g. an identity that re-runs it)
     template: str = ""  # default: <name>.sh.j2
     timing_keys: str = ""  # the nodeTiming keys its default deadline is made of (admission bounds them to a week)
+    floor: Floor | None = None  # the least its own work takes; none: the one-minute floor of every step (rules.py)
 
     @property
     def template_name(self) -> str:

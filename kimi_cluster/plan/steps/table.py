@@ -19,6 +19,7 @@ from kimi_cluster.plan.steps.model import (
     KERNEL_CACHE_SAVE_TYPE,
     NODE,
     READINESS_TYPE,
+    Floor,
     Step,
     View,
     VmPlan,
@@ -26,7 +27,9 @@ from kimi_cluster.plan.steps.model import (
     Wrap,
     always,
 )
+from kimi_cluster.settings import Settings
 from kimi_cluster.settings.timing import PIP_BUDGET_S, TimedSettings
+from kimi_cluster.settings.work_model import engine_start_s, image_pull_s, render_server_s
 
 CACHE_STEP_NAMES = ("cache-restore", "cache-save")  # their deadline must leave room for pip (admission.py)
 
@@ -49,6 +52,17 @@ def _cache_minutes(settings: TimedSettings, restoring: bool) -> int:
     return cfg.restore_timeout_minutes if restoring else cfg.save_timeout_minutes
 
 
+def _serving_floor(settings: Settings) -> float:
+    """The engine's own start (load, warm-up, first answers): kept or pre-compiled kernels warm up from caches."""
+    return engine_start_s(settings.kernel_cache is not None or settings.kernel_warmup)
+
+
+PULL_FLOOR = Floor(lambda _s: image_pull_s(), "pulling the ~16 GB engine image at 55 MB/s")
+RESUME_FLOOR = Floor(lambda _s: render_server_s(),
+                     "pulling the ~16 GB engine image at 55 MB/s, then starting vLLM's render server")
+SERVING_FLOOR = Floor(_serving_floor, "loading the checkpoint to the GPUs, warming the kernels up, first answers")
+
+
 TABLE: tuple[Step, ...] = (
     Step("ready", "wait for SSH and cloud-init, count the GPUs, find the private interface", v.ready_values,
          lambda t, _s: t.cloud_init_timeout_s + t.gpu_timeout_s + t.deadline_slack_s, NODE, CHAIN,
@@ -59,7 +73,8 @@ TABLE: tuple[Step, ...] = (
          timing_keys="storageTimeoutS, dockerTimeoutS"),
     Step("image", "pull the pinned engine image, with bounded retries", v.image_values,
          lambda t, _s: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts) + t.deadline_slack_s,
-         NODE, CHAIN, after=("storage",), timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)"),
+         NODE, CHAIN, after=("storage",), timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts)",
+         floor=PULL_FLOOR),
     # The pull and the download both need the storage disk, not each other: they run side by side. The download
     # reads the hub token, then (when the nodes share it) the peer token; it also installs huggingface_hub.
     Step("weights", "download the pinned checkpoint (this node's share from the hub, the rest from its peers), "
@@ -97,7 +112,8 @@ TABLE: tuple[Step, ...] = (
          lambda t, _s: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts)
          + 2 * t.proxy_timeout_s + t.deadline_slack_s, FRONT, CHAIN, when=lambda s, _p: s.resumes_streams,
          after=("front-ready",), stdin=("hf_token",),
-         timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts), proxyTimeoutS"),
+         timing_keys="pullAttempts x (pullTimeoutS + pullBackoffS x pullAttempts), proxyTimeoutS",
+         floor=RESUME_FLOOR),
     # On the endpoint's VM. It needs only its image (on the head) and runs, answering 502 for anything but 401s,
     # while the weights arrive; the front's may start at once.
     Step("proxy", "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
@@ -113,7 +129,9 @@ TABLE: tuple[Step, ...] = (
              public_ip=s.public_ip, tls=s.tls or PLAN_TLS, front_upstreams=s.front_upstreams)),
          after=("launch@every-node", "proxy", "engine-ready@every-replica"), stdin=("api_key",),
          parent={"node": "cluster", "front": "vm"}, wrap=Wrap(READINESS_TYPE, "{group}-ready", "{group}-ready-wait"),
-         names_vm=False, timing_keys="deadlineSlackS"),
+         names_vm=False, timing_keys="deadlineSlackS",
+         # Behind a front it waits for engines that already serve (engine-ready@every-replica): no floor of its own.
+         floor=Floor(lambda s: 0.0 if s.has_front else _serving_floor(s), SERVING_FLOOR.work)),
     # replicas >= 2 (kimi_cluster/deploy/front.py): each replica's head answers the front, the front holds the
     # endpoint; the next replica's launch waits for this one.
     Step("engine-ready", "wait until this replica's engine serves the model on its private address, where the "
@@ -121,7 +139,7 @@ TABLE: tuple[Step, ...] = (
          v.engine_ready_values, lambda t, s: t.readiness_s(s) + t.deadline_slack_s, HEAD,
          View(("private_ip",), lambda _p, s: NodeSpot(private_ip=s.private_ip, head_private_ip=s.private_ip)),
          when=lambda s, _p: s.has_front, after=("launch@every-node",), resource="{group}-engine-ready",
-         parent={"node": "cluster"}),
+         parent={"node": "cluster"}, floor=SERVING_FLOOR),
     # Every replica compiles the same kernels for the same key: replica 0's head saves them once it serves. Nothing
     # depends on it; it never fails. Its text carries the launch identity, so it runs again after a relaunch.
     Step("cache-save", "pack the engine's compiled kernels and store them for the next bring-up (only ever warns)",

@@ -92,8 +92,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def kill_group(pid: int) -> None:
+def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
     try:
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, sig)
     except OSError:
         pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -87,7 +88,7 @@ def systemctl(argv: list[str]) -> None:
         return
     if cmd == "stop":
         for unit in rest:
-            _stop_unit(unit)
+            _stop_unit(unit, wait="--no-block" not in argv)
         return
     if cmd == "reset-failed":
         for unit in rest:
@@ -104,7 +105,8 @@ def systemctl(argv: list[str]) -> None:
     fail(f"fake systemctl: unsupported {argv!r}", 2)
 
 
-def _stop_unit(unit: str) -> None:
+def _stop_unit(unit: str, wait: bool) -> None:
+    """SIGTERM to the unit's process; without --no-block, wait (as systemctl does) until it has ended."""
     p = unit_file(unit)
     if not p.exists():
         return
@@ -112,8 +114,11 @@ def _stop_unit(unit: str) -> None:
     if u["state"] not in ("active", "activating"):
         return
     u["state"] = "deactivating"
+    u["stopped_at"] = time.time()  # the monitor kills it TimeoutStopSec after this
     write_json_atomic(p, u)
     kill_group(u["pid"])
+    if not wait:
+        return
     deadline = time.time() + 10
     while p.exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -185,6 +190,7 @@ def monitor(spec_json: str) -> None:
     # unless `systemctl stop` ended it (the unit is then "deactivating").
     always = spec["props"].get("Restart") == "always"
     restart_s = float(spec["props"].get("RestartSec", "0.1").removesuffix("s"))
+    stop_timeout_s = float(spec["props"].get("TimeoutStopSec", "90").removesuffix("s"))
     starts = 0
     while True:
         with open(log_path, "a") as log:
@@ -193,7 +199,7 @@ def monitor(spec_json: str) -> None:
             starts += 1
             write_json_atomic(p, {"unit": spec["unit"], "state": "active", "pid": child.pid, "monitor": os.getpid(),
                                   "command": spec["command"], "starts": starts})
-            rc = child.wait()
+            rc = _wait(child, p, stop_timeout_s)
         if not always or not p.exists() or json.loads(p.read_text())["state"] == "deactivating":
             break
         time.sleep(restart_s)
@@ -205,6 +211,19 @@ def monitor(spec_json: str) -> None:
     else:
         u.update(state="failed", result="exit-code" if rc > 0 else "signal", status=abs(rc))
         write_json_atomic(p, u)
+
+
+def _wait(child, p: Path, stop_timeout_s: float) -> int:
+    """The child's exit status; once the unit is stopped, SIGKILL after TimeoutStopSec, as systemd does."""
+    import subprocess
+
+    while True:
+        try:
+            return child.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            stopped_at = json.loads(p.read_text()).get("stopped_at") if p.exists() else None
+            if stopped_at is not None and time.time() - stopped_at > stop_timeout_s:
+                kill_group(child.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--monitor"]:

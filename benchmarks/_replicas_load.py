@@ -1,0 +1,195 @@
+"""The load bench_replicas runs through the front: `--chats` workers on the official `openai` client (TLS with the
+stack's CA, the stack's key, the client's own retries off: what the front delivers is what is counted). Half make
+tool-call round trips (a non-streamed request that calls a tool, the tool's result sent back, the final answer),
+half stream; what they saw goes into one `Tally`, each answer's latency with it."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import ssl
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from kimi_cluster.checks.tools import TOOL_IMPLS, TOOLS
+
+TOOL_TASK = "What is the weather in Tokyo? Use the tool."
+
+
+@dataclass
+class Tally:
+    """What the workers saw, under one lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    requests: int = 0
+    failed: list[str] = field(default_factory=list)
+    streams_started: int = 0
+    streams_done: int = 0
+    streams_cut: list[str] = field(default_factory=list)
+    stream_refused: list[str] = field(default_factory=list)
+    trips_started: int = 0
+    trips_done: int = 0
+    open_streams: int = 0
+    streams_wrong: list[str] = field(default_factory=list)
+    # The first completed stream of each kind, which every later one must equal (the fake engines answer a prompt
+    # the same way every time): a stream carried on on the twin must come out whole, no token twice or lost.
+    reference: dict[str, Any] = field(default_factory=dict)
+    loss_at: float | None = None  # when the replica was lost (time.monotonic)
+    # For each completed stream that was open at the loss: the longest its client waited for a chunk from the loss
+    # on, the wait across the cut included (from its last chunk before the loss), in seconds. Keep-alive comments
+    # are not chunks: the SDK skips them. The replica goes some milliseconds after `loss_at` (the reclaim's own
+    # time), so the wait is measured between chunks, never from `loss_at`, which would leave that time out.
+    resume_gaps: list[float] = field(default_factory=list)
+    # Seconds each answer took, by kind (WHOLE, FIRST_CHUNK, STREAM): those that came whole only.
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    # When each failure, cut or refusal was noted (time.monotonic): a burst of fast failures is one event.
+    noted_at: list[float] = field(default_factory=list)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for key, n in counts.items():
+                setattr(self, key, getattr(self, key) + n)
+
+    def note(self, which: str, text: str) -> None:
+        with self.lock:
+            getattr(self, which).append(text)
+            self.noted_at.append(time.monotonic())
+
+    def check(self, kind: str, got: Any, times: list[float], started: float) -> None:
+        """A completed stream: as the first of its kind, and its longest chunk gap if it was open at the loss."""
+        with self.lock:
+            expected = self.reference.setdefault(kind, got)
+            if got != expected:
+                self.streams_wrong.append(f"{kind}: {str(got)[:200]} instead of {str(expected)[:200]}")
+            if self.loss_at is not None and started < self.loss_at < times[-1]:
+                stamps = [started, *times]
+                self.resume_gaps.append(max(b - a for a, b in itertools.pairwise(stamps) if b > self.loss_at))
+
+    def timed(self, kind: str, seconds: float) -> None:
+        """One answer's latency, as its client saw it."""
+        with self.lock:
+            self.latencies.setdefault(kind, []).append(seconds)
+
+
+# The latencies Tally keeps: a non-streamed request from its send to its whole answer; a stream from its send to its
+# first chunk, and to its last.
+WHOLE, FIRST_CHUNK, STREAM = "non-streamed request", "stream's first chunk", "whole stream"
+
+
+def client_for(base_url: str, key: str, ca_file: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60,
+                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca_file)))
+
+
+def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
+    """One tool-call round trip: ask, run the tool the model calls, send its result, read the answer."""
+    tally.add(trips_started=1)
+    messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
+    for _ in range(4):
+        tally.add(requests=1)
+        sent = time.monotonic()
+        try:
+            # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
+            reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+                                                   max_tokens=256)
+        except openai.OpenAIError as exc:
+            tally.note("failed", f"{type(exc).__name__}: {str(exc)[:160]}")
+            return
+        tally.timed(WHOLE, time.monotonic() - sent)
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            tally.add(trips_done=1)
+            return
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            function = getattr(call, "function", None)  # a custom tool call has none
+            name = getattr(function, "name", "")
+            args = json.loads(function.arguments) if function is not None and name in TOOL_IMPLS else {}
+            result = TOOL_IMPLS[name](**args) if name in TOOL_IMPLS else {"error": "unknown tool"}
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    tally.note("failed", "tool round trip: still calling tools after 4 turns")
+
+
+def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> None:
+    """One streamed turn, assembled: plain text, or (tools) reasoning and a tool call, each tool call's id the
+    same in every chunk that names one."""
+    chunks, times, started = 0, [], time.monotonic()
+    text: dict[str, str] = {"content": "", "reasoning": ""}
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    tally.add(streams_started=1, open_streams=1)
+    try:
+        stream = client.chat.completions.create(  # type: ignore[call-overload]  # TOOLS is plain JSON
+            model=model, stream=True, max_tokens=256,
+            messages=[{"role": "user", "content": TOOL_TASK if tools else "Tell me about Kimi."}],
+            **({"tools": TOOLS} if tools else {}))
+        for chunk in stream:
+            chunks += 1
+            times.append(time.monotonic())
+            for choice in chunk.choices:
+                delta = choice.delta
+                text["content"] += delta.content or ""
+                text["reasoning"] += (delta.model_extra or {}).get("reasoning") or ""
+                for call in delta.tool_calls or []:
+                    slot = calls.setdefault(call.index, {"ids": set(), "name": "", "arguments": ""})
+                    slot["ids"] |= {call.id} if call.id else set()
+                    if call.function is not None:
+                        slot["name"] += call.function.name or ""
+                        slot["arguments"] += call.function.arguments or ""
+                finish = choice.finish_reason or finish
+        tally.add(streams_done=1)
+        if times:
+            tally.timed(FIRST_CHUNK, times[0] - started)
+            tally.timed(STREAM, times[-1] - started)
+        got = (text["content"], text["reasoning"], finish,
+               [(c["name"], c["arguments"], len(c["ids"])) for _, c in sorted(calls.items())])
+        tally.check("tool-call stream" if tools else "stream", got, times or [started], started)
+    except openai.OpenAIError as exc:
+        # Before the first chunk the front could still have sent it elsewhere: that one is a refused request.
+        which = "streams_cut" if chunks else "stream_refused"
+        tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {str(exc)[:160]}")
+    finally:
+        tally.add(open_streams=-1)
+
+
+def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop: threading.Event,
+             tally: Tally) -> list[threading.Thread]:
+    def worker(index: int) -> None:
+        client = client_for(base_url, key, ca_file)
+        while not stop.is_set():
+            if index % 2 == 0:
+                _round_trip(client, model, tally)
+            else:  # every other stream worker streams a tool call with its reasoning
+                _stream(client, model, tally, tools=index % 4 == 3)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(chats)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+
+def start_load(outputs: dict[str, Any], args: argparse.Namespace,
+               ) -> tuple[str, Tally, threading.Event, list[threading.Thread]]:
+    """The load both measurements run under: `--chats` workers through the front, trusting the stack's CA (written
+    to a file the caller removes), running for `--before` seconds before this returns. Returns the CA file's path,
+    the tally, the event that stops the workers, and their threads."""
+    ca = write_ca(outputs)
+    tally, stop = Tally(), threading.Event()
+    threads = run_load(outputs["openai_base_url"], outputs["api_key"], ca, outputs["served_model_name"],
+                       args.chats, stop, tally)
+    time.sleep(args.before)
+    return ca, tally, stop, threads
+
+
+def write_ca(outputs: dict[str, Any]) -> str:
+    """The stack's CA in a file of its own (the caller removes it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as ca:
+        ca.write(outputs["ca_certificate"])
+    return ca.name
