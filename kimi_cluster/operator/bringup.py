@@ -95,6 +95,11 @@ def weights_sharded_s(checkpoint: int, nodes: int) -> tuple[float, float]:
     return max(hub[0], disk[0], net[0]), max(hub[1], disk[1], net[1])
 
 
+def download_minutes(settings: Settings) -> list[float]:
+    """The weights step as this stack runs it, sharded over its nodes (the bring-up's weights row), in minutes."""
+    return [round(x / 60, 1) for x in weights_sharded_s(settings.model_spec.checkpoint_bytes, settings.nodes)]
+
+
 def phases(settings: Settings, sharded: bool = True, kernel_cache: bool = False,
            warmup_beside: bool = False) -> list[Phase]:
     """The phases of one bring-up of this stack, in order.

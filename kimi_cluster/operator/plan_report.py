@@ -50,12 +50,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
                     for k in SECRET_KEYS}
     api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
     secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
-    from kimi_cluster.operator.bringup import EDGES_ASSUMED, weights_sharded_s
-
-    # The download as this stack runs it (sharded over its nodes, as the bring-up's weights row), beside every node
-    # pulling everything, which is what one node alone does.
-    sharded_s = weights_sharded_s(settings.model_spec.checkpoint_bytes, settings.nodes)
-    dl_low, dl_high = (round(x / 60, 1) for x in sharded_s)
+    from kimi_cluster.operator.bringup import EDGES_ASSUMED, download_minutes
     plan: dict[str, Any] = {
         "stack": settings.stack,
         "source": source,
@@ -115,7 +110,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "break_even": _break_even(settings, price_quote),
         "guards": guards(settings, _break_even(settings, price_quote)),
         "engine_layout": _layouts(settings),
-        "download_minutes_per_node": [dl_low, dl_high],
+        "download_minutes_per_node": download_minutes(settings),
         "download_minutes_every_node_all": list(sizing.download_minutes(settings.model_spec)),
         "download_assumes": EDGES_ASSUMED,
         # Each node step's deadline, enforced on the node (kimi_cluster.deploy.remote_step.remote_command_text).
