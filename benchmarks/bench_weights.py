@@ -8,7 +8,8 @@ address, and `kimi_cluster/node/fetch_weights.py` as each node's program, each n
 (127.0.0.2, .3, ...) so the hub sees four clients, exactly as it would see four VMs. Three scenarios run one after
 the other: naive, sharded, and sharded with one node killed (SIGKILL) when half of its share has come from the hub.
 Hub bytes are what the hub's answers carried (its JSON-lines log), wall time is from the first node's start to the
-last one's exit. Nothing here asserts a time; it prints what it measured.
+last one's exit. Nothing here asserts a time; it prints what it measured. The same download through a CDN with slow
+edges, against another version's fetcher: benchmarks/bench_weights_edges.py.
 """
 
 from __future__ import annotations
@@ -43,18 +44,21 @@ class Outcome:
     killed_rerun_hub_bytes: int | None = None
 
 
-def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float) -> list[str]:
+def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float,
+             extra: tuple[str, ...] = ()) -> list[str]:
     d = work / f"node{rank}"
     return [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "kimi/verified" / f"{REVISION}.json"),
             "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "16", "--rank", str(rank), "--peers", peers,
             "--peer-token-file", str(work / "peer_token"), "--peer-timeout", "3", "--stall-seconds", "10",
-            "--poll-seconds", str(poll), "--report-seconds", "3600", "--source-address", f"127.0.0.{2 + rank}"]
+            "--poll-seconds", str(poll), "--report-seconds", "3600", "--source-address", f"127.0.0.{2 + rank}", *extra]
 
 
 def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfway: bool,
-                 checkpoint: int) -> Outcome:
+                 checkpoint: int, program: Path = PROJECT, extra: tuple[str, ...] = ()) -> Outcome:
+    """One download by `nodes` nodes; `program`: the folder whose kimi_cluster/node/fetch_weights.py runs (another
+    version's, to compare), given `extra` flags."""
     work.mkdir(parents=True)
     (work / "peer_token").write_text(TOKEN + "\n")
     os.chmod(work / "peer_token", 0o600)
@@ -63,7 +67,7 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
     if sharded:
         port = free_port(*hosts)
         peers = ",".join(f"{h}:{port}" for h in hosts)
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
+    env = {**os.environ, "PYTHONPATH": str(program), "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "*"}
     before = sum(hub.sent.values())
     victim = nodes - 1
     victim_addr = hosts[victim]
@@ -71,7 +75,7 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
     victim_before = hub.sent[victim_addr]  # the hub's counters run across scenarios
     start = time.monotonic()
     logs = [open(work / f"node{r}.log", "w") for r in range(nodes)]
-    procs = [subprocess.Popen(node_cmd(work, r, hub, peers, 0.3), cwd=PROJECT, env=env, stdout=logs[r],
+    procs = [subprocess.Popen(node_cmd(work, r, hub, peers, 0.3, extra), cwd=program, env=env, stdout=logs[r],
                               stderr=subprocess.STDOUT) for r in range(nodes)]
     killed = False
     while any(p.poll() is None for p in procs):
@@ -90,7 +94,7 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
         # The killed node's next run: it keeps what it verified; its peers have finished and left, so the rest
         # comes from the hub.
         mark = sum(hub.sent.values())
-        rerun = subprocess.run(node_cmd(work, victim, hub, peers, 0.3), cwd=PROJECT, env=env,
+        rerun = subprocess.run(node_cmd(work, victim, hub, peers, 0.3, extra), cwd=program, env=env,
                                capture_output=True, text=True)
         out.killed_rerun_hub_bytes = sum(hub.sent.values()) - mark
         out.complete_nodes += 1 if rerun.returncode == 0 else 0

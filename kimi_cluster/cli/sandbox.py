@@ -15,6 +15,17 @@ from kimi_cluster.sandbox.kimi import DEFAULT_WORKDIR, EXIT_USAGE, TOPOLOGIES, S
 from kimi_cluster.settings import SettingsError
 
 
+def _share(text: str) -> float:
+    """A share from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value <= 1:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"{text!r} must be from 0 to 1")
+    return value
+
+
 def _rate(text: str) -> float:
     """A throttle of at least 1 byte a second and at most 100 GB/s: not negative, NaN or infinite."""
     try:
@@ -48,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                              "workdir), e.g. --topology custom --config nodeCount=8 --config gpusPerNode=4 ...")
     parser.add_argument("--hub-bytes-per-second", type=_rate, metavar="N",
                         help="up: throttle the fake hub (to watch the download with status)")
+    parser.add_argument("--hub-slow-edges", type=_share, metavar="SHARE",
+                        help="up: with --hub-bytes-per-second, the fake hub is a CDN whose connections land on a "
+                             "slow edge (1/8 of that rate) this share of the time, e.g. 0.7 (xet-core#821)")
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
     parser.add_argument("--no-timeline", action="store_true",
                         help="up: do not draw the bring-up as timeline.png (saves about 1.5 CPU-seconds)")
@@ -65,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.hub_bytes_per_second is not None) and args.command != "up":
         parser.error("--topology, --config, --no-timeline, --[no-]kernel-cache and --hub-bytes-per-second apply to "
                      "up only")
+    if args.hub_slow_edges is not None and args.hub_bytes_per_second is None:
+        parser.error("--hub-slow-edges needs --hub-bytes-per-second, the fast edges' rate")
     if args.expect_no_changes and args.command not in ("up", "refresh"):
         parser.error("--expect-no-changes applies to up and refresh only")
     if (problem := watch_problem(args.watch)) is not None:
@@ -86,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             return refresh.refresh(sandbox, expect_no_changes=args.expect_no_changes)
         if args.command == "up":
             return sandbox.up(args.topology, echo=not args.quiet, config=config,
-                              hub_bytes_per_second=args.hub_bytes_per_second, timeline=not args.no_timeline,
-                              kernel_cache=args.kernel_cache, expect_no_changes=args.expect_no_changes)
+                              hub_bytes_per_second=args.hub_bytes_per_second, hub_slow_edges=args.hub_slow_edges,
+                              timeline=not args.no_timeline, kernel_cache=args.kernel_cache,
+                              expect_no_changes=args.expect_no_changes)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
         if args.command == "status":

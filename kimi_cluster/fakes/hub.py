@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from kimi_cluster.fakes.hub_edges import ConnectionPace, Edges
 from kimi_cluster.fakes.hub_repo import (
     LFS_POINTER_SIZE,
     HubFile,
@@ -35,7 +36,7 @@ from kimi_cluster.fakes.hub_repo import (
 )
 
 # The repository's files live in kimi_cluster/fakes/hub_repo.py; their names stay importable from here.
-__all__ = ["LFS_POINTER_SIZE", "STATS_PATH", "FakeHub", "Faults", "HubFile", "main", "safetensors_bytes",
+__all__ = ["LFS_POINTER_SIZE", "STATS_PATH", "Edges", "FakeHub", "Faults", "HubFile", "main", "safetensors_bytes",
            "synthetic_repo", "tiny_repo"]
 
 
@@ -50,6 +51,7 @@ class Faults:
     corrupt: Counter = field(default_factory=Counter)  # path -> times to flip one byte in the middle of the body
     bytes_per_second: float | None = None  # throttle file bodies, to interrupt a download midway
     client_bytes_per_second: float | None = None  # cap on all bodies to one client address, across its connections
+    edges: Edges | None = None  # a CDN's edges: a cap per connection, fast or slow, drawn per request
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -129,6 +131,14 @@ class FakeHub:
             return sum(1 for _, m, p, status, _ in self.answers
                        if m == "GET" and status in (200, 206) and (p.endswith("/" + path) or p.endswith(f.sha256)))
 
+    def copies(self, path: str) -> float:
+        """How many times over the bytes of `path` were served, by GETs of whole files and of ranges alike."""
+        f = self.files[path]
+        with self.lock:
+            sent = sum(n for _, m, p, status, n in self.answers
+                       if m == "GET" and status in (200, 206) and (p.endswith("/" + path) or p.endswith(f.sha256)))
+        return sent / len(f.data) if f.data else float(self.downloads(path))
+
     def answered(self, client: str, method: str, path: str, status: int, nbytes: int) -> None:
         """Count an answer's body bytes per client and, with a log file, append it as one JSON line."""
         with self.lock:
@@ -200,6 +210,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "FakeHub/1"
+        edge: ConnectionPace | None = None  # this connection's CDN edge (one handler serves one connection)
 
         def log_message(self, fmt: str, *args) -> None:  # keep test output quiet
             pass
@@ -333,11 +344,19 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             limit = len(data) // 2 if drop else len(data)
-            step = 4096 if hub.faults.bytes_per_second else 64 * 1024 if hub.faults.client_bytes_per_second else 1 << 20
+            edges = hub.faults.edges
+            if self.edge is None:  # a keep-alive connection stays on the edge its first answer drew
+                self.edge = ConnectionPace(edges.draw(self.client_address[0], f.path, rng) if edges else None)
+            edge = self.edge
+            paced = hub.faults.client_bytes_per_second or edge.rate
+            step = 4096 if hub.faults.bytes_per_second else 64 * 1024 if paced else 1 << 20
+            if edge.rate:  # a twentieth of a second per write: a client leaving a slow edge wastes little of it
+                step = min(step, max(4096, int(edge.rate / 20)))
             client, sent = self.client_address[0], 0
             try:
                 for i in range(0, limit, step):
                     chunk = data[i:min(i + step, limit)]
+                    edge.wait(len(chunk))
                     hub.pace(client, len(chunk))
                     self.wfile.write(chunk)
                     sent += len(chunk)
@@ -371,6 +390,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--missing-repo", action="store_true", help="answer 404 RepoNotFound for everything")
     ap.add_argument("--bytes-per-second", type=float, help="throttle file bodies, per connection")
     ap.add_argument("--client-bytes-per-second", type=float, help="cap all bodies sent to one client address")
+    ap.add_argument("--edge-bytes-per-second", type=float,
+                    help="a CDN's fast edges: cap each connection at this rate (see --slow-edges)")
+    ap.add_argument("--slow-edges", type=float, default=0.0, metavar="SHARE",
+                    help="the share of requests (0 to 1) that land on a slow edge, capped at --slow-edge-factor of "
+                         "--edge-bytes-per-second, drawn per request from --edge-seed (xet-core#821: 0.65-0.75)")
+    ap.add_argument("--slow-edge-factor", type=float, default=1 / 8, help="a slow edge's cap over a fast one's")
+    ap.add_argument("--edge-seed", type=int, default=0)
     ap.add_argument("--shard-bytes", type=int, help="serve a synthetic repository with shards of this many bytes")
     ap.add_argument("--chat-model", action="store_true",
                     help="serve the tiny chat model's config, tokenizer and chat template beside the weights "
@@ -387,7 +413,12 @@ def main(argv: list[str] | None = None) -> None:
             token = fh.read().strip()
         if not token:
             ap.error(f"--token-file {args.token_file} is empty")
-    faults = Faults(private=token is not None, missing_repo=args.missing_repo,
+    try:
+        edges = Edges(args.slow_edges, args.slow_edge_factor, args.edge_bytes_per_second, args.edge_seed) \
+            if args.edge_bytes_per_second or args.slow_edges else None
+    except ValueError as exc:
+        ap.error(str(exc))
+    faults = Faults(private=token is not None, missing_repo=args.missing_repo, edges=edges,
                     bytes_per_second=args.bytes_per_second, client_bytes_per_second=args.client_bytes_per_second)
     files = synthetic_repo(args.shards, args.shard_bytes) if args.shard_bytes else tiny_repo(args.shards)
     if args.chat_model:

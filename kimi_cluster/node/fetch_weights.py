@@ -38,10 +38,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx2
-from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers
 
-from kimi_cluster.node.weights import is_shard, owners
+from kimi_cluster.node.weights import HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S, is_shard, owners
 from kimi_cluster.node.weights_files import (
     HUB_ATTEMPTS,
     Cache,
@@ -66,6 +65,8 @@ from kimi_cluster.node.weights_peers import (
     peer_authorization,
     peer_url,
 )
+from kimi_cluster.node.weights_ranges import HubStreams
+from kimi_cluster.node.weights_transfer import Abandoned
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -89,6 +90,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--peer-min-rate", type=float, default=8e6,
                     help="bytes/s below which a whole transfer from a peer is cut off (its deadline is the file's "
                          "size at this rate, plus --stall-seconds); the file then comes from the hub")
+    ap.add_argument("--hub-min-rate", type=float, default=HUB_MIN_RATE,
+                    help="bytes/s: a hub stream's floor is never below this (see --hub-floor-share)")
+    ap.add_argument("--hub-floor-share", type=float, default=HUB_FLOOR_SHARE,
+                    help="a hub stream below this share of its fastest sibling's rate (or --hub-min-rate) for a "
+                         "window is re-opened on a new connection from the byte it reached")
+    ap.add_argument("--hub-window", type=float, default=HUB_WINDOW_S,
+                    help="seconds: the least time a hub stream's rate is measured over before it is judged")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
     ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
     ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")
@@ -112,10 +120,7 @@ class Node:
         self.peers_spec = [p for p in args.peers.split(",") if p] if args.peers else []
         self.n = max(1, len(self.peers_spec))
         self.hub_headers = build_hf_headers(token=hub_token)
-        transport = httpx2.HTTPTransport(local_address=args.source_address) if args.source_address else None
-        # The hub redirects file bodies to its CDN; httpx2 drops the Authorization header when the host changes.
-        self.hub = httpx2.Client(follow_redirects=True, transport=transport,
-                                 timeout=httpx2.Timeout(30.0, read=args.stall_seconds))
+        self.hub = HubStreams(args, self.hub_headers, cache, self.counters, self.verified)
         self.peer_client = httpx2.Client(timeout=httpx2.Timeout(5.0, read=args.stall_seconds))
         self.peer_token = read_secret(args.peer_token_file)
         now = time.monotonic()
@@ -153,6 +158,7 @@ class Node:
             "files_done": len(done), "files_total": len(self.manifest), "updated_at": time.time(),
             "hub_bytes": self.counters.hub, "peer_bytes": self.counters.peer, "revision": self.args.revision,
             "metadata_done": all(e.name in done for e in self.manifest if not is_shard(e.name)),
+            "hub_reopens": self.hub.rates.reopens, "hash_reread_bytes": self.hub.reread,
         })
 
     # peers
@@ -208,19 +214,16 @@ class Node:
         return owners(self.sizes, self.n, {p.rank for p in self.peers.values() if p.dead})
 
     # one file
-    def fetch(self, e: Entry, source: Peer | None) -> None:
+    def fetch(self, e: Entry, source: Peer) -> None:
+        """One file from a peer, whole, in one stream."""
         tmp = self.cache.blob(e) + ".incomplete"
         try:
-            if source is None:
-                url = hf_hub_url(self.args.repo, e.name, revision=self.args.revision, endpoint=self.args.endpoint)
-                stream_to(self.hub, url, self.hub_headers, e, tmp, self.counters, True, HUB_ATTEMPTS)
-            else:
-                path = f"/files/{quote(e.name)}"
-                url = source.url + path
-                # The whole transfer has a deadline: a peer's own byte count cannot vouch for its speed.
-                deadline = time.monotonic() + e.size / self.args.peer_min_rate + self.args.stall_seconds
-                stream_to(self.peer_client, url, {}, e, tmp, self.counters, False, 2, deadline,
-                          sign=lambda: self.peer_auth(source, path))
+            path = f"/files/{quote(e.name)}"
+            url = source.url + path
+            # The whole transfer has a deadline: a peer's own byte count cannot vouch for its speed.
+            deadline = time.monotonic() + e.size / self.args.peer_min_rate + self.args.stall_seconds
+            stream_to(self.peer_client, url, {}, e, tmp, self.counters, False, 2, deadline,
+                      sign=lambda: self.peer_auth(source, path))
             self.cache.commit(e, tmp)
         except BaseException:
             if os.path.exists(tmp):
@@ -228,6 +231,9 @@ class Node:
             raise
         finally:
             self.counters.drop(e.name)
+        self.verified(e)
+
+    def verified(self, e: Entry) -> None:
         with self.lock:
             self.done.add(e.name)
 
@@ -258,19 +264,21 @@ class Node:
             if server is not None:
                 server.stop()
                 log("peer server stopped; nothing is listening any more")
-            self.hub.close()
             self.peer_client.close()
             self.write_progress()
 
     def _loop(self) -> None:
         inflight: dict[Future[None], tuple[Entry, Peer | None]] = {}
         names_inflight: set[str] = set()
-        pool = ThreadPoolExecutor(max_workers=2 * self.args.workers)
+        pool = ThreadPoolExecutor(max_workers=self.args.workers)  # from peers; the hub's streams have their own
+        ok = False
         try:
             self._schedule(pool, inflight, names_inflight)
+            ok = True
         finally:
             # On a failure, do not wait for the other streams: the process exits and the files stay .incomplete.
             pool.shutdown(wait=False, cancel_futures=True)
+            self.hub.close(wait=ok)
 
     def _schedule(self, pool: ThreadPoolExecutor, inflight: dict[Future[None], tuple[Entry, Peer | None]],
                   names_inflight: set[str]) -> None:
@@ -285,6 +293,7 @@ class Node:
             # The metadata first (the kernel warm-up waits for it), then the biggest shards first.
             todo = sorted((e for e in self.manifest if e.name not in self.done and e.name not in names_inflight),
                           key=lambda e: (is_shard(e.name), -e.size, e.name))
+            hub_waiting = False  # a whole file this node takes from the hub is waiting for a stream
             for e in todo:
                 holders = [p for p in self.peers.values() if p.reachable and not p.dead and e.name in p.done]
                 holders.sort(key=lambda p: (p.rank != own[e.name], p.rank))
@@ -295,15 +304,26 @@ class Node:
                         peer_n += 1
                 elif own[e.name] == a.rank or e.name in self.hub_only or self._nobody_else(own[e.name]):
                     if hub_n < a.workers and (e.name in self.hub_only or self._peers_seen()):
-                        inflight[pool.submit(self.fetch, e, None)] = (e, None)
+                        inflight[self.hub.submit(*self.hub.start(e))] = (e, None)
                         names_inflight.add(e.name)
                         hub_n += 1
+                    else:
+                        hub_waiting = True
+            # The tail: fewer files left than streams, so each free stream takes half the range with most bytes left.
+            while not hub_waiting and hub_n < a.workers:
+                half = self.hub.split()
+                if half is None:
+                    break
+                inflight[self.hub.submit(*half)] = (half[0].e, None)
+                hub_n += 1
             finished, _ = wait(list(inflight), timeout=a.poll_seconds, return_when=FIRST_COMPLETED) \
                 if inflight else (set(), None)
             for fut in finished:
                 e, src = inflight.pop(fut)
-                names_inflight.discard(e.name)
-                self._settle(fut, e, src)
+                if src is not None or self.hub.ended(e.name):  # a hub file is in flight until its last range ends
+                    names_inflight.discard(e.name)
+                if not isinstance(fut.exception(), Abandoned):  # settled by the range that failed
+                    self._settle(fut, e, src)
             self.write_progress()
             now = time.monotonic()
             if now - last_report >= a.report_seconds:
@@ -369,7 +389,8 @@ class Node:
         done = self.bytes_done()
         total = sum(e.size for e in self.manifest)
         log(f"weights: {done / 1e9:,.2f} of {total / 1e9:,.2f} GB, {len(self.done)}/{len(self.manifest)} files "
-            f"verified; from the hub {self.counters.hub / 1e9:,.2f} GB, from peers {self.counters.peer / 1e9:,.2f} GB")
+            f"verified; from the hub {self.counters.hub / 1e9:,.2f} GB, from peers {self.counters.peer / 1e9:,.2f} GB"
+            + self.hub.summary())
 
 
 def record_result(path: str | None, line: str) -> None:

@@ -18,10 +18,12 @@ from collections.abc import Iterable, Mapping, Sequence
 # node scripts, `storagePath` under `nodeRoot`), e.g. /ephemeral/kimi/progress/weights.json. One JSON object:
 #   {"bytes_done": int, "bytes_total": int, "files_done": int, "files_total": int,
 #    "updated_at": unix seconds (float), "hub_bytes": int, "peer_bytes": int, "revision": str,
-#    "metadata_done": bool}
+#    "metadata_done": bool, "hub_reopens": int, "hash_reread_bytes": int}
 # bytes_done counts verified files plus the bytes of files in flight; hub_bytes and peer_bytes count what this run
 # received from the hub and from peers; metadata_done says every file but the shards (is_shard) of `revision` is
-# verified, which the kernel warm-up waits for. Replaced atomically (write, then rename), so a reader never sees half
+# verified, which the kernel warm-up waits for; hub_reopens counts hub streams re-opened below their floor and
+# hash_reread_bytes the bytes of split-off ranges the in-order hash read back from the page cache
+# (kimi_cluster/node/weights_ranges.py). Replaced atomically (write, then rename), so a reader never sees half
 # of it.
 PROGRESS_FILE = "kimi/progress/weights.json"
 # What the weights program recorded about every file it verified (size, sha256, mtime), per revision: the check step
@@ -31,6 +33,17 @@ VERIFIED_DIR = "kimi/verified"
 # Peers serve finished files on their private address only, on this port. The peer firewall rules already let every
 # node's private /32 reach every port of the others, and no rule opens it to the operator or the internet.
 PEER_PORT = 20100  # the default of kimi-cluster:peerPort
+
+# The floor of each hub stream (kimi_cluster/node/weights_ranges.py), the defaults of kimi-cluster:hubStreamFloor:
+# a stream below HUB_FLOOR_SHARE of its fastest sibling's rate, or below HUB_MIN_RATE, for a window of at least
+# HUB_WINDOW_S is re-opened on a new connection. The hub's CDN edges gave ~68 MB/s per connection, or 8.7 MB/s on the
+# 65-75% that were capped (huggingface/xet-core#821): 0.3 of the fastest sibling (20 MB/s) sits well between the two
+# (a capped edge gives 0.13 of a fast one) and clear of how much streams sharing one link differ, and 10 MB/s is
+# just above the cap when a stream has no sibling to compare with. 10 s is about 4% of a 16.3 GB shard at 68 MB/s,
+# so the ~2.3 windows a stream spends finding a fast edge at 70% capped edges cost about a tenth of the file.
+HUB_MIN_RATE = 10e6
+HUB_FLOOR_SHARE = 0.3
+HUB_WINDOW_S = 10.0
 
 
 def is_shard(name: str) -> bool:

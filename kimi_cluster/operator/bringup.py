@@ -40,6 +40,12 @@ HUB_BYTES_PER_S = (1.1 * GIB, 1.8 * GIB)
 HUB_SOURCE = ("snapshot_download per VM, typical: huggingface_hub PR #2989 "
               "(https://github.com/huggingface/huggingface_hub/pull/2989); hub rate limits: "
               "https://huggingface.co/docs/hub/rate-limits")
+# What the hub rate above takes of the hub's CDN, and what the weights program does so that it holds
+# (kimi_cluster/node/weights_ranges.py; measured with benchmarks/bench_weights_edges.py, docs/ARCHITECTURE.md).
+EDGES_ASSUMED = ("every hub stream on a fast CDN edge (~68 MB/s per connection): a stream below its floor "
+                 "(kimi-cluster:hubStreamMinMBps, hubStreamFloorShare) is re-opened on another edge and the last "
+                 "files are split into ranges, so the 65-75% of edges capped at 8.7 MB/s (huggingface/xet-core#821) "
+                 "cost re-opens, not a whole shard at 8.7 MB/s at the end")
 DISK_WRITE_BYTES_PER_S = (3e9, 5e9)
 DISK_SOURCE = "local NVMe (/ephemeral) sequential write, assumed 3-5 GB/s; the sharded download is bound by it"
 NET_BYTES_PER_S = (43e9, 43e9)
@@ -87,6 +93,11 @@ def weights_sharded_s(checkpoint: int, nodes: int) -> tuple[float, float]:
     disk = _range(checkpoint, DISK_WRITE_BYTES_PER_S)
     net = _range((nodes - 1) * checkpoint / nodes, NET_BYTES_PER_S)
     return max(hub[0], disk[0], net[0]), max(hub[1], disk[1], net[1])
+
+
+def download_minutes(settings: Settings) -> list[float]:
+    """The weights step as this stack runs it, sharded over its nodes (the bring-up's weights row), in minutes."""
+    return [round(x / 60, 1) for x in weights_sharded_s(settings.model_spec.checkpoint_bytes, settings.nodes)]
 
 
 def phases(settings: Settings, sharded: bool = True, kernel_cache: bool = False,

@@ -50,7 +50,7 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
                     for k in SECRET_KEYS}
     api_key_set = "hyperstack:apiKey" in other_config or bool(os.environ.get("HYPERSTACK_API_KEY"))
     secret_state["hyperstack:apiKey"] = "set" if api_key_set else "not set (or export HYPERSTACK_API_KEY)"
-    dl_low, dl_high = sizing.download_minutes(settings.model_spec)
+    from kimi_cluster.operator.bringup import EDGES_ASSUMED, download_minutes
     plan: dict[str, Any] = {
         "stack": settings.stack,
         "source": source,
@@ -110,7 +110,9 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "break_even": _break_even(settings, price_quote),
         "guards": guards(settings, _break_even(settings, price_quote)),
         "engine_layout": _layouts(settings),
-        "download_minutes_per_node": [dl_low, dl_high],
+        "download_minutes_per_node": download_minutes(settings),
+        "download_minutes_every_node_all": list(sizing.download_minutes(settings.model_spec)),
+        "download_assumes": EDGES_ASSUMED,
         # Each node step's deadline, enforced on the node (kimi_cluster.deploy.remote_step.remote_command_text).
         "streams": resume.streams(settings),
         "step_deadline_minutes": {step: round(deadline_s(step, settings.timing, settings) / 60, 1)
@@ -350,7 +352,14 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.extend(format_break_even(plan["break_even"]))
     lines.extend(format_guards(plan["guards"]))
     lo, hi = plan["download_minutes_per_node"]
-    lines.append(f"Download     about {lo}-{hi} min per node (all nodes in parallel, 1.1-1.8 GiB/s from the hub)")
+    all_lo, all_hi = plan["download_minutes_every_node_all"]
+    if len(plan["nodes"]) > 1:
+        lines.append(f"Download     about {lo}-{hi} min, every node at once: each takes 1/{len(plan['nodes'])} of the "
+                     f"checkpoint from the hub at 1.1-1.8 GiB/s and the rest from its peers ({all_lo}-{all_hi} min "
+                     "if each pulled it all)")
+    else:
+        lines.append(f"Download     about {lo}-{hi} min: the whole checkpoint from the hub at 1.1-1.8 GiB/s")
+    lines.append(f"             assumes {plan['download_assumes']}")
     deadlines = ", ".join(f"{step} {minutes:g}" for step, minutes in plan["step_deadline_minutes"].items())
     lines.append(f"Deadlines    per node step, in minutes, enforced on the node: {deadlines} "
                  "(kimi-cluster:stepDeadlineMinutes)")

@@ -32,7 +32,8 @@ CHECK_SOURCE = _ROOT / "kimi_cluster" / "node" / "check_download.py"
 NAMES_SOURCE = _ROOT / "kimi_cluster" / "node" / "hub_names.py"  # the manifest's name rules, shipped beside the check
 # The node programs made of several modules, each shipped with what it imports, at their paths in this repository.
 WEIGHTS_PROGRAM = ("kimi_cluster/node/fetch_weights.py", "kimi_cluster/node/weights_files.py",
-                   "kimi_cluster/node/weights_peers.py", "kimi_cluster/node/weights.py",
+                   "kimi_cluster/node/weights_peers.py", "kimi_cluster/node/weights_ranges.py",
+                   "kimi_cluster/node/weights_transfer.py", "kimi_cluster/node/weights.py",
                    "kimi_cluster/node/hub_names.py")
 KERNEL_CACHE_PROGRAM = ("kimi_cluster/node/kernel_cache.py", "kimi_cluster/node/kernel_files.py",
                         "kimi_cluster/node/kernel_store.py", "kimi_cluster/node/printable.py")
@@ -211,6 +212,9 @@ def weights_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timin
             "peer_rank": spot.rank if spot.peer_rank is None else spot.peer_rank,
             "serve_complete": settings.has_front, "peer_timeout_s": timing.peer_timeout_s,
             "stall_seconds": timing.stall_seconds, "progress_file": weights.PROGRESS_FILE,
+            "hub_min_rate": f"{settings.hub_stream_min_mbps * 1e6:.0f}",
+            "hub_floor_share": f"{settings.hub_stream_floor_share:g}",
+            "hub_window": f"{settings.hub_stream_window_seconds:g}",
             "verified_dir": weights.VERIFIED_DIR, "ship_files": shipped(WEIGHTS_PROGRAM),
             "ship_packages": shipped_packages(WEIGHTS_PROGRAM)}
 

@@ -148,7 +148,7 @@ class Sandbox:
 
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
            hub_bytes_per_second: float | None = None, timeline: bool = True, kernel_cache: bool | None = None,
-           expect_no_changes: bool = False) -> int:
+           expect_no_changes: bool = False, hub_slow_edges: float | None = None) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir;
         `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds);
         `kernel_cache`: False deploys without the kernel-cache bucket and so without the cache steps, True with
@@ -157,11 +157,11 @@ class Sandbox:
         honoured: what changed is applied, named, and ends in exit 1 (kimi_cluster/sandbox/refresh.py)."""
         self.dir.claim(create=not expect_no_changes)
         with self.dir.exclusive():
-            return self._up(topology, echo, config, hub_bytes_per_second, timeline, kernel_cache,
+            return self._up(topology, echo, config, (hub_bytes_per_second, hub_slow_edges), timeline, kernel_cache,
                             expect_no_changes)
 
     def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
-            hub_bytes_per_second: float | None, timeline: bool, kernel_cache: bool | None,
+            hub_throttle: tuple[float | None, float | None], timeline: bool, kernel_cache: bool | None,
             expect_no_changes: bool = False) -> int:
         started = time.monotonic()
         self._ensure_idle()
@@ -189,7 +189,7 @@ class Sandbox:
                  f"{settings.engine_name}) in {self.dir.root}, under the Pulumi CLI")
         fabric = self.network.ensure(settings)
         record["emulator_url"], key = self.services.emulator(record)
-        record["hub_url"] = self.services.hub(record, settings, fabric.host_address, hub_bytes_per_second)
+        record["hub_url"] = self.services.hub(record, settings, fabric.host_address, *hub_throttle)
         if record.get("kernel_cache", True):
             record["kernel_store_url"] = self.services.kernel_store(record, fabric.host_address)
         else:

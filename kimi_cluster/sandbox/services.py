@@ -108,7 +108,7 @@ class SandboxServices:
         return record["emulator_url"], key
 
     def hub(self, record: dict[str, Any], settings: Settings, host: str,
-                    bytes_per_second: float | None = None) -> str:
+                    bytes_per_second: float | None = None, slow_edges: float | None = None) -> str:
         """The fake hub, https on the fabric's bridge with the CA the nodes trust."""
         self.dir.secret("hf_token", hf_token)
         fabric = self.network.config()
@@ -122,7 +122,9 @@ class SandboxServices:
         if previous is None or not previous.running():
             port = _port_for(previous, host)
             # A throttled hub keeps the weights step busy long enough to watch it (`status` mid-download).
-            throttle = ("--bytes-per-second", str(bytes_per_second)) if bytes_per_second else ()
+            throttle: tuple[str, ...] = ("--bytes-per-second", str(bytes_per_second)) if bytes_per_second else ()
+            if bytes_per_second and slow_edges is not None:  # a CDN: that rate per connection on a fast edge
+                throttle = ("--edge-bytes-per-second", str(bytes_per_second), "--slow-edges", str(slow_edges))
             service = services.start(
                 "hub", services.python_module(
                     "kimi_cluster.fakes.hub", "--port", str(port), "--repo", settings.model, "--revision",

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kimi_cluster.node.weights import HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S
 from kimi_cluster.settings import caretaker_rules, catalog, cross_rules, node_timing, rules, sizing
 from kimi_cluster.settings.derived import DerivedValues
 from kimi_cluster.settings.errors import shown
@@ -93,6 +94,13 @@ class Settings(DerivedValues, BaseModel):
     disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0, le=10**6)
     download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
     download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1, le=7 * 24 * 60)
+    # The floor of each hub stream (kimi_cluster/node/weights_ranges.py); the defaults' home is node/weights.py.
+    hub_stream_min_mbps: float = Field(HUB_MIN_RATE / 1e6, alias="hubStreamMinMBps", gt=0, le=100_000,
+                                       allow_inf_nan=False)
+    hub_stream_floor_share: float = Field(HUB_FLOOR_SHARE, alias="hubStreamFloorShare", gt=0, lt=1,
+                                          allow_inf_nan=False)
+    hub_stream_window_seconds: float = Field(HUB_WINDOW_S, alias="hubStreamWindowSeconds", ge=1, le=3600,
+                                             allow_inf_nan=False)
     readiness_timeout_minutes: int = Field(60, alias="readinessTimeoutMinutes", ge=1, le=24 * 60)
     # Per-step override of the node-side deadline (kimi_cluster.plan.steps.clocks.deadline_s), e.g. {"image": 120}.
     step_deadline_minutes: dict[str, float] = Field(default_factory=dict, alias="stepDeadlineMinutes")

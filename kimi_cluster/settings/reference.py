@@ -157,6 +157,19 @@ NOTES: dict[str, tuple[str, str]] = {
     'downloadWorkers': (
         '`16`',
         'parallel file downloads per node'),
+    'hubStreamMinMBps': (
+        '`10`',
+        'MB/s: a hub stream below this (or below `hubStreamFloorShare` of its fastest sibling) for a window is '
+        're-opened on a new connection from the byte it reached; just above the 8.7 MB/s a capped CDN edge gives '
+        '(see [The hub download](ARCHITECTURE.md#weights-from-the-hub-slow-edges-and-the-tail))'),
+    'hubStreamFloorShare': (
+        '`0.3`',
+        "a hub stream's floor as a share of the fastest rate its sibling streams reached in their last windows "
+        '(never below `hubStreamMinMBps`)'),
+    'hubStreamWindowSeconds': (
+        '`10`',
+        "seconds a hub stream's rate is measured over before it is judged against its floor; doubles every third "
+        're-open of the same range'),
     'downloadTimeoutMinutes': (
         '`240`',
         'deadline for the weight download'),

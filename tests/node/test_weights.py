@@ -66,7 +66,7 @@ def test_private_repo_downloads_with_the_token_from_stdin_and_checks_complete(no
 
         # Twice in a row: the second run finds everything in the cache and fetches nothing.
         ok(node.run(weights, stdin=TOKEN))
-        assert all(hub.downloads(f) == 1 for f in hub.files)
+        assert all(hub.copies(f) == 1 for f in hub.files)
 
 
 def test_private_repo_without_a_token_fails_with_the_hub_reason(node):
@@ -139,7 +139,7 @@ def test_a_dropped_ssh_session_leaves_the_download_running_and_the_rerun_follows
         assert "already running as unit kimi-weights; following it" in out
         assert len(node.calls("systemd-run")) == 1
         assert "RESULT: COMPLETE" in ok(node.run(check, stdin=TOKEN))
-        assert all(hub.downloads(f) == 1 for f in hub.files)
+        assert all(hub.copies(f) == 1 for f in hub.files)
 
 
 def test_the_download_deadline_gives_up_but_leaves_the_unit_running(node):
@@ -181,7 +181,7 @@ def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashe
         procs = [n.start(s["weights"], stdin=f"{TOKEN}\n{PEER_TOKEN}\n") for n, s in zip(nodes, scripts, strict=True)]
         outs = [p.communicate(timeout=120)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
-        assert all(hub.downloads(f) == 1 for f in hub.files), "a file came from the hub more than once"
+        assert all(hub.copies(f) == 1 for f in hub.files), "a file came from the hub more than once"
         for n, s, out in zip(nodes, scripts, outs, strict=True):
             token_file = n.root / "etc/kimi-cluster/peer_token"
             assert token_file.read_text().strip() == PEER_TOKEN and stat.S_IMODE(token_file.stat().st_mode) == 0o600

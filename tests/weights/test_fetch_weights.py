@@ -137,9 +137,9 @@ def test_three_nodes_take_each_file_from_the_hub_once_and_end_complete(cluster):
             assert p["hub_bytes"] + p["peer_bytes"] == p["bytes_total"] and p["peer_bytes"] > 0
             assert isinstance(p["updated_at"], float) and set(p) == {
                 "bytes_done", "bytes_total", "files_done", "files_total", "updated_at", "hub_bytes", "peer_bytes",
-                "revision", "metadata_done"}
+                "revision", "metadata_done", "hub_reopens", "hash_reread_bytes"}
             assert p["metadata_done"] is True and p["revision"] == REVISION
-        assert all(hub.downloads(f) == 1 for f in hub.files), "a file came from the hub more than once"
+        assert all(hub.copies(f) == 1 for f in hub.files), "a file came from the hub more than once"
         checkpoint = sum(len(f.data) for f in files)
         shares = [hub_bytes(hub, h) for h in c.hosts]
         assert sum(shares) == checkpoint and max(shares) < checkpoint / 2
