@@ -299,6 +299,8 @@ class RestartingServer:
 class RenderStandIn(ThreadingHTTPServer):
     daemon_threads = True
     calls: list[tuple[str, int, dict[str, Any]]]  # (path, bytes received, body) of every call
+    derender_s = 0.0  # how long each derender call takes, as vLLM's replay of a long stream does
+    derender_spans: list[tuple[float, float]]  # (start, end) of every derender call, time.monotonic()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -333,6 +335,9 @@ class _Render(BaseHTTPRequestHandler):
             if "malformed" in text:  # an answer the layer does not expect: its own failure, not the client's
                 del answer["token_ids"]
         else:
+            began = time.monotonic()
+            time.sleep(self.server.derender_s)
+            self.server.derender_spans.append((began, time.monotonic()))
             chunk, state = body["generate_chunk"], body["stream_state"] or {"tokens": 0}
             choices = [{"index": 0, "delta": {"content": "".join(f"<{t}>" for t in c.get("token_ids") or [])},
                         "finish_reason": c.get("finish_reason")} for c in chunk.get("choices") or []]
@@ -351,7 +356,7 @@ class _Render(BaseHTTPRequestHandler):
 @contextmanager
 def render_server(port: int = 0) -> Iterator[RenderStandIn]:
     server = RenderStandIn(("127.0.0.1", port), _Render)
-    server.calls = []
+    server.calls, server.derender_spans = [], []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

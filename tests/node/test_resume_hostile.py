@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.node.resume.chat import DERENDER_SHARE
 from kimi_cluster.node.resume.pool import printable
 from tests.node.resume_fixtures import ENGINE_ERROR, EOS, REPLY, exchange, layer, post, render_server, token_server
 
@@ -150,6 +151,25 @@ def test_a_client_that_stops_reading_holds_its_replica_back_and_is_ended(tmp_pat
     assert peak - before < 50
     assert other[0] == 200 and tokens_of(other[2]) == REPLY
     assert "read nothing for 2 s" in log and "Traceback" not in log
+
+
+def test_a_costly_stream_leaves_the_render_server_to_the_others(tmp_path: Path) -> None:
+    """A long stream whose derender calls are costly (vLLM replays the stream on each) takes at most its share of
+    the one render server: between its calls it leaves the server to others, its tokens meanwhile merged into the
+    next call. A client that stops reading behind the front's buffers is such a stream, taken at full speed."""
+    with token_server() as replica, render_server() as render:
+        replica.token_s = 0.002
+        render.derender_s = 0.04  # over MERGE_AFTER_S: as a call on a stream some thousand tokens long
+        # The production keep-alive tick (0.5 s), which bounds how long a stream leaves the server.
+        with layer(tmp_path, render.address, [replica.url], "--tick-s", "0.5") as front:
+            status, _, body = post(front.port, CHAT, chat("long please", max_tokens=300))
+    spans = render.derender_spans
+    busy = sum(end - start for start, end in spans)
+    share = busy / (spans[-1][1] - spans[0][0])
+    print(f"a costly stream: {len(spans)} derender calls for 300 tokens, {share:.0%} of the render server's time")
+    assert status == 200 and tokens_of(body) == [1000 + i for i in range(300)]
+    assert share <= DERENDER_SHARE + 0.05, share  # before: about 95 %, one call after the other
+    assert len(spans) < 100  # the tokens of the pauses went out merged
 
 
 def test_every_id_an_engine_sees_is_the_fronts_and_no_client_chooses_a_cache_key(tmp_path: Path) -> None:

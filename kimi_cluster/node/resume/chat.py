@@ -230,7 +230,8 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     costs more the longer the stream. The generation runs on a thread of its own; once a call takes MERGE_AFTER_S or
     more, the next one takes every chunk that arrived meanwhile, merged into one (`merged`), so the stream keeps up
     with the replica whatever a call costs (vLLM's parsers take multi-token chunks, as under speculative decoding),
-    and a cheap stream still goes out a chunk per token."""
+    and a cheap stream still goes out a chunk per token. A stream that costly also leaves the render server to the
+    others between its calls (DERENDER_SHARE)."""
     rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
     prompt_ids = list(rendered["token_ids"])
     arrived: queue.Queue[Any] = queue.Queue(maxsize=QUEUED)
@@ -288,7 +289,8 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
                 "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
                 "chat_request": framing.chat_request(finishing),
             }, keep_alive if started else _nothing)
-            slow[0] = time.monotonic() - called >= MERGE_AFTER_S
+            took = time.monotonic() - called
+            slow[0] = took >= MERGE_AFTER_S
             state = answer["stream_state"]
             frames = framing.frames(answer["chunk"])
             if frames and not started:
@@ -296,6 +298,8 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
                 started = True
             for frame in frames:
                 client.write(frame)
+            if slow[0]:
+                time.sleep(_yield_after(took, front.limits.tick_s))
     except UpstreamError as exc:
         if isinstance(exc, NoTokenApi) and not started:
             raise
@@ -322,6 +326,17 @@ QUEUED = 64
 # 29 ms at 1,000, 126 ms at 4,000, measured on a 2-core machine, docs/operations.md) makes the next call take every
 # chunk waiting.
 MERGE_AFTER_S = 0.02
+# The share of the render server one stream's derender calls may take once they are that costly: after a call of d
+# seconds the stream leaves the server d * (1 / share - 1) seconds to others (its chunks meanwhile merged into the
+# next call), so a long stream, or one a client stopped reading while the front's buffers still take it, cannot hold
+# the one render server every new stream renders on (bench_replicas --noisy, docs/operations.md).
+DERENDER_SHARE = 0.25
+
+
+def _yield_after(took_s: float, most_s: float) -> float:
+    """How long a stream whose last derender call took took_s leaves the render server to others (at most most_s,
+    its keep-alive tick, so the stream never waits longer than a keep-alive would)."""
+    return min(most_s, took_s * (1 / DERENDER_SHARE - 1))
 
 
 def _nothing() -> None:
