@@ -329,8 +329,9 @@ MERGE_AFTER_S = 0.02
 # The share of the render server one stream's derender calls may take once they are that costly: after a call of d
 # seconds the stream leaves the server d * (1 / share - 1) seconds to others (its chunks meanwhile merged into the
 # next call), so a long stream, or one a client stopped reading while the front's buffers still take it, cannot hold
-# the one render server every new stream renders on (bench_replicas --noisy, docs/operations.md).
-DERENDER_SHARE = 0.25
+# the one render server every new stream renders on (bench_replicas --noisy, docs/operations.md: at 0.25 the
+# first chunk's median still rose 1.02-1.13x beside such a stream).
+DERENDER_SHARE = 0.15
 
 
 def _yield_after(took_s: float, most_s: float) -> float:
