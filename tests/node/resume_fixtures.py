@@ -353,6 +353,17 @@ class _Render(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def tokens_of(stream: bytes) -> list[int]:
+    """The tokens a stream derendered by the stand-in carries (`<token>` text), in order."""
+    out = []
+    for event in stream.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            for choice in json.loads(event[6:]).get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                out += [int(t) for t in text.replace(">", "").split("<") if t]
+    return out
+
+
 @contextmanager
 def render_server(port: int = 0) -> Iterator[RenderStandIn]:
     server = RenderStandIn(("127.0.0.1", port), _Render)

@@ -4,7 +4,6 @@ requests it took finish whole, and it exits 0 when they have, or after `--drain-
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import threading
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.resume_fixtures import REPLY, layer, post, render_server, token_server
+from tests.node.resume_fixtures import REPLY, layer, post, render_server, token_server, tokens_of
 
 pytestmark = pytest.mark.integration
 
@@ -22,16 +21,6 @@ CHAT = "/v1/chat/completions"
 
 def chat(text: str, max_tokens: int = 64) -> dict:
     return {"model": "m", "stream": True, "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}]}
-
-
-def tokens_of(stream: bytes) -> list[int]:
-    out = []
-    for event in stream.split(b"\n\n"):
-        if event.startswith(b"data: {"):
-            for choice in json.loads(event[6:]).get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or ""
-                out += [int(t) for t in text.replace(">", "").split("<") if t]
-    return out
 
 
 def wait_until(condition, timeout_s: float = 30.0, what: str = "") -> None:

@@ -21,7 +21,17 @@ import pytest
 
 from kimi_cluster.node.resume.chat import DERENDER_SHARE
 from kimi_cluster.node.resume.pool import printable
-from tests.node.resume_fixtures import ENGINE_ERROR, EOS, REPLY, exchange, layer, post, render_server, token_server
+from tests.node.resume_fixtures import (
+    ENGINE_ERROR,
+    EOS,
+    REPLY,
+    exchange,
+    layer,
+    post,
+    render_server,
+    token_server,
+    tokens_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,17 +41,6 @@ CHAT = "/v1/chat/completions"
 def chat(text: str, stream: bool = True, **extra: object) -> dict:
     return {"model": "m", "stream": stream, "max_tokens": 64, "messages": [{"role": "user", "content": text}],
             **extra}
-
-
-def tokens_of(stream: bytes) -> list[int]:
-    """The tokens a stream derendered by the stand-in carries (`<token>` text), in order."""
-    out = []
-    for event in stream.split(b"\n\n"):
-        if event.startswith(b"data: {"):
-            for choice in json.loads(event[6:]).get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") or ""
-                out += [int(t) for t in text.replace(">", "").split("<") if t]
-    return out
 
 
 def test_answers_of_500_are_the_clients_own_and_cost_nobody_else_anything(tmp_path: Path) -> None:
