@@ -216,7 +216,8 @@ def weights_values(settings: Settings, _step: str, spot: NodeSpot, timing: Timin
             "hub_floor_share": f"{settings.hub_stream_floor_share:g}",
             "hub_window": f"{settings.hub_stream_window_seconds:g}",
             "verified_dir": weights.VERIFIED_DIR, "ship_files": shipped(WEIGHTS_PROGRAM),
-            "ship_packages": shipped_packages(WEIGHTS_PROGRAM)}
+            # Gzipped: with the range fetcher, the program as heredocs passed the 128 KiB one argument holds.
+            "ship_packages": shipped_packages(WEIGHTS_PROGRAM), "ship_packed": True}
 
 
 def check_values(settings: Settings, _step: str, _spot: NodeSpot, _timing: Timing, _deadline_s: int) -> dict[str, Any]:

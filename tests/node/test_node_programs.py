@@ -5,7 +5,10 @@ a step's command, and a step re-runs only when its program's bytes change."""
 from __future__ import annotations
 
 import ast
+import base64
+import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,8 +65,11 @@ def test_each_step_embeds_its_programs_exact_bytes(topology):
     check = (PROGRAMS / "check_download.py").read_text(encoding="utf-8")
     for rank in range(settings.nodes):
         scripts = render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10")
-        for path in step_scripts.WEIGHTS_PROGRAM:
-            assert (ROOT / path).read_text(encoding="utf-8") in scripts["weights"], path
+        for path in step_scripts.WEIGHTS_PROGRAM:  # each gzipped in base64, written where it sits in this repository
+            written = rf" \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\""
+            packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)'{written}", scripts["weights"])
+            assert packed, path
+            assert gzip.decompress(base64.b64decode(packed[1])).decode() == (ROOT / path).read_text(encoding="utf-8")
         assert check in scripts["check"]
         steps = ["cache-restore", *(["cache-save"] if rank == 0 else [])]
         for step in steps:
