@@ -66,7 +66,7 @@ def test_each_step_embeds_its_programs_exact_bytes(topology):
     for rank in range(settings.nodes):
         scripts = render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10")
         for path in step_scripts.WEIGHTS_PROGRAM:  # each gzipped in base64, written where it sits in this repository
-            written = rf" \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\""
+            written = rf" \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\.new\""
             packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)'{written}", scripts["weights"])
             assert packed, path
             assert gzip.decompress(base64.b64decode(packed[1])).decode() == (ROOT / path).read_text(encoding="utf-8")

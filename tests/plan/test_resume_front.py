@@ -48,8 +48,8 @@ def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
     settings = make_settings("b300x1-vllm", replicas="2", hfToken="hf_" + "s" * 34)
     script = front_scripts(settings)["resume"]
     for path in resume.PROGRAM:  # each gzipped in base64, written where it sits in this repository
-        packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)' \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\"",
-                           script)
+        written = rf" \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\.new\""
+        packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)'{written}", script)
         assert packed, path
         assert gzip.decompress(base64.b64decode(packed[1])).decode() == (ROOT / path).read_text(encoding="utf-8")
     # The step travels as one argument, in base64 (kimi_cluster/deploy/remote_step.py): Linux takes 128 KiB at most.
