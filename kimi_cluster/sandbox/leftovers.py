@@ -14,7 +14,7 @@ from .nodes import STACK
 def delete_unrecorded_vms(api: Any, settings: Settings, recorded: set[str], say: Callable[[str], None]
                            ) -> list[str]:
     """Our VMs that an interrupted up created but never recorded (`recorded`: the ids the checkpoint holds)."""
-    from kimi_cluster.deploy.hyperstack.vm_lifecycle import delete_vm_and_wait
+    from kimi_cluster.deploy.hyperstack_providers.vm_lifecycle import delete_vm_and_wait
 
     ours = {settings.node_name(rank) for rank in range(settings.nodes)}
     problems = []
@@ -67,6 +67,6 @@ def emulator_leftovers(api: Any) -> list[str]:
 
 
 def api_client(url: str, key: str) -> Any:
-    from kimi_cluster.hyperstack.api import HyperstackClient
+    from kimi_cluster.hyperstack_api.api import HyperstackClient
 
     return HyperstackClient(url, key, retry_base_seconds=0.2)

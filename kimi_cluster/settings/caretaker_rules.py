@@ -21,7 +21,7 @@ from kimi_cluster.settings.keys import NAMESPACE
 IDLE_MIN_MINUTES = 15  # the floor: shorter stops a cluster between two ordinary pauses
 IDLE_MAX_MINUTES = 7 * 24 * 60
 BUDGET_MAX_USD = 10_000_000.0  # far beyond any one stack's spend; bounds the arithmetic and the error's text
-DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"  # kimi_cluster/hyperstack/api.py DEFAULT_API_URL
+DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"  # kimi_cluster/hyperstack_api/api.py DEFAULT_API_URL
 API_KEY = "caretakerApiKey"
 
 
