@@ -90,8 +90,7 @@ def _tool_round_trip(client: openai.OpenAI, model: str) -> str:
     messages: list[Any] = [{"role": "user", "content": TOOL_TASK}]
     called: list[str] = []
     for _ in range(MAX_TOOL_TURNS):
-        # TOOLS is plain JSON shared with the requests-based checks; the SDK types it as its own TypedDicts.
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
                                                max_tokens=LONG_BUDGET, extra_body={"reasoning_effort": "high"})
         message = reply.choices[0].message
         if not message.tool_calls:

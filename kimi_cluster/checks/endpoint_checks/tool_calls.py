@@ -35,7 +35,9 @@ def _run_call(turn: int, call: Any, metrics: dict[str, Any]) -> tuple[str, str, 
         raise CheckFailed(f"turn {turn}: arguments of {name} are not a JSON object: {short(str(raw), 120)!r}", metrics)
     try:
         result = TOOL_IMPLS[name](**args)
-    except Exception as exc:  # noqa: BLE001 - the model sees the error, as an agent loop would show it
+    # What the model's arguments can make a tool raise (a wrong or missing argument, an expression safe_arithmetic
+    # refuses or cannot parse, a division by zero or an overflow): the model sees it, as an agent loop would show it.
+    except (TypeError, ValueError, SyntaxError, ArithmeticError) as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     return call.get("id") or name, name, result
 

@@ -111,7 +111,7 @@ def cleanup(api: HyperstackClient, spec: VmSpec, vm: VmRecord) -> str:
     what = f"VM {spec.name!r} (id {vm['id']})"
     try:
         delete_vm_and_wait(api, vm["id"], what, spec.delete_timeout_seconds, spec.poll_interval_seconds)
-    except Exception as err:  # noqa: BLE001 - the report must carry both failures
+    except (HyperstackError, ProvisioningError) as err:  # all the client and the wait raise: the report carries both
         return (f"deleting it ALSO FAILED ({err}): {what} may still be billing; delete it in the console, or "
                 f"run `pulumi up` again, which adopts a VM named {spec.name!r} with labels {list(spec.labels)}")
     return f"{what} was deleted, nothing is left billing"
