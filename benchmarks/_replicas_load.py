@@ -95,8 +95,7 @@ def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
         tally.add(requests=1)
         sent = time.monotonic()
         try:
-            # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
-            reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,  # type: ignore[arg-type]
+            reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
                                                    max_tokens=256)
         except openai.OpenAIError as exc:
             tally.note("failed", f"{type(exc).__name__}: {str(exc)[:160]}")
@@ -125,10 +124,10 @@ def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> Non
     finish = None
     tally.add(streams_started=1, open_streams=1)
     try:
-        stream = client.chat.completions.create(  # type: ignore[call-overload]  # TOOLS is plain JSON
+        stream = client.chat.completions.create(
             model=model, stream=True, max_tokens=256,
             messages=[{"role": "user", "content": TOOL_TASK if tools else "Tell me about Kimi."}],
-            **({"tools": TOOLS} if tools else {}))
+            tools=TOOLS if tools else openai.omit)
         for chunk in stream:
             chunks += 1
             times.append(time.monotonic())

@@ -1,6 +1,6 @@
-"""Alias of kimi_cluster.deploy.hyperstack.providers for stacks made by 0.1.0 (components/__init__.py)."""
+"""Alias of kimi_cluster.deploy.hyperstack_providers.providers for stacks made by 0.1.0 (components/__init__.py)."""
 
-from kimi_cluster.deploy.hyperstack.providers import (
+from kimi_cluster.deploy.hyperstack_providers.providers import (
     EnvironmentProvider,
     KeypairProvider,
     SecurityRuleProvider,

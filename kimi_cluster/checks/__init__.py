@@ -20,7 +20,7 @@ Named endpoint_checks, not verification: verification/ is the verification stack
 from __future__ import annotations
 
 from kimi_cluster.checks.arithmetic import safe_arithmetic
-from kimi_cluster.checks.checks import CHECK_NAMES, CHECKS
+from kimi_cluster.checks.endpoint_checks import CHECK_NAMES, CHECKS
 from kimi_cluster.checks.messages import REASONING_FIELDS, assistant_turn, reasoning_of
 from kimi_cluster.checks.png import make_split_png
 from kimi_cluster.checks.results import CheckFailed, CheckResult, VerificationFailed, VerificationOutcome

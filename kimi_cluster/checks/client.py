@@ -236,7 +236,7 @@ class Api:
         *,
         effort: str = "low",
         max_tokens: int = SHORT_BUDGET,
-        tools: list[dict[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatReply:
         body: dict[str, Any] = {
             "model": self.target.model,

@@ -106,7 +106,7 @@ class _WatchedHTTPConnection(HTTPConnection):
         _watch_active(self.sock)
 
     # urllib3's own getresponse narrows http.client's return type the same way, with the same marker.
-    def getresponse(self) -> HTTPResponse:  # type: ignore[override]
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # urllib3's response, as urllib3's own
         _watch_active(self.sock)  # a kept-alive connection does not connect again
         return super().getresponse()
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable
 
 import requests
 
-from kimi_cluster.checks.checks import CHECK_NAMES, CHECKS
 from kimi_cluster.checks.client import Api
 from kimi_cluster.checks.deadline import Deadline, use_deadlines
+from kimi_cluster.checks.endpoint_checks import CHECK_NAMES, CHECKS
 from kimi_cluster.checks.results import CheckFailed, CheckResult, VerificationOutcome
 from kimi_cluster.checks.target import DEFAULT_TIMEOUT_S, Target
 from kimi_cluster.checks.text import redact, redact_obj, short

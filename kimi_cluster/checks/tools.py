@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kimi_cluster.checks.arithmetic import safe_arithmetic
+
+if TYPE_CHECKING:  # the SDK is the verification's extra (requirements-verify.txt); mypy checks the schemas against it
+    from openai.types.chat import ChatCompletionToolParam
 
 
 def tool_calculate(expression: str) -> dict[str, Any]:
@@ -24,7 +27,8 @@ TOOL_IMPLS: dict[str, Callable[..., dict[str, Any]]] = {
     "get_weather": tool_get_weather,
 }
 
-TOOLS: list[dict[str, Any]] = [
+# Plain JSON on the wire (the requests-based checks send it as it is), typed as the OpenAI SDK's own tool shape.
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {

@@ -12,9 +12,9 @@ import os
 import signal
 import sys
 
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.fakes.hyperstack.faults import Fault, RateLimit, StuckInBuild, VmError
-from kimi_cluster.fakes.hyperstack.state import Lifecycle
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.faults import Fault, RateLimit, StuckInBuild, VmError
+from kimi_cluster.fakes.hyperstack_emulator.state import Lifecycle
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
 
 FIRST_IP = "127.0.0.2"

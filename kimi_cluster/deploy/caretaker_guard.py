@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kimi_cluster.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
+from kimi_cluster.hyperstack_api.api import ApiSettings, HyperstackClient, HyperstackError
 from kimi_cluster.node.caretaker_spend import spent_usd
 from kimi_cluster.plan.caretaker import gpu_vm_names
 from kimi_cluster.settings import NAMESPACE, Settings

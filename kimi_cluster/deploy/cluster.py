@@ -15,8 +15,8 @@ import pulumi
 from kimi_cluster.deploy import front, replicas, tls
 from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.generated_secret import GeneratedSecret
-from kimi_cluster.deploy.hyperstack.placement import Placement
-from kimi_cluster.deploy.hyperstack.resources import Environment, VirtualMachine
+from kimi_cluster.deploy.hyperstack_providers.placement import Placement
+from kimi_cluster.deploy.hyperstack_providers.resources import Environment, VirtualMachine
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE, EndpointKeys
 from kimi_cluster.deploy.remote_step import node_connection
 from kimi_cluster.deploy.vm import vm_place, vm_with_host_key

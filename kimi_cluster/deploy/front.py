@@ -14,7 +14,7 @@ from __future__ import annotations
 import pulumi
 
 from kimi_cluster.deploy.chain import StepGroup
-from kimi_cluster.deploy.hyperstack.resources import SecurityRule, VirtualMachine
+from kimi_cluster.deploy.hyperstack_providers.resources import SecurityRule, VirtualMachine
 from kimi_cluster.deploy.rules import security_rules
 from kimi_cluster.plan.firewall import RuleSpec
 from kimi_cluster.plan.steps.model import FRONT_TYPE

@@ -24,8 +24,8 @@ from kimi_cluster.deploy.unknowns import is_unknown
 class _GeneratedSecretProvider(dyn.ResourceProvider):
     """Stateless: holds nothing on self, so nothing sensitive is pickled into the provider blob."""
 
-    # Not a secret (see kimi_cluster.deploy.hyperstack.providers.HyperstackProvider): stateless, pickled by reference,
-    # and its diff never reads `__provider`.
+    # Not a secret (see kimi_cluster.deploy.hyperstack_providers.providers.HyperstackProvider): stateless, pickled
+    # by reference, and its diff never reads `__provider`.
     serialize_as_secret_always = False
 
 

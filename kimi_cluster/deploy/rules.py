@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pulumi
 
-from kimi_cluster.deploy.hyperstack.resources import SecurityRule, VirtualMachine
+from kimi_cluster.deploy.hyperstack_providers.resources import SecurityRule, VirtualMachine
 from kimi_cluster.plan.firewall import RuleSpec
 
 

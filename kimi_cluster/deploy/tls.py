@@ -135,8 +135,8 @@ def check_key_matches(cert_pem: str, key_pem: str) -> None:
 class _CaProvider(dyn.ResourceProvider):
     """Stateless: holds nothing on self, so nothing sensitive is pickled into the provider blob."""
 
-    # Not a secret (see kimi_cluster.deploy.hyperstack.providers.HyperstackProvider): stateless, pickled by reference,
-    # and its diff never reads `__provider`.
+    # Not a secret (see kimi_cluster.deploy.hyperstack_providers.providers.HyperstackProvider): stateless, pickled
+    # by reference, and its diff never reads `__provider`.
     serialize_as_secret_always = False
 
 
@@ -170,8 +170,8 @@ class CertificateAuthority(dyn.Resource, module="kimi", name="CertificateAuthori
 class _ServerCertProvider(dyn.ResourceProvider):
     """Signs a server certificate with the CA it is given (as a secret input); stateless like the CA's."""
 
-    # Not a secret (see kimi_cluster.deploy.hyperstack.providers.HyperstackProvider): stateless, pickled by reference,
-    # and its diff never reads `__provider`.
+    # Not a secret (see kimi_cluster.deploy.hyperstack_providers.providers.HyperstackProvider): stateless, pickled
+    # by reference, and its diff never reads `__provider`.
     serialize_as_secret_always = False
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 import pulumi.dynamic as dyn
 
-from kimi_cluster.deploy.hyperstack.resources import Environment, Keypair, VirtualMachine
+from kimi_cluster.deploy.hyperstack_providers.resources import Environment, Keypair, VirtualMachine
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,8 @@ def vm_with_host_key(parent: pulumi.Resource, resource_name: str, place: VmPlace
 class _HostKeyProvider(dyn.ResourceProvider):
     """Makes one ed25519 host key at create time; stateless, and everything it needs is imported inside."""
 
-    # Not a secret (see kimi_cluster.deploy.hyperstack.providers.HyperstackProvider): stateless, pickled by reference,
-    # and its diff never reads `__provider`.
+    # Not a secret (see kimi_cluster.deploy.hyperstack_providers.providers.HyperstackProvider): stateless, pickled
+    # by reference, and its diff never reads `__provider`.
     serialize_as_secret_always = False
 
 

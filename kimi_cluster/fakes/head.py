@@ -18,13 +18,27 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kimi_cluster.deploy import tls
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.fakes.sandbox_services import free_port
 from kimi_cluster.plan import proxy
+
+
+class Upstream(Protocol):
+    """What the proxy stands in front of: the fake engine, or a test's recorder in its place."""
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
 
 
 def caddy_binary() -> str | None:
@@ -52,7 +66,7 @@ class ProxiedEngine:
         self.host = host
         self.api_key = api_key
         self.startup_timeout = startup_timeout
-        self.engine = FakeInferenceServer(settings, host="127.0.0.1", port=0)
+        self.engine: Upstream = FakeInferenceServer(settings, host="127.0.0.1", port=0)
         self.port = free_port(host)  # free on every address: the Caddyfile listens on `:PORT`
         self.dir = Path(tempfile.mkdtemp(prefix="kimi-head-"))
         self.ca_certificate = ""

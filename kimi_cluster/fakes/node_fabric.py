@@ -1,6 +1,7 @@
 """Fake GPU nodes on a real network: one network namespace per VM, real OpenSSH in it, nftables for its rules.
 
-The emulator (kimi_cluster/fakes/hyperstack/) boots a node here when it creates a VM and ends it when the VM goes:
+The emulator (kimi_cluster/fakes/hyperstack_emulator/) boots a node here when it creates a VM and ends it when the VM
+goes:
 - a namespace `kn<id>-<n>` whose `eth0` holds the address the emulator handed out, on a bridge `kb<id>` whose
   host side (`.1` of the fabric's /24) is where the operator, the hub and the bucket are;
 - the VM's cloud-config applied as cloud-init would: its `ssh_keys` become the node's only host key, the

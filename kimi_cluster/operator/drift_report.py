@@ -11,7 +11,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from kimi_cluster.hyperstack.api import HyperstackClient, HyperstackError
+from kimi_cluster.hyperstack_api.api import HyperstackClient, HyperstackError
 from kimi_cluster.operator.stack_state import NodeRecord, StackStateError, parse_state
 from kimi_cluster.settings import Settings
 

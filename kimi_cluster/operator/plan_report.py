@@ -11,7 +11,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
+from kimi_cluster.hyperstack_api.api import API_KEY_CONFIG, API_URL_CONFIG
 from kimi_cluster.operator.caretaker_report import format_guards, guards
 from kimi_cluster.plan import resume
 from kimi_cluster.plan.firewall import node_rules

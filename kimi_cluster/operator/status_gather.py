@@ -25,7 +25,7 @@ from typing import Any
 
 import requests
 
-from kimi_cluster.hyperstack.api import HyperstackClient, HyperstackError
+from kimi_cluster.hyperstack_api.api import HyperstackClient, HyperstackError
 from kimi_cluster.node.printable import printable
 from kimi_cluster.operator.caretaker_status import caretaker_view
 from kimi_cluster.operator.engine_metrics import parse_metrics

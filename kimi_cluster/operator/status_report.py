@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kimi_cluster.hyperstack.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
+from kimi_cluster.hyperstack_api.api import API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
 from kimi_cluster.operator.caretaker_status import format_caretaker
 from kimi_cluster.operator.node_exec import NodeRunner
 from kimi_cluster.operator.stack_state import StackState

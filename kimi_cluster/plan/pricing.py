@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, ApiSettings, HyperstackClient, HyperstackError
-from kimi_cluster.hyperstack.market import LivePrice, get_pricebook, list_all_flavors, price_for_flavor
+from kimi_cluster.hyperstack_api.api import (
+    API_KEY_CONFIG,
+    API_URL_CONFIG,
+    ApiSettings,
+    HyperstackClient,
+    HyperstackError,
+)
+from kimi_cluster.hyperstack_api.market import LivePrice, get_pricebook, list_all_flavors, price_for_flavor
 from kimi_cluster.settings import NAMESPACE, Settings, catalog
 from kimi_cluster.settings.catalog import ApiPrice, TokenMix
 

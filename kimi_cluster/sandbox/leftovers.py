@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kimi_cluster.hyperstack_api.api import HyperstackError
 from kimi_cluster.settings import Settings
 
 from .nodes import STACK
@@ -14,13 +15,14 @@ from .nodes import STACK
 def delete_unrecorded_vms(api: Any, settings: Settings, recorded: set[str], say: Callable[[str], None]
                            ) -> list[str]:
     """Our VMs that an interrupted up created but never recorded (`recorded`: the ids the checkpoint holds)."""
-    from kimi_cluster.deploy.hyperstack.vm_lifecycle import delete_vm_and_wait
+    from kimi_cluster.deploy.hyperstack_providers.failures import ProvisioningError
+    from kimi_cluster.deploy.hyperstack_providers.vm_lifecycle import delete_vm_and_wait
 
     ours = {settings.node_name(rank) for rank in range(settings.nodes)}
     problems = []
     try:
         vms = api.list_vms(environment=settings.env_name)
-    except Exception as exc:  # noqa: BLE001 - an unreachable API is reported, not raised
+    except HyperstackError as exc:  # an unreachable API is reported, not raised
         return [f"cannot list the VMs of {settings.env_name}: {exc}"]
     for vm in vms:
         labels = set(vm.get("labels") or [])
@@ -30,7 +32,7 @@ def delete_unrecorded_vms(api: Any, settings: Settings, recorded: set[str], say:
         say(f"deleting {what}: an interrupted up created it but never recorded it")
         try:
             delete_vm_and_wait(api, vm["id"], what, 120.0, 0.5)
-        except Exception as exc:  # noqa: BLE001 - one VM that will not go must not keep the rest alive
+        except (HyperstackError, ProvisioningError) as exc:  # one VM that will not go must not keep the rest alive
             problems.append(f"{what} could not be deleted: {exc}")
     return problems
 
@@ -48,7 +50,7 @@ def delete_unrecorded_environment(api: Any, settings: Settings, say: Callable[[s
                 say(f"deleting environment {env['name']!r}: an interrupted up created it but never "
                          "recorded it")
                 api.delete_environment(env["id"])
-    except Exception as exc:  # noqa: BLE001 - destroy reports what it could not clean up and goes on
+    except HyperstackError as exc:  # destroy reports what it could not clean up and goes on
         problems.append(f"cannot clean up {settings.env_name}: {exc}")
     return problems
 
@@ -58,7 +60,7 @@ def emulator_leftovers(api: Any) -> list[str]:
         envs = api.list_environments()
         keypairs = api.list_keypairs()
         vms = api.list_vms()
-    except Exception as exc:  # noqa: BLE001 - an emulator that cannot answer is a finding, not a crash
+    except HyperstackError as exc:  # an emulator that cannot answer is a finding, not a crash
         return [f"the emulator cannot be asked ({exc})"]
     left = [f"environment {e.get('name')}" for e in envs]
     left += [f"keypair {k.get('name')}" for k in keypairs]
@@ -67,6 +69,6 @@ def emulator_leftovers(api: Any) -> list[str]:
 
 
 def api_client(url: str, key: str) -> Any:
-    from kimi_cluster.hyperstack.api import HyperstackClient
+    from kimi_cluster.hyperstack_api.api import HyperstackClient
 
     return HyperstackClient(url, key, retry_base_seconds=0.2)

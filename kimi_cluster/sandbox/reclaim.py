@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from kimi_cluster.fakes.hyperstack.admin import ADMIN_PREFIX
+from kimi_cluster.fakes.hyperstack_emulator.admin import ADMIN_PREFIX
 from kimi_cluster.operator.stack_state import checked_outputs
 
 # How the VM goes: deleted, left in ERROR (the emulator, as the cloud's API shows it), still ACTIVE and silent, or
@@ -35,8 +35,8 @@ def node_addresses(outputs: dict[str, Any]) -> dict[str, str]:
 
 
 def ask_emulator(api_url: str, name: str, mode: str) -> dict[str, Any]:
-    """POST the emulator's admin route `reclaim` (`drift` for a stop: kimi_cluster/fakes/hyperstack/drift.py); it must
-    run with --admin, as the sandbox starts it."""
+    """POST the emulator's admin route `reclaim` (`drift` for a stop: kimi_cluster/fakes/hyperstack_emulator/
+    drift_injection.py); it must run with --admin, as the sandbox starts it."""
     base = api_url.rstrip("/").removesuffix("/v1")
     route, body = ("drift", {"name": name, "action": "stop"}) if mode == "stop" else \
         ("reclaim", {"name": name, "mode": mode})

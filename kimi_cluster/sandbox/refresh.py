@@ -47,8 +47,8 @@ def vm_findings(sandbox: Sandbox, hourly_usd: Mapping[str, float]) -> list[str]:
 
 def hourly_prices(sandbox: Sandbox) -> dict[str, float]:
     """Each live VM's hourly price, by name, from the emulator's pricebook (what Hyperstack would bill it)."""
-    from kimi_cluster.hyperstack.api import HyperstackClient
-    from kimi_cluster.hyperstack.market import get_pricebook, price_for_flavor
+    from kimi_cluster.hyperstack_api.api import HyperstackClient
+    from kimi_cluster.hyperstack_api.market import get_pricebook, price_for_flavor
     from kimi_cluster.sandbox.workdir import emulator_key
 
     record = sandbox.dir.record()

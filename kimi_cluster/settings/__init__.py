@@ -6,7 +6,9 @@ package (to kimi_cluster/plan/launch.py, whose command line decides which engine
 
   keys.py          the namespace and the secret keys
   errors.py        SettingsError, how a value is shown and a key is set, the bounded error message
-  rules.py         each key's own rules (patterns, ports, durations, URLs, networks)
+  rules.py         each key's own rules (patterns, durations, URLs, CIDRs, paths)
+  ports.py         the port map: the ports the program uses on the nodes, which no key may take
+  networks.py      what kind of network an address is (public, private, loopback), the CIDR widths accepted
   cross_rules.py   the rules across keys
   ssh_key.py       the SSH public and private key rules
   node_timing.py   kimi-cluster:nodeTiming, the node scripts' waits (kimi_cluster/settings/timing.py)
@@ -21,23 +23,22 @@ from kimi_cluster.settings.errors import ERROR_MAX_LINE, ERROR_MAX_LINES, EXAMPL
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings
 from kimi_cluster.settings.keys import CREDENTIAL_KEYS, NAMESPACE, SECRET_KEYS
 from kimi_cluster.settings.model import Settings
-from kimi_cluster.settings.rules import (
-    CACHE_STEP_MIN_MINUTES,
+from kimi_cluster.settings.networks import IPV4_MIN_PREFIX, IPV4_WARN_PREFIX, IPV6_MIN_PREFIX, WIDE_PREFIX
+from kimi_cluster.settings.ports import (
     DIST_INIT_PORT,
-    DURATION_MAX_MINUTES,
-    DURATION_MIN_MINUTES,
-    IPV4_MIN_PREFIX,
-    IPV4_WARN_PREFIX,
-    IPV6_MIN_PREFIX,
-    MAX_LIST_ITEMS,
-    NAME_MAX,
     RENDER_PORTS,
     RESERVED_PORTS,
     RESUME_PORT,
     SSH_PORT,
     WARMUP_DIST_INIT_PORT,
     WARMUP_ENGINE_PORT,
-    WIDE_PREFIX,
+)
+from kimi_cluster.settings.rules import (
+    CACHE_STEP_MIN_MINUTES,
+    DURATION_MAX_MINUTES,
+    DURATION_MIN_MINUTES,
+    MAX_LIST_ITEMS,
+    NAME_MAX,
     credentials_problem,
     duration_problem,
     url_problem,

@@ -21,7 +21,7 @@ from kimi_cluster.settings.keys import NAMESPACE
 IDLE_MIN_MINUTES = 15  # the issue's floor: shorter stops a cluster between two ordinary pauses
 IDLE_MAX_MINUTES = 7 * 24 * 60
 BUDGET_MAX_USD = 10_000_000.0  # far beyond any one stack's spend; bounds the arithmetic and the error's text
-DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"  # kimi_cluster/hyperstack/api.py DEFAULT_API_URL
+DEFAULT_API_URL = "https://infrahub-api.nexgencloud.com/v1"  # kimi_cluster/hyperstack_api/api.py DEFAULT_API_URL
 API_KEY = "caretakerApiKey"
 
 
@@ -99,7 +99,8 @@ HOST_MAX, LABEL_MAX = 253, 63  # RFC 1035: a longer name never resolves, so ever
 def api_url(v: str) -> str:
     """The API as the caretaker dials it from its VM: a URL ending in /v1 (Hyperstack's base, or a relay's), whose
     host could resolve; https, or plain http to loopback or a private address only (its key travels in a header)."""
-    from kimi_cluster.settings.rules import HF_ENDPOINT_RE, on_private_path, url_problem
+    from kimi_cluster.settings.networks import on_private_path
+    from kimi_cluster.settings.rules import HF_ENDPOINT_RE, url_problem
 
     if len(v) > URL_MAX:
         raise ValueError(f"{shown(v)} is {len(v):,} characters, longer than any API URL ({URL_MAX:,} at most)")
@@ -138,7 +139,8 @@ def key_problem(text: Any) -> str | None:
 def test_clock(api_url_value: str) -> bool:
     """Whether the caretaker's API is an emulator beside the stack, where a shortened minute is safe: plain http to
     loopback or a private address. Hyperstack's own API is https, so a real stack's caretaker keeps 60 s minutes."""
-    from kimi_cluster.settings.rules import HF_ENDPOINT_RE, on_private_path
+    from kimi_cluster.settings.networks import on_private_path
+    from kimi_cluster.settings.rules import HF_ENDPOINT_RE
 
     match = HF_ENDPOINT_RE.fullmatch(api_url_value)
     return bool(match and match["scheme"] == "http" and on_private_path(match["host"]))

@@ -13,19 +13,9 @@ from collections.abc import Mapping, Sequence
 from kimi_cluster.settings import catalog, tls_check
 from kimi_cluster.settings.errors import shown
 from kimi_cluster.settings.keys import NAMESPACE
-from kimi_cluster.settings.rules import (
-    FLAVOR_GPUS_RE,
-    HF_ENDPOINT_RE,
-    IPV4_MIN_PREFIX,
-    IPV6_MIN_PREFIX,
-    NAME_MAX,
-    NAME_RE,
-    RESERVED_PORTS,
-    UNPRIVILEGED_PORT_MIN,
-    V4_MAPPED,
-    loopback_host,
-    non_public,
-)
+from kimi_cluster.settings.networks import IPV4_MIN_PREFIX, IPV6_MIN_PREFIX, V4_MAPPED, loopback_host, non_public
+from kimi_cluster.settings.ports import RESERVED_PORTS, UNPRIVILEGED_PORT_MIN
+from kimi_cluster.settings.rules import FLAVOR_GPUS_RE, HF_ENDPOINT_RE, NAME_MAX, NAME_RE
 
 
 def operator_scope_problem(operator_cidr: str, allow_private: bool) -> str | None:

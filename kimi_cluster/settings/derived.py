@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from kimi_cluster.settings import caretaker_rules, catalog, sizing, tls_check
 from kimi_cluster.settings.errors import SettingsError
 from kimi_cluster.settings.keys import NAMESPACE
+from kimi_cluster.settings.networks import IPV4_WARN_PREFIX, WIDE_PREFIX
 from kimi_cluster.settings.node_timing import timing_of
-from kimi_cluster.settings.rules import IPV4_WARN_PREFIX, WIDE_PREFIX
 from kimi_cluster.settings.timing import Timing
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kimi_cluster.hyperstack.api import RETRY_BASE_CONFIG, RETRY_BASE_ENV, retry_base_problem
+from kimi_cluster.hyperstack_api.api import RETRY_BASE_CONFIG, RETRY_BASE_ENV, retry_base_problem
 from kimi_cluster.settings import caretaker_rules, tls_check
 from kimi_cluster.settings.errors import SettingsError, format_errors, how_to_set
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings

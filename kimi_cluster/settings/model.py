@@ -19,17 +19,15 @@ from kimi_cluster.settings.derived import DerivedValues
 from kimi_cluster.settings.errors import shown
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings
 from kimi_cluster.settings.keys import NAMESPACE
+from kimi_cluster.settings.ports import DIST_INIT_PORT, RESERVED_PORTS, SSH_PORT
 from kimi_cluster.settings.rules import (
-    DIST_INIT_PORT,
     FLAVOR_RE,
     IMAGE_RE,
     NAME_RE,
     PATH_CHARS_RE,
     PRINTABLE_RE,
     REGION_RE,
-    RESERVED_PORTS,
     SERVED_NAME_RE,
-    SSH_PORT,
     SSH_USER_RE,
     duration_problem,
 )

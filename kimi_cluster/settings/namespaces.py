@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG, RETRY_BASE_CONFIG, retry_base_problem
+from kimi_cluster.hyperstack_api.api import API_KEY_CONFIG, API_URL_CONFIG, RETRY_BASE_CONFIG, retry_base_problem
 from kimi_cluster.settings.errors import close_match, shown
 from kimi_cluster.settings.keys import NAMESPACE
 

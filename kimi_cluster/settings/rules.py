@@ -2,12 +2,12 @@
 
 Each function takes one raw or parsed value and returns it (normalized) or raises ValueError with the message the
 settings error shows for its key; kimi_cluster/settings/model.py's validators call them. Rules across several keys are
-in cross_rules.py, the SSH key's in ssh_key.py.
+in cross_rules.py, the SSH key's in ssh_key.py; the port map is ports.py, what kind of network an address is
+networks.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import posixpath
@@ -17,16 +17,11 @@ from typing import Any
 from kimi_cluster.settings import catalog
 from kimi_cluster.settings.errors import shown
 from kimi_cluster.settings.keys import NAMESPACE
+from kimi_cluster.settings.networks import IPV4_MIN_PREFIX, IPV6_MIN_PREFIX, cidr_network, is_ip, on_private_path
 from kimi_cluster.settings.timing import PIP_BUDGET_S, Timing
 
 # Every pattern is used with fullmatch: a `$` also matches before a trailing newline, which would let one through.
 _HEX40 = re.compile(r"[0-9a-f]{40}")
-# The widest IPv6 operatorCidr accepted: a /48 is one site's allocation.
-IPV6_MIN_PREFIX = 48
-# The widest IPv4 operatorCidr accepted (a /8 is the largest block ever allocated to one holder); wider than
-# IPV4_WARN_PREFIX is accepted with a warning.
-IPV4_MIN_PREFIX = 8
-IPV4_WARN_PREFIX = 16
 # Hyperstack's limit on environment, keypair and VM names (CreateEnvironment / CreateInstancesPayload).
 NAME_MAX = 50
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,49}")
@@ -59,26 +54,6 @@ HF_ENDPOINT_RE = re.compile(r"(?P<scheme>https?)://(?P<host>\[[0-9A-Fa-f:.]+\]|[
 # The longest list a list key takes (extraEngineArgs, apiAllowedCidrs, regions): far beyond any real use, and short
 # enough that each item's error stays cheap to build.
 MAX_LIST_ITEMS = 256
-# Ports the program itself uses on the nodes; the inference API may not take one of them.
-SSH_PORT = 22
-DIST_INIT_PORT = 20000  # SGLang's multi-node rendezvous (--dist-init-addr head:20000)
-# The kernel warm-up's own (kimi_cluster/plan/warmup.py): its rendezvous, and its engine on the node's loopback with the
-# two TokenSpeed's launcher takes above it. Apart from the launch's, so nothing reaches the warm-up by mistake.
-WARMUP_DIST_INIT_PORT = 20050
-WARMUP_ENGINE_PORT = 20060
-# The front's resuming layer and vLLM's render server beside it (kimi_cluster/plan/resume.py), on its loopback: two
-# ports for the render server, as a new one starts on the one the old one does not use.
-RESUME_PORT = 20080
-RENDER_PORTS = (20081, 20082)
-RESERVED_PORTS = {SSH_PORT: "SSH", DIST_INIT_PORT: "SGLang's multi-node rendezvous (--dist-init-addr)",
-                  WARMUP_DIST_INIT_PORT: "the kernel warm-up's rendezvous",
-                  **{WARMUP_ENGINE_PORT + i: "the kernel warm-up's engine" for i in range(3)},
-                  RESUME_PORT: "the front's resuming layer",
-                  **{port: "the front's render server" for port in RENDER_PORTS}}
-# Below it, only root may listen (Linux's default net.ipv4.ip_unprivileged_port_start).
-UNPRIVILEGED_PORT_MIN = 1024
-# A prefix wider than this (per IP version) lets in far more than one team's network: allowed, but warned about.
-WIDE_PREFIX = {4: 16, 6: 48}
 
 
 # ---- durations: one rule for every key that makes one --------------------------------------------------------------
@@ -139,24 +114,6 @@ def url_problem(v: str, secret_key: str) -> str | None:
     return None
 
 
-def on_private_path(host: str) -> bool:
-    """The node's own loopback, or an address of a private network: no stranger between the node and it."""
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False  # a name may resolve to anywhere
-    return any(address.version == n.version and address in n for n in _PRIVATE_PATHS)
-
-
-# Loopback and the private networks of RFC 1918, RFC 4193 and RFC 6598 (documentation ranges are not among them: they
-# stand for public hosts in examples).
-_PRIVATE_PATHS = [ipaddress.ip_network(n) for n in ("127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12",
-                                                     "192.168.0.0/16", "fc00::/7", "100.64.0.0/10")]
-
-
 # S3's bucket naming rules (AWS S3 User Guide, "General purpose bucket naming rules"): 3-63 characters of lower-case
 # letters, digits, '.' and '-', beginning and ending with a letter or digit, no '..', not an IP address, and none of
 # the prefixes and suffixes S3 reserves. A name outside them is refused by the store, and the cache silently off.
@@ -179,41 +136,6 @@ def credentials_problem(text: str) -> str | None:
 
 PREFIX_RE = re.compile(r"^[A-Za-z0-9._/-]*$")
 S3_REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
-
-
-V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
-# Ranges no public address is in, with the reason shown; documentation ranges are left to placeholders().
-_NON_PUBLIC = [(ipaddress.ip_network(n), why) for n, why in (
-    ("127.0.0.0/8", "a loopback range"), ("::1/128", "the loopback address"),
-    ("169.254.0.0/16", "a link-local range"), ("fe80::/10", "a link-local range"),
-    ("10.0.0.0/8", "a private range"), ("172.16.0.0/12", "a private range"), ("192.168.0.0/16", "a private range"),
-    ("fc00::/7", "a private (unique local) range"), ("100.64.0.0/10", "a carrier-grade NAT range"),
-    ("224.0.0.0/4", "a multicast range"), ("ff00::/8", "a multicast range"), ("240.0.0.0/4", "a reserved range"),
-    ("0.0.0.0/8", "a 'this network' range"), ("::/128", "the unspecified address"),
-)]
-
-
-def non_public(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str | None:
-    for other, why in _NON_PUBLIC:
-        if other.version == net.version and net.overlaps(other):
-            return why
-    return None
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def loopback_host(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 
 # ---- the keys' own rules (the model's field validators call these) ------------------------------------------------
@@ -245,16 +167,9 @@ def endpoint_url(v: str | None) -> str | None:
     return v.rstrip("/")
 
 
-def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """A CIDR as a firewall rule takes it; ValueError otherwise. One check for operatorCidr and apiAllowedCidrs."""
-    if "%" in text:  # an IPv6 zone id names an interface of this machine, not a network of the VM's
-        raise ValueError(text)
-    return ipaddress.ip_network(text.strip(), strict=False)
-
-
 def operator_cidr(v: str) -> str:
     try:
-        net = _network(str(v))
+        net = cidr_network(str(v))
     except ValueError:
         raise ValueError(f"{shown(v)} is not a CIDR such as 203.0.113.7/32") from None
     if net.prefixlen == 0:
@@ -315,7 +230,7 @@ def cidr_list(v: Any) -> Any:
     out: list[str] = []
     for cidr in v:
         try:
-            net = _network(cidr)
+            net = cidr_network(cidr)
         except ValueError:
             raise ValueError(f"{shown(cidr)} is not a CIDR such as 203.0.113.7/32 or 198.51.100.0/24") from None
         if net.prefixlen == 0:
@@ -344,7 +259,7 @@ def certificate(v: str | None) -> str | None:
 def api_hostname(v: str | None) -> str | None:
     if v is None:
         return v
-    if not _HOSTNAME.fullmatch(v) or len(v) > 253 or _is_ip(v):
+    if not _HOSTNAME.fullmatch(v) or len(v) > 253 or is_ip(v):
         raise ValueError(f"{shown(v)} is not a DNS name such as api.example.com (lower-case letters, digits and "
                          "'-' in dot-separated labels; no scheme, port or trailing dot)")
     return v

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import requests
 
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.fakes.hyperstack.state import Lifecycle
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.state import Lifecycle
 from kimi_cluster.node import caretaker
 from kimi_cluster.node.caretaker_spend import spent_usd
 

@@ -99,7 +99,7 @@ CONFIGS = {"head proxy": None, "tokenspeed head": tokenspeed_config, "front": fr
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def head(request):
     proxied = ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY, config=CONFIGS[request.param])
-    proxied.engine = Recorder()  # type: ignore[assignment]  # the same start/stop/port/url as the fake engine
+    proxied.engine = Recorder()
     with proxied:
         yield proxied
 

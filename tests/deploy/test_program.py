@@ -311,7 +311,7 @@ def test_region_and_regions_together_are_refused_naming_both():
 
 
 def test_hourly_cost_uses_the_pricebook_when_a_key_is_set_and_says_so():
-    from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
 
     with Emulator() as emu:
         emu.set_price("H100-80G-PCIe-NVLink", 2.25)

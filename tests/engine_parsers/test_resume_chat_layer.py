@@ -23,7 +23,7 @@ import anthropic
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from kimi_cluster.checks.tools import TOOLS
 from kimi_cluster.fakes.inference import generate
@@ -47,9 +47,10 @@ if not (VENV / "bin" / "vllm").exists():
 QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=10.0, resumes=3, connect_s=2.0)
 # "low": the render server writes it into the prompt and the token door reads it back (a short turn, cut at each of
 # its tokens below).
+TOOL_MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the weather in Oslo? Use the tool."}]
 TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools": TOOLS, "reasoning_effort": "low",
-             "stream_options": {"include_usage": True},
-             "messages": [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]}
+             "stream_options": {"include_usage": True}, "messages": TOOL_MESSAGES}
 # 2 ms a token: the derender calls (a few ms each) take a few tokens at a time, so cuts fall on varied chunk
 # boundaries of the stream state vLLM replays.
 SETTINGS = FakeSettings(engine="vllm", token_seconds=0.002, scale_out=True)
@@ -240,9 +241,7 @@ def test_the_openai_client_gets_a_whole_stream_across_a_loss(front, mode: str) -
     url, proxy, twin = front
     proxy.mode, proxy.cut_after = mode, 60
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    # TOOLS is plain JSON shared with the endpoint checks; the SDK types it as its own TypedDicts.
-    with client.chat.completions.stream(model=DEFAULT_MODEL, max_tokens=1000, tools=TOOLS,  # type: ignore[arg-type]
-                                        messages=TOOL_TURN["messages"],  # type: ignore[arg-type]  # the same JSON
+    with client.chat.completions.stream(model=DEFAULT_MODEL, max_tokens=1000, tools=TOOLS, messages=TOOL_MESSAGES,
                                         stream_options={"include_usage": True}) as stream:
         for _ in stream:
             pass

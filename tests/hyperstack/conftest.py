@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kimi_cluster.deploy.hyperstack import providers
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.fakes.hyperstack.state import Lifecycle
+from kimi_cluster.deploy.hyperstack_providers import providers
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.state import Lifecycle
 
 FAST = Lifecycle(creating_seconds=0.05, build_seconds=0.05, floating_ip_seconds=0.03, deleting_seconds=0.05)
 REGION = "CANADA-1"

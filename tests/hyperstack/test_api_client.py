@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY
-from kimi_cluster.fakes.hyperstack.faults import RateLimit, ServerError
-from kimi_cluster.hyperstack import api
-from kimi_cluster.hyperstack.api import ApiSettings, HyperstackClient, HyperstackError
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY
+from kimi_cluster.fakes.hyperstack_emulator.faults import RateLimit, ServerError
+from kimi_cluster.hyperstack_api import api
+from kimi_cluster.hyperstack_api.api import ApiSettings, HyperstackClient, HyperstackError
 
 pytestmark = pytest.mark.timeout(20)
 

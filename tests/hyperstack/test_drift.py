@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kimi_cluster.deploy.hyperstack import drift, providers
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY
-from kimi_cluster.hyperstack.api import HyperstackClient, HyperstackError
+from kimi_cluster.deploy.hyperstack_providers import drift_detection, providers
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY
+from kimi_cluster.hyperstack_api.api import HyperstackClient, HyperstackError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(20)
@@ -34,7 +34,7 @@ def _status(emu, vm_id: str, want: str) -> Any:
 @pytest.fixture
 def vm(base):
     made = providers.VirtualMachineProvider().create(vm_props())
-    drift._seen.clear()
+    drift_detection._seen.clear()
     return made
 
 
@@ -87,7 +87,7 @@ def test_a_rule_deleted_behind_the_stacks_back_is_dropped_by_a_refresh_and_made_
     rule = rule_p.create(rule_props(vm.id))
     assert rule_p.diff(rule.id, rule.outs, rule_props(vm.id)).changes is False
     _api(base).delete_vm_security_rule(int(vm.id), int(rule.id))
-    drift._seen.clear()  # another process deleted it: this one's cache did not see that
+    drift_detection._seen.clear()  # another process deleted it: this one's cache did not see that
     assert rule_p.read(rule.id, rule.outs).id == ""
     diff = rule_p.diff(rule.id, rule.outs, rule_props(vm.id))
     assert diff.changes is True and diff.replaces == ["vm_id"] and diff.delete_before_replace is False

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from kimi_cluster.deploy.caretaker_guard import budget_problem
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
 from kimi_cluster.node.caretaker_spend import spent_usd
 from kimi_cluster.settings.loader import load_settings
 from tests.hyperstack.conftest import FAST, IMAGE, PUBLIC_KEY, REGION

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import requests
 
-from kimi_cluster.deploy.hyperstack import providers, rule_inputs
-from kimi_cluster.fakes.hyperstack.catalog import IMAGES
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.fakes.hyperstack.faults import VmError
+from kimi_cluster.deploy.hyperstack_providers import providers, rule_inputs
+from kimi_cluster.fakes.hyperstack_emulator.catalog import IMAGES
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.faults import VmError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, REGION, env_props, keypair_props, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(30)
@@ -189,7 +189,7 @@ def test_stocks_and_pricebook_parse_into_the_sdk_models_and_the_sdk_reads_them(e
 
 def test_rule_protocol_enum_matches_the_sdk(emu):
     hyperstack = sdk()
-    from kimi_cluster.fakes.hyperstack.catalog import PROTOCOLS
+    from kimi_cluster.fakes.hyperstack_emulator.catalog import PROTOCOLS
     field = hyperstack.CreateSecurityRulePayload.model_fields["protocol"]
     assert field is not None
     for protocol in PROTOCOLS:
@@ -339,7 +339,7 @@ def _raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
     ("Content-Length: 4", b"\xff\xfe{}", b"400"),
 ])
 def test_malformed_requests_get_a_4xx(headers, body, status):
-    from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
 
     with Emulator() as emu:
         head = (f"POST /v1/core/environments HTTP/1.1\r\nHost: x\r\napi_key: {DEFAULT_API_KEY}\r\n{headers}\r\n"
@@ -352,8 +352,8 @@ def test_a_client_that_stops_sending_is_dropped_and_others_are_served():
     import socket
     import time
 
-    from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-    from kimi_cluster.hyperstack.api import HyperstackClient
+    from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.hyperstack_api.api import HyperstackClient
 
     with Emulator(socket_timeout=0.5) as emu:
         slow = socket.create_connection(("127.0.0.1", emu.port), timeout=5)

@@ -1,4 +1,4 @@
-"""The API's record shapes are written once (kimi_cluster/hyperstack/records.py): every key of every record the
+"""The API's record shapes are written once (kimi_cluster/hyperstack_api/records.py): every key of every record the
 emulator answers with is a key declared there, nested records included, so the client's view and the emulator's
 cannot drift apart. (tests/hyperstack/test_emulator_contract.py checks the same answers against the vendor SDK.)"""
 
@@ -9,9 +9,9 @@ from typing import Any, get_args, get_origin, get_type_hints, is_typeddict
 import pytest
 import requests
 
-from kimi_cluster.deploy.hyperstack import providers
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.hyperstack import records as shapes
+from kimi_cluster.deploy.hyperstack_providers import providers
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.hyperstack_api import records as shapes
 from tests.hyperstack.conftest import REGION, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(30)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kimi_cluster.deploy.hyperstack import providers, vm_create
-from kimi_cluster.deploy.hyperstack.placement import PlacementError, PlacementProvider
-from kimi_cluster.fakes.hyperstack.emulator import Emulator
+from kimi_cluster.deploy.hyperstack_providers import providers, vm_create
+from kimi_cluster.deploy.hyperstack_providers.placement import PlacementError, PlacementProvider
+from kimi_cluster.fakes.hyperstack_emulator.emulator import Emulator
 from tests.hyperstack.conftest import FLAVOR, env_props, keypair_props, vm_props
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,7 +96,7 @@ def test_stock_gone_after_the_preflight_the_create_is_refused_and_nothing_bills(
 
 
 def test_live_vms_take_from_the_stock_the_endpoint_reports(hs: Emulator):
-    from kimi_cluster.hyperstack import market
+    from kimi_cluster.hyperstack_api import market
 
     providers.EnvironmentProvider().create(env_props())
     providers.KeypairProvider().create(keypair_props())

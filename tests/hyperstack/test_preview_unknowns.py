@@ -8,8 +8,8 @@ import pytest
 from pulumi.output import Unknown
 
 from kimi_cluster.deploy.generated_secret import _GeneratedSecretProvider
-from kimi_cluster.deploy.hyperstack.placement import PlacementProvider
-from kimi_cluster.deploy.hyperstack.providers import (
+from kimi_cluster.deploy.hyperstack_providers.placement import PlacementProvider
+from kimi_cluster.deploy.hyperstack_providers.providers import (
     EnvironmentProvider,
     KeypairProvider,
     SecurityRuleProvider,

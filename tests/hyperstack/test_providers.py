@@ -15,16 +15,16 @@ import pytest
 from pulumi.dynamic import Config, ConfigureRequest
 from pulumi.runtime.rpc import UNKNOWN
 
-from kimi_cluster.deploy.hyperstack import providers
-from kimi_cluster.deploy.hyperstack.providers import (
+from kimi_cluster.deploy.hyperstack_providers import providers
+from kimi_cluster.deploy.hyperstack_providers.providers import (
     EnvironmentProvider,
     KeypairProvider,
     ProvisioningError,
     SecurityRuleProvider,
     VirtualMachineProvider,
 )
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY
-from kimi_cluster.fakes.hyperstack.faults import (
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY
+from kimi_cluster.fakes.hyperstack_emulator.faults import (
     LostCreateResponse,
     OutOfStock,
     RateLimit,
@@ -33,7 +33,7 @@ from kimi_cluster.fakes.hyperstack.faults import (
     StuckInBuild,
     VmError,
 )
-from kimi_cluster.hyperstack.api import HyperstackClient, HyperstackError
+from kimi_cluster.hyperstack_api.api import HyperstackClient, HyperstackError
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, env_props, keypair_props, rule_props, vm_props
 
 pytestmark = pytest.mark.timeout(20)

@@ -17,8 +17,8 @@ import pytest
 from pulumi.dynamic import Config, ConfigureRequest
 from pulumi.dynamic.dynamic import serialize_provider
 
-from kimi_cluster.deploy.hyperstack import providers
-from kimi_cluster.deploy.hyperstack.resources import Environment, Keypair, SecurityRule, VirtualMachine
+from kimi_cluster.deploy.hyperstack_providers import providers
+from kimi_cluster.deploy.hyperstack_providers.resources import Environment, Keypair, SecurityRule, VirtualMachine
 from tests.hyperstack.conftest import FLAVOR, IMAGE, PUBLIC_KEY, vm_props
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ CHILD = """
 import base64, json, sys
 import dill
 from pulumi.dynamic import Config, ConfigureRequest
-from kimi_cluster.hyperstack.api import HyperstackError
+from kimi_cluster.hyperstack_api.api import HyperstackError
 
 msg = json.load(sys.stdin)
 provider = dill.loads(base64.b64decode(msg["provider"]))

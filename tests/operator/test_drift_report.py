@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
-from kimi_cluster.fakes.hyperstack.state import Lifecycle
-from kimi_cluster.hyperstack.api import HyperstackClient
+from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
+from kimi_cluster.fakes.hyperstack_emulator.state import Lifecycle
+from kimi_cluster.hyperstack_api.api import HyperstackClient
 from kimi_cluster.operator.drift_report import drift_lines
 from kimi_cluster.operator.stack_state import NodeRecord
 from kimi_cluster.settings.loader import load_settings

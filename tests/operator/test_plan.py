@@ -143,7 +143,7 @@ def test_cli_entry_point_runs():
 
 
 def test_a_set_key_makes_the_plan_use_the_pricebook_and_show_the_difference(tmp_path, capsys, monkeypatch):
-    from kimi_cluster.fakes.hyperstack.emulator import DEFAULT_API_KEY, Emulator
+    from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
 
     monkeypatch.setattr(socket.socket, "connect", _CONNECT)  # this plan is allowed to ask the (local) API
     with Emulator() as emu:

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # kimi_cluster's rooms are placed one by one (tests/house.py ROOMED); `kimi_cluster` itself is its __init__.py.
 LAYERS = {
     "kimi_cluster": 0, "kimi_cluster.node": 0,
-    "kimi_cluster.hyperstack": 1,
+    "kimi_cluster.hyperstack_api": 1,
     "kimi_cluster.settings": 2,
     "kimi_cluster.plan": 3,
     "kimi_cluster.deploy": 4, "kimi_cluster.checks": 4,

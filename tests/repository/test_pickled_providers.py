@@ -3,8 +3,9 @@
 A dynamic resource's state holds `__provider`, the provider pickled by reference (module path and class name) by
 `pulumi.dynamic.dynamic.serialize_provider`. The provider host (`pulumi/dynamic/__main__.py`, `get_provider`)
 unpickles it with `dill.loads(base64.b64decode(...))` inside `pulumi.runtime._serialization._deserialize` before
-every call, destroy included. tests/fixtures/pickled_providers.json holds one such string per provider class, made
-once by tests/fixtures/make_pickled_providers.py at the commit it names and never regenerated: a tidy-up that moves
+every call, destroy included. tests/fixtures/pickled_providers.json (0.1.0's paths) and pickled_providers_0.2.0.json
+(0.2.0 to 0.3.1's) hold one such string per provider class, each made once by tests/fixtures/make_pickled_providers.py
+at the commit it names and never regenerated: a tidy-up that moves
 or renames one of these modules or classes fails here instead of stranding a live stack's resources.
 """
 
@@ -24,19 +25,29 @@ import pytest
 from pulumi.dynamic import CheckResult, Config, ConfigureRequest, ResourceProvider
 from pulumi.runtime._serialization import _deserialize
 
-FIXTURE = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "pickled_providers.json").read_text())
-ENTRIES = FIXTURE["providers"]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# One fixture per set of recorded paths: 0.1.0's (components/, checks_resource) and 0.2.0 to 0.3.1's
+# (kimi_cluster.deploy.hyperstack, kept as aliases since 0.3.2 moved it to kimi_cluster.deploy.hyperstack_providers).
+FIXTURE_SETS = {name: json.loads((FIXTURES / name).read_text())
+                for name in ("pickled_providers.json", "pickled_providers_0.2.0.json")}
+ENTRIES = [entry for fixture in FIXTURE_SETS.values() for entry in fixture["providers"]]
 IDS = [f"{e['module']}.{e['class']}" for e in ENTRIES]
 
-# The six modules and their classes, as the live stacks recorded them: the fixture must cover each one.
+# The modules and their classes, as the live stacks recorded them: the fixtures must cover each one.
+_HYPERSTACK = {"EnvironmentProvider", "KeypairProvider", "VirtualMachineProvider", "SecurityRuleProvider"}
 RECORDED = {
-    "components.hyperstack.providers": {"EnvironmentProvider", "KeypairProvider", "VirtualMachineProvider",
-                                        "SecurityRuleProvider"},
+    "components.hyperstack.providers": _HYPERSTACK,
     "components.hyperstack.placement": {"PlacementProvider"},
     "components.node": {"_HostKeyProvider"},
     "components.tls": {"_CaProvider", "_ServerCertProvider"},
     "components.generated_secret": {"_GeneratedSecretProvider"},
     "checks_resource": {"VerificationProvider"},
+    "kimi_cluster.deploy.hyperstack.providers": _HYPERSTACK,
+    "kimi_cluster.deploy.hyperstack.placement": {"PlacementProvider"},
+    "kimi_cluster.deploy.vm": {"_HostKeyProvider"},
+    "kimi_cluster.deploy.tls": {"_CaProvider", "_ServerCertProvider"},
+    "kimi_cluster.deploy.generated_secret": {"_GeneratedSecretProvider"},
+    "kimi_cluster.checks.verification_resource": {"VerificationProvider"},
 }
 
 
@@ -50,7 +61,7 @@ def test_the_fixture_covers_every_recorded_provider_class() -> None:
     for entry in ENTRIES:
         found.setdefault(entry["module"], set()).add(entry["class"])
     assert found == RECORDED
-    assert len(FIXTURE["commit"]) == 40
+    assert all(len(fixture["commit"]) == 40 for fixture in FIXTURE_SETS.values())
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)

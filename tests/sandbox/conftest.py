@@ -75,8 +75,8 @@ class EmulatorAdmin:
         return sum(1 for r in self.requests() if r["method"] == "POST" and r["path"] == "/core/virtual-machines")
 
     def drift(self, name: str, action: str, **fields: Any) -> dict:
-        """A change behind the stack's back (kimi_cluster/fakes/hyperstack/drift.py): stop, delete-rule (port=),
-        resize."""
+        """A change behind the stack's back (kimi_cluster/fakes/hyperstack_emulator/drift_injection.py): stop,
+        delete-rule (port=), resize."""
         base = self.url.removesuffix("/v1")
         body = json.dumps({"name": name, "action": action, **fields}).encode()
         request = urllib.request.Request(f"{base}/_emulator/drift", data=body, method="POST")

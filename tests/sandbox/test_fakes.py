@@ -19,8 +19,8 @@ import pytest
 
 from kimi_cluster.cli.emulator import parse_fault
 from kimi_cluster.fakes import sandbox_services as services
-from kimi_cluster.fakes.hyperstack.emulator import Emulator
-from kimi_cluster.fakes.hyperstack.faults import StuckInBuild, VmError
+from kimi_cluster.fakes.hyperstack_emulator.emulator import Emulator
+from kimi_cluster.fakes.hyperstack_emulator.faults import StuckInBuild, VmError
 from kimi_cluster.fakes.node import BIN, make_fake_node
 from kimi_cluster.plan import launch
 from kimi_cluster.sandbox.nodes import ENGINE_HOOK, node_env, stack_settings

@@ -6,7 +6,7 @@
   laptop): the checkpoint keeps the creates it had begun as pending operations and the stack stays locked; the next up
   runs `pulumi cancel`, `pulumi refresh --clear-pending-creates`, then `pulumi up`, whose VM
   provider adopts each VM a lost create made, by name. A provider host that outlived pulumi must not delete the VM
-  it was waiting for (kimi_cluster/deploy/hyperstack/progress.py): that would cost a second VM.
+  it was waiting for (kimi_cluster/deploy/hyperstack_providers/progress.py): that would cost a second VM.
 """
 
 from __future__ import annotations
