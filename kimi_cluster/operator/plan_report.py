@@ -15,7 +15,7 @@ from kimi_cluster.hyperstack.api import API_KEY_CONFIG, API_URL_CONFIG
 from kimi_cluster.operator.caretaker_report import format_guards, guards
 from kimi_cluster.plan import resume
 from kimi_cluster.plan.firewall import node_rules
-from kimi_cluster.plan.pricing import Quote, break_even, catalog_quote, quote
+from kimi_cluster.blueprint.pricing import Quote, break_even, catalog_quote, quote
 from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.plan.steps.model import VmSpot
 from kimi_cluster.plan.steps.resolve import resolve_vms
@@ -189,10 +189,10 @@ def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
-    """Where the compiled kernels are kept and under which key (kimi_cluster/plan/kernel_cache_key.py), if anywhere."""
+    """Where the compiled kernels are kept and under which key (kimi_cluster/plan/kernel_cache.py), if anywhere."""
     if settings.kernel_cache is None:
         return None
-    from kimi_cluster.plan.kernel_cache_key import cache_key
+    from kimi_cluster.plan.kernel_cache import cache_key
 
     key = cache_key(settings)
     return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}
@@ -403,7 +403,8 @@ def running_steps(settings: Settings) -> tuple[str, ...]:
 def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
     """What the offline plan shows for what only deploy time knows: each VM's addresses by name, the certificate's
     stand-in on the VM that holds the endpoint, every GPU node as a peer when the nodes share the download."""
-    from kimi_cluster.plan.step_scripts import PLAN_TLS, fan_out_size
+    from kimi_cluster.plan.steps.model import PLAN_TLS
+    from kimi_cluster.plan.step_scripts import fan_out_size
 
     vms = resolve_vms(settings, "kimi")
     gpu = [vm for vm in vms if vm.kind != "front"]
@@ -434,7 +435,7 @@ def render_scripts(settings: Settings, out_dir: str, spots: dict[str, VmSpot] | 
     """Write every VM's scripts (each node of each replica, and the front), one folder per VM by its name, with
     `spots` (default: placeholder_spots); secrets arrive on stdin, so none are in them. These are the scripts the
     program runs for the same spots: both render with kimi_cluster/plan/steps/render.py `render_vm_scripts`."""
-    from kimi_cluster.plan.steps.render import render_vm_scripts
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
 
     spots = placeholder_spots(settings) if spots is None else spots
     written = []

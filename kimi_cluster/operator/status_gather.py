@@ -32,7 +32,7 @@ from kimi_cluster.operator.engine_metrics import parse_metrics
 from kimi_cluster.operator.node_exec import NodeRunner, probe_command
 from kimi_cluster.operator.stack_state import NodeRecord, StackState
 from kimi_cluster.operator.status_replicas import replicas_view
-from kimi_cluster.plan.pricing import catalog_quote, token_cost
+from kimi_cluster.blueprint.pricing import catalog_quote, token_cost
 from kimi_cluster.release import release_view
 from kimi_cluster.settings import Settings
 

@@ -14,8 +14,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from kimi_cluster.deploy import tls
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.steps import clocks, render
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster import blueprint as render
+from kimi_cluster.plan.steps import clocks
 from kimi_cluster.plan.steps.table import NAMES
 from kimi_cluster.settings import (
     CACHE_STEP_MIN_MINUTES,

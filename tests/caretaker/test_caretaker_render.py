@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.plan import caretaker, front_config, proxy
-from kimi_cluster.plan.steps.render import render_node_scripts, render_step
+from kimi_cluster.blueprint import render_node_scripts, render_step
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings.loader import load_settings
 

@@ -11,10 +11,10 @@ from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE
 from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT, node_connection
 from kimi_cluster.deploy.vm import host_key_cloud_config, host_key_user_data
-from kimi_cluster.plan.blueprint import blueprint
-from kimi_cluster.plan.step_scripts import ProxyTls
+from kimi_cluster.blueprint.stack import blueprint
+from kimi_cluster.plan.steps.model import ProxyTls
 from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
@@ -242,7 +242,7 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
 def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():
     import pytest
 
-    from kimi_cluster.plan.admission import admit
+    from kimi_cluster.blueprint.admission import admit
     from kimi_cluster.settings import SettingsError
 
     # The names are the step table's: the plan's admission (which the program, plan and status run) checks them.

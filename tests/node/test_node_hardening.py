@@ -7,7 +7,7 @@ from __future__ import annotations
 def test_no_engine_container_runs_privileged():
     """A compromised engine must not be root on the host: neither engine's `docker run` has --privileged."""
     from kimi_cluster.plan.launch import docker_run_argv
-    from kimi_cluster.plan.render import shell_words
+    from kimi_cluster.plan.jinja import shell_words
     from tests.node.conftest import make_settings
 
     for topology in ("h100x4-sglang", "b300x1-vllm"):

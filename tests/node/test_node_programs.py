@@ -16,7 +16,7 @@ import pytest
 from kimi_cluster.operator import status_gather
 from kimi_cluster.operator.stack_state import Connection, NodeRecord
 from kimi_cluster.plan import resume, step_scripts
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.blueprint import render_node_scripts
 from tests.node.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ from jinja2 import UndefinedError
 
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import launch
-from kimi_cluster.plan.render import ShellExpr, render, shell_quote, shell_words
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan.jinja import ShellExpr, render, shell_quote, shell_words
+from kimi_cluster.blueprint import render_node_scripts
 from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 

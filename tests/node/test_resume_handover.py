@@ -67,7 +67,7 @@ def scenario(tmp: Path) -> dict[str, Any]:
     from kimi_cluster.plan import proxy, resume
     from kimi_cluster.plan.front_config import caddyfile
     from kimi_cluster.plan.steps.model import VmSpot
-    from kimi_cluster.plan.steps.render import render_vm_scripts
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
     from kimi_cluster.plan.steps.resolve import resolve_vms
     from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT
     from tests.node.conftest import FAST, make_settings

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from kimi_cluster.deploy.remote_step import remote_command_text
-from kimi_cluster.plan.steps.render import render_node_scripts, render_step
+from kimi_cluster.blueprint import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, chmod_spy, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -571,7 +571,7 @@ def test_the_render_servers_log_reaches_the_output_escaped(node_factory):
     """Issue 52: the resume step printed the render server's log tail raw into `pulumi up`'s output, as the engine's
     once was (above); every log tail of every step goes through status's escape (tests/plan/test_log_tails.py)."""
     from kimi_cluster.plan.steps.model import VmSpot
-    from kimi_cluster.plan.steps.render import render_vm_scripts
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
     from kimi_cluster.plan.steps.resolve import resolve_vms
 
     osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"

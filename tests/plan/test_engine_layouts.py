@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kimi_cluster.plan import kernel_cache_key, launch
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.plan import kernel_cache, launch
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.settings import SettingsError, catalog
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CANARY_API, config, outputs_for
@@ -70,11 +70,11 @@ def test_maxmodellen_caps_the_context_clients_are_told_and_the_engines():
     assert argv[argv.index("--max-model-len") + 1] == "524288"
 
 
-def test_each_layout_has_its_own_kernel_cache_key_and_tp8s_is_todays():
-    keys = {name: kernel_cache_key.cache_key(load_settings({**BASE, "engineLayout": name}, "dev"))
+def test_each_layout_has_its_own_kernel_cache_and_tp8s_is_todays():
+    keys = {name: kernel_cache.cache_key(load_settings({**BASE, "engineLayout": name}, "dev"))
             for name in catalog.VLLM_LAYOUTS}
     assert len({k.id for k in keys.values()}) == 3
-    assert keys["tp8"].id == kernel_cache_key.cache_key(load_settings(BASE, "dev")).id
+    assert keys["tp8"].id == kernel_cache.cache_key(load_settings(BASE, "dev")).id
     assert ("--decode-context-parallel-size", "8") in keys["tp8-dcp8"].kernel_flags
     assert ("--data-parallel-size", "8") in keys["dp8-ep"].kernel_flags
     assert ("--enable-expert-parallel", "") in keys["dp8-ep"].kernel_flags

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.operator.plan_report import placeholder_spots, render_scripts
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.step_scripts import ProxyTls, fan_out_size
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.plan.steps.model import ProxyTls
+from kimi_cluster.plan.step_scripts import fan_out_size
 from kimi_cluster.plan.steps.model import FRONT, VmSpot
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings import Settings

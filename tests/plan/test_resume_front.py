@@ -15,10 +15,10 @@ import pytest
 
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
-from kimi_cluster.plan.render import shell_words
-from kimi_cluster.plan.step_scripts import PLAN_TLS
+from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.steps.model import PLAN_TLS
 from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from tests.node.conftest import make_settings
 

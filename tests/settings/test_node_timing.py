@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.plan.steps.clocks import deadline_s
-from kimi_cluster.plan.steps.render import render_step
+from kimi_cluster.blueprint import render_step
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, read_stack_file
 from kimi_cluster.settings.node_timing import FIELDS
