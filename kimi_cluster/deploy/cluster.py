@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pulumi
 
+from kimi_cluster.blueprint.stack import Blueprint
 from kimi_cluster.deploy import front, replicas, tls
 from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.generated_secret import GeneratedSecret
@@ -21,7 +22,6 @@ from kimi_cluster.deploy.hyperstack.resources import Environment, VirtualMachine
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE, EndpointKeys
 from kimi_cluster.deploy.remote_step import node_connection
 from kimi_cluster.deploy.vm import vm_place, vm_with_host_key
-from kimi_cluster.blueprint.stack import Blueprint
 from kimi_cluster.plan.steps.model import FRONT, CompiledSteps, VmPlan, VmSpot
 from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.table import BY_NAME

@@ -40,7 +40,8 @@ def _validated() -> tuple[Settings, dict[str, Any]]:
 
         keys = ("hyperstack:apiUrl", "hyperstack:apiKey", "hyperstack:retryBaseSeconds")
         config = {k: pulumi.runtime.get_config(k) for k in keys}
-        if (spent := budget_problem(settings.budget_usd, settings.env_name, gpu_vm_names(settings), config)) is not None:
+        spent = budget_problem(settings.budget_usd, settings.env_name, gpu_vm_names(settings), config)
+        if spent is not None:
             problems.append(spent)
     if problems:
         raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))

@@ -33,8 +33,8 @@ from kimi_cluster.plan.jinja import ShellExpr, shell_words
 from kimi_cluster.plan.launch import PARSER, Word, media_env
 from kimi_cluster.plan.step_scripts import shipped, shipped_packages
 from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.settings.timing import Timing
 from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT
+from kimi_cluster.settings.timing import Timing
 
 # The first slot keeps the name a front made before the second slot existed.
 RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))

@@ -25,8 +25,8 @@ enginePort, must never reach an engine serving random weights.
 from __future__ import annotations
 
 from kimi_cluster.plan import launch
-from kimi_cluster.plan.launch import EngineInputs, Item, Word
 from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.launch import EngineInputs, Item, Word
 from kimi_cluster.settings import WARMUP_DIST_INIT_PORT, WARMUP_ENGINE_PORT, catalog
 
 CONTAINER_NAME = "kimi-warmup"

@@ -26,10 +26,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kimi_cluster.blueprint import render_node_scripts
 from kimi_cluster.plan import launch
 from kimi_cluster.plan.client_configs import build_client_configs
 from kimi_cluster.plan.jinja import _ENV as TEMPLATE_ENV
-from kimi_cluster.blueprint import render_node_scripts
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 

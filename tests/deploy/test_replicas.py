@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import front_config
-from kimi_cluster.plan.steps.model import PLAN_TLS
 from kimi_cluster import blueprint as steps_render
 from kimi_cluster.blueprint.inputs import endpoint_inputs
+from kimi_cluster.plan import front_config
+from kimi_cluster.plan.steps.model import PLAN_TLS
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CA_PEM, CANARY_API, CANARY_TLS, config

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from kimi_cluster.plan import kernel_cache
 from kimi_cluster.blueprint import render_step
+from kimi_cluster.plan import kernel_cache
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 

@@ -7,13 +7,13 @@ import base64
 
 import pulumi
 
+from kimi_cluster.blueprint.inputs import resolved_timing
+from kimi_cluster.blueprint.stack import blueprint
 from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE
 from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT, node_connection
 from kimi_cluster.deploy.vm import host_key_cloud_config, host_key_user_data
-from kimi_cluster.blueprint.stack import blueprint
-from kimi_cluster.plan.steps.model import ProxyTls
-from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.plan.steps.model import ProxyTls, VmSpot
 from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import make_settings
@@ -228,15 +228,15 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
     assert len(commands) == settings.nodes * len(STEPS) + 2  # and the head's proxy and readiness wait
     for command in commands:
         step = "readiness" if command.name == "kimi-ready-wait" else command.name.rsplit("-", 1)[1]
-        deadline = deadline_s(step, Timing(), settings)
+        deadline = deadline_s(step, resolved_timing(settings, Timing()))
         text = command.values()["create"]
         assert re.search(rf"sudo -n timeout --kill-after=\d+ {deadline} bash ~/\.kimi-cluster/{step}\.sh", text), text
         minutes = f"{-(-(deadline + DIAL_ALLOWANCE_S) // 60)}m"
         assert command.timeouts == {"create": minutes, "update": minutes}, command.name
     # The two long waits come from the stack's own settings.
-    assert deadline_s("weights", Timing(), settings) > settings.download_timeout_minutes * 60
-    assert deadline_s("readiness", Timing(), settings) > settings.readiness_timeout_minutes * 60
-    assert deadline_s("image", Timing(), make_settings(stepDeadlineMinutes={"image": 90})) == 90 * 60
+    assert deadline_s("weights", resolved_timing(settings, Timing())) > settings.download_timeout_minutes * 60
+    assert deadline_s("readiness", resolved_timing(settings, Timing())) > settings.readiness_timeout_minutes * 60
+    assert deadline_s("image", resolved_timing(make_settings(stepDeadlineMinutes={"image": 90}), Timing())) == 90 * 60
 
 
 def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():

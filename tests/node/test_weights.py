@@ -167,8 +167,8 @@ PEER_TOKEN = "peerCANARY-token-8e21"
 
 
 def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashes(node_factory):
-    from kimi_cluster.fakes.sandbox_services import free_port
     from kimi_cluster.blueprint import render_node_scripts
+    from kimi_cluster.fakes.sandbox_services import free_port
 
     ips = [f"127.0.0.{2 + r}" for r in range(4)]
     nodes = [node_factory(private_ip=ip) for ip in ips]

@@ -9,11 +9,12 @@ import json
 import pytest
 import requests
 
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.inputs import endpoint_inputs, engine_inputs
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.operator import status_gather
 from kimi_cluster.plan import kernel_cache, launch, proxy
-from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CANARY_API, config, outputs_for
@@ -77,11 +78,12 @@ def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     assert env["MINFER_FMHA_CACHE_DIR"] == "/home/runner/.cache/minfer/fmha_sm100"
     # The release image's user is `runner`: its home's cache holds the weights and kernels, and it may write there.
     assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(s) == "a+rwX"
-    assert launch.cache_dir_mode(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")) == ""
+    assert launch.cache_dir_mode(engine_inputs(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev"))) == ""
     key = kernel_cache.cache_key(s)
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
     assert ("--mm-encoder-tp-mode", "data") in key.kernel_flags and ("--kv-cache-dtype", "fp8") in key.kernel_flags
-    vllm = kernel_cache.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
+    vllm = kernel_cache.cache_key(engine_inputs(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE},
+                                                              "dev")))
     assert vllm.id != key.id
 
 
@@ -91,7 +93,7 @@ def test_the_proxy_sends_metrics_to_the_gateways_listener_and_only_with_the_key(
     assert 'vars {http.request.header.Authorization} "Bearer {file../api-key}"' in block
     assert 'vars_regexp {http.request.header.Authorization} "^Bearer [A-Za-z0-9._~+/=-]{16,}$"' in block
     assert "reverse_proxy 127.0.0.1:30002" in block and "header_up -Authorization" in block
-    vllm = proxy.render_config(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev"))
+    vllm = proxy.render_config(endpoint_inputs(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")))
     assert "@metrics" not in vllm
 
 

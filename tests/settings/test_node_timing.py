@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.blueprint import render_step
+from kimi_cluster.blueprint.inputs import resolved_timing
+from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, read_stack_file
 from kimi_cluster.settings.node_timing import FIELDS
@@ -76,7 +77,7 @@ def test_the_settings_timing_reaches_the_scripts_and_the_deadlines():
     fast = load(nodeTiming='{"settleSeconds": 1, "launchTimeoutS": 60}')
     assert "sleep 1\n" in render_step(fast, "launch", 0, "10.0.0.5", "10.0.0.5")
     assert "sleep 15\n" in render_step(load(), "launch", 0, "10.0.0.5", "10.0.0.5")
-    assert deadline_s("launch", fast.timing, fast) == 61
+    assert deadline_s("launch", resolved_timing(fast)) == 61
 
 
 def test_the_sandbox_stack_shortens_the_settle_checks_only():

@@ -127,7 +127,7 @@ class Step:
     parent: Mapping[str, str] = field(default_factory=lambda: {"node": "vm", "front": "vm"})
     wrap: Wrap | None = None
     names_vm: bool = True  # the command text names the VM's id: a re-created VM runs it again
-    suffix: Callable[[Any], str] | None = None  # from its inputs, appended to the script (e.g. an identity that re-runs it)
+    suffix: Callable[[Any], str] | None = None  # from its inputs, appended (e.g. an identity that re-runs it)
     template: str = ""  # default: <name>.sh.j2
     timing_keys: str = ""  # the nodeTiming keys its default deadline is made of (admission bounds them to a week)
     floor: Floor | None = None  # the least its own work takes; none: the one-minute floor of every step (rules.py)

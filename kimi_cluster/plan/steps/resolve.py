@@ -1,9 +1,9 @@
 """The step table resolved against the stack's shape, once: one `VmPlan` per VM, every node of every replica and the
 front, each with its ordered steps, their resource names, parents, clocks, dependencies and stdin keys.
 
-Plain data only: it reads the compiled StackShape and Timing, never the settings. Naming follows what a live stack already holds (its URNs): replica
-0 is named as a one-replica stack (kimi-node0, kimi-ready), replica r >= 1 kimi-r<r>-node<rank>, the front
-kimi-front.
+Plain data only: it reads the compiled StackShape and Timing, never the settings. Naming follows what a live stack
+already holds (its URNs): replica 0 is named as a one-replica stack (kimi-node0, kimi-ready), replica r >= 1
+kimi-r<r>-node<rank>, the front kimi-front.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """THE table of node steps: every step a stack runs on a VM, declared once (kimi_cluster/plan/steps/model.py `Step`).
 
 Each entry names the step and says what it does, the frozen inputs the blueprint fills for it and the value builder
-that feeds them to its template (templates/<name>.sh.j2), its deadline rule over Timing's numbers, where it runs and when it is on, what it waits on, the secrets it reads on
-stdin (by key; kimi_cluster/deploy/chain.py STDIN says where each comes from), and how its resource is named and
-parented. The order is the order of a VM's scripts. The blueprint resolves it (resolve.py), the program builds it
-(kimi_cluster/deploy/chain.py), `kimi-cluster plan` and status print it; settings check stepDeadlineMinutes
-against its names through kimi_cluster/plan/admission.py.
+that feeds them to its template (templates/<name>.sh.j2), its deadline rule over Timing's numbers, where it runs and
+when it is on (over the stack's StackShape), what it waits on, the secrets it reads on stdin (by key;
+kimi_cluster/deploy/chain.py STDIN says where each comes from), what of its VM's spot it reads, and how its resource
+is named and parented. The order is the order of a VM's scripts. The blueprint compiles and resolves it
+(kimi_cluster/blueprint/inputs.py, resolve.py), the program builds it (kimi_cluster/deploy/chain.py), `kimi-cluster
+plan` and status print it; kimi_cluster/blueprint/admission.py checks stepDeadlineMinutes against its names.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ TABLE: tuple[Step, ...] = (
     # warning (the launch starts cold), so this one must outlast it.
     Step("warmup", "compile the engine's kernels from the model's shapes on random weights while the weights "
                    "download; on any failure the launch starts cold (only ever warns)",
-         engine_steps.WarmupInputs, engine_steps.warmup_values, lambda t: t.warmup_timeout_s + t.docker_timeout_s + t.deadline_slack_s, NODE,
-         CHAIN, when=lambda s, _p: s.kernel_warmup, after=("image", "cache-restore")),
+         engine_steps.WarmupInputs, engine_steps.warmup_values,
+         lambda t: t.warmup_timeout_s + t.docker_timeout_s + t.deadline_slack_s, NODE, CHAIN,
+         when=lambda s, _p: s.kernel_warmup, after=("image", "cache-restore")),
     Step("check", "compare the local snapshot and its recorded hashes with the hub's manifest for the pinned "
                   "revision", weights_download.CheckInputs, weights_download.check_values,
          lambda t: t.check_timeout_s, NODE, CHAIN,
@@ -88,7 +90,8 @@ TABLE: tuple[Step, ...] = (
          after=("check", "image", "cache-restore", "warmup", "launch@head", "engine-ready@previous-replica"),
          timing_keys="launchTimeoutS, settleSeconds"),
     Step("front-ready", "wait for cloud-init and Docker on the front", vm_prep.NoInputs,
-         vm_prep.front_ready_values, lambda t: t.cloud_init_timeout_s + t.docker_timeout_s + t.deadline_slack_s, FRONT, CHAIN,
+         vm_prep.front_ready_values, lambda t: t.cloud_init_timeout_s + t.docker_timeout_s + t.deadline_slack_s,
+         FRONT, CHAIN,
          after=("@rules",), timing_keys="cloudInitTimeoutS, dockerTimeoutS"),
     # The front's resuming layer (resumeStreams, vLLM): its render server reads the model's tokenizer with the hub
     # token. Before the proxy, which hands it the chat requests.
@@ -102,7 +105,8 @@ TABLE: tuple[Step, ...] = (
     # On the endpoint's VM. It needs only its image (on the head) and runs, answering 502 for anything but 401s,
     # while the weights arrive; the front's may start at once.
     Step("proxy", "start the authenticating TLS proxy in front of the engine, or hand it a new API key",
-         EndpointInputs, endpoint.proxy_values, lambda t: t.proxy_timeout_s + round(t.proxy_settle_seconds), ENDPOINT, CHAIN,
+         EndpointInputs, endpoint.proxy_values, lambda t: t.proxy_timeout_s + round(t.proxy_settle_seconds),
+         ENDPOINT, CHAIN,
          after=("image", "front-ready", "resume"), stdin=("api_key", "tls_private_key"),
          timing_keys="proxyTimeoutS, proxySettleSeconds"),
     # The head answers only once every rank has joined the rendezvous: it waits on every launch and the proxy (the
