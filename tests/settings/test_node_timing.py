@@ -31,8 +31,14 @@ def test_unset_or_empty_is_todays_timing_exactly():
     assert load(nodeTiming={}).timing == Timing()
 
 
-def test_every_field_but_the_two_long_deadlines_has_a_camel_case_key():
-    assert set(FIELDS.values()) == {f.name for f in fields(Timing)} - {"download_timeout_s", "readiness_timeout_s"}
+def test_every_field_but_those_other_keys_set_has_a_camel_case_key():
+    # The two long deadlines, the steps' deadlines and the kernel-cache transfers have keys of their own (the
+    # blueprint fills them in: kimi_cluster/blueprint/inputs.py resolved_timing).
+    own = {"download_timeout_s", "readiness_timeout_s", "step_deadline_minutes", "cache_restore_minutes",
+           "cache_save_minutes"}
+    assert set(FIELDS.values()) == {f.name for f in fields(Timing)} - own
+    with pytest.raises(Exception, match="stepDeadlineMinutes is set by kimi-cluster:stepDeadlineMinutes"):
+        load(nodeTiming=json.dumps({"stepDeadlineMinutes": 5}))
     assert FIELDS["settleSeconds"] == "settle_seconds" and FIELDS["proxySettleSeconds"] == "proxy_settle_seconds"
 
 
