@@ -15,6 +15,7 @@ import pytest
 
 from kimi_cluster.blueprint import blueprint, render_node_scripts, render_step
 from kimi_cluster.blueprint import caretaker as blueprint_caretaker
+from kimi_cluster.blueprint.inputs import endpoint_inputs
 from kimi_cluster.plan import front_config, proxy
 from kimi_cluster.settings.loader import load_settings
 
@@ -72,17 +73,20 @@ def test_nothing_of_it_while_both_guards_are_off():
     assert not off.guarded and blueprint_caretaker.guard_outputs(off) == {}
     scripts = render_node_scripts(off, 0, "10.0.0.10", "10.0.0.10")
     assert not any("caretaker" in text for text in scripts.values())
-    assert "caretaker" not in proxy.render_config(off) and "caretaker" not in " ".join(
-        str(w) for w in proxy.docker_run_argv(off, "/p"))
+    assert "caretaker" not in proxy.render_config(endpoint_inputs(off)) and "caretaker" not in " ".join(
+        str(w) for w in proxy.docker_run_argv(endpoint_inputs(off), "/p"))
 
 
 @pytest.mark.parametrize("replicas", ["1", "2"])
 def test_caddy_takes_the_caddyfile_with_the_caretakers_part(tmp_path, replicas):
     s = _settings(idleStopMinutes="30", replicas=replicas)
-    text = proxy.render_config(s) if replicas == "1" else front_config.caddyfile(s, ["10.0.0.5", "10.0.0.6"])
+    endpoint = endpoint_inputs(s)
+    text = (proxy.render_config(endpoint) if replicas == "1"
+            else front_config.caddyfile(endpoint, ["10.0.0.5", "10.0.0.6"]))
     assert "caretaker/access.log" in text and "caretaker/stopped.json" in text and "budget-warning.json" in text
     assert f"{proxy.CARETAKER_DIR}:{proxy.CONTAINER_DIR}/{proxy.CARETAKER_DIR}" in " ".join(
-        str(w) for item in proxy.docker_run_argv(s, "/p") for w in (item if isinstance(item, tuple) else (item,)))
+        str(w) for item in proxy.docker_run_argv(endpoint, "/p")
+        for w in (item if isinstance(item, tuple) else (item,)))
     for name in ("server.crt", "server.key", "api-key"):
         (tmp_path / name).write_text("")
     (tmp_path / "caretaker").mkdir()

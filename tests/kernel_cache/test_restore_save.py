@@ -15,6 +15,7 @@ import time
 import pytest
 
 from kimi_cluster.blueprint import render_step
+from kimi_cluster.blueprint.inputs import engine_inputs
 from kimi_cluster.plan import kernel_cache
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
@@ -84,7 +85,7 @@ def plant_canaries(node, engine="sglang"):
 
 
 def stored_archive(store, settings):
-    key = kernel_cache.cache_key(settings).id
+    key = kernel_cache.cache_key(engine_inputs(settings)).id
     prefix = settings.kernel_cache.prefix
     s3 = store.client()
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}{key}/manifest.json")["Body"].read())
@@ -188,7 +189,7 @@ def test_a_corrupt_archive_starts_cold_with_a_warning(node_factory, store):
     s = settings_for(saver, store, "corrupt")
     compiled(saver)
     run_step(saver, s, "cache-save", store.credentials)
-    key = kernel_cache.cache_key(s).id
+    key = kernel_cache.cache_key(engine_inputs(s)).id
     _, data = stored_archive(store, s)
     flipped = bytearray(data)
     flipped[len(flipped) // 2] ^= 0xFF
@@ -202,7 +203,7 @@ def test_a_corrupt_archive_starts_cold_with_a_warning(node_factory, store):
 def test_an_archive_saved_for_another_configuration_is_not_used(node_factory, store):
     node = node_factory()
     s = settings_for(node, store, "mismatch")
-    key = kernel_cache.cache_key(s)
+    key = kernel_cache.cache_key(engine_inputs(s))
     fields = {**key.fields, "image": "sha256:" + "c" * 64}
     body = b"not used"
     manifest = {"key": key.id, "fields": fields, "sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
@@ -216,7 +217,7 @@ def test_an_archive_saved_for_another_configuration_is_not_used(node_factory, st
 def test_an_archive_with_a_path_outside_the_kernel_caches_is_refused(node_factory, store):
     node = node_factory()
     s = settings_for(node, store, "unsafe")
-    key = kernel_cache.cache_key(s)
+    key = kernel_cache.cache_key(engine_inputs(s))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, data in (("triton/ok.cubin", b"ok"), ("../../etc/kimi-cluster/engine.env", b"KIMI_API_KEY=x")):

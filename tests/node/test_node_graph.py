@@ -39,7 +39,8 @@ def build_chain(settings, name: str, secrets: dict[str, str | None], gate: pulum
     """The step table's chain for a one-replica stack, made by kimi_cluster/deploy/chain.py as the cluster does,
     at fixed addresses (node r: public 198.51.100.<10 + r>, private 10.0.0.<10 + r>, VM id 1000 + r)."""
     cluster = StepGroup("kimi:cluster:InferenceCluster", name)
-    plans = blueprint(settings, name).vm_plans
+    bp = blueprint(settings, name)
+    plans = bp.vm_plans
     homes: dict[str, pulumi.ComponentResource] = {p.resource: StepGroup(GPU_NODE_TYPE, p.resource) for p in plans}
     made: dict[str, list[pulumi.Resource]] = {f"{p.resource}/rules": [gate] if gate else [] for p in plans}
     peers = [f"10.0.0.{10 + r}" for r in range(settings.nodes)]
@@ -49,7 +50,7 @@ def build_chain(settings, name: str, secrets: dict[str, str | None], gate: pulum
                       public_ip=f"198.51.100.{10 + p.rank}", tls=ProxyTls(CHAIN, CA) if p.rank == 0 else None,
                       peer_ips=peers if settings.nodes > 1 else None)
         scripts.update({s.resource: pulumi.Output.from_input(text)
-                        for s, text in zip(p.steps, render_vm_scripts(settings, p, spot).values(), strict=True)})
+                        for s, text in zip(p.steps, render_vm_scripts(bp.steps, p, spot).values(), strict=True)})
     chain = Chain(cluster, groups=homes, made=made)
     chain.build(plans, scripts=scripts, vm_ids={p.resource: 1000 + p.rank for p in plans},
                 connections={p.resource: node_connection(f"198.51.100.{10 + p.rank}", settings.ssh_user,

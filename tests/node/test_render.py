@@ -224,8 +224,8 @@ def test_the_warm_up_runs_the_launchs_container_on_random_weights_on_ports_of_it
         for rank in range(settings.nodes):
             paths = {"private_ip": f"10.0.0.{10 + rank}", "head_private_ip": "10.0.0.10",
                      "hf_dir": ShellExpr("${HF}"), "cache_dir": ShellExpr("${CACHE}")}
-            ran = launch.flatten(launch.docker_run_argv(settings, rank, **paths))
-            warm = launch.flatten(warmup.docker_run_argv(settings, rank, timeout_s=600, **paths))
+            ran = launch.flatten(launch.docker_run_argv(engine_inputs(settings), rank, **paths))
+            warm = launch.flatten(warmup.docker_run_argv(engine_inputs(settings), rank, timeout_s=600, **paths))
             image = ran.index(settings.container_image)
             # The same image, GPUs, mounts and environment (so the same cache folders): the container up to the
             # image differs only in its name, its restart policy and the launch's fingerprint label.

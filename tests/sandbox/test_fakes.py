@@ -48,7 +48,7 @@ def _settings(topology: str, port: int = 18000):
 
 
 def _docker_argv(topology: str, rank: int, port: int = 18000) -> list[str]:
-    items = launch.docker_run_argv(_settings(topology, port), rank, private_ip="127.0.0.3",
+    items = launch.docker_run_argv(engine_inputs(_settings(topology, port)), rank, private_ip="127.0.0.3",
                                    head_private_ip="127.0.0.2", hf_dir="/hf", cache_dir="/cache", nic="ens6",
                                    threads="1", fingerprint="fp")
     return [str(word) for word in launch.flatten(items)]
