@@ -9,7 +9,7 @@ configuration) is worked out here, so that nothing below reads the settings.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kimi_cluster.blueprint.caretaker import caretaker_inputs
 from kimi_cluster.plan import kernel_cache
@@ -27,13 +27,16 @@ from kimi_cluster.plan.weights_download import CheckInputs, WeightsInputs
 from kimi_cluster.settings import Settings
 from kimi_cluster.settings.timing import Timing
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def _same_names(cls: type[T], settings: Settings, **worked_out: Any) -> T:
     """`cls` with each field the settings' value of the same name, unless `worked_out` gives it."""
     return cls(**{f.name: worked_out[f.name] if f.name in worked_out else getattr(settings, f.name)
-                  for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+                  for f in dataclasses.fields(cls)})
 
 
 def fan_out_size(settings: Settings) -> int:
