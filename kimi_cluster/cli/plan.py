@@ -15,8 +15,8 @@ import os
 import sys
 from typing import Any
 
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.operator.plan_report import build_plan, format_plan, render_scripts
-from kimi_cluster.plan.admission import admit
 from kimi_cluster.release import deployed_outputs, release_view
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, plain_credentials_in, read_stack_file

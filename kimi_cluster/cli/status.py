@@ -14,10 +14,10 @@ import argparse
 import math
 import sys
 
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.operator.node_exec import SshRunner, remove_key_files_on_signals
 from kimi_cluster.operator.stack_state import StackState, StackStateError, export_stack, load_state_file
 from kimi_cluster.operator.status_report import api_client, project_dir, run
-from kimi_cluster.plan.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, read_stack_file
 

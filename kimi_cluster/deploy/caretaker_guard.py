@@ -8,33 +8,32 @@ would stop the cluster at its first poll is refused while nothing bills.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kimi_cluster.hyperstack_api.api import ApiSettings, HyperstackClient, HyperstackError
 from kimi_cluster.node.caretaker_spend import spent_usd
-from kimi_cluster.plan.caretaker import gpu_vm_names
-from kimi_cluster.settings import NAMESPACE, Settings
+from kimi_cluster.settings import NAMESPACE
 
 
-def spent(settings: Settings, client: HyperstackClient) -> float:
-    """What the stack's GPU VMs have cost so far, in US dollars."""
-    return spent_usd(lambda path, query: client.request("GET", path, params=query), settings.env_name,
-                     gpu_vm_names(settings))
+def spent(env_name: str, gpu_vm_names: Sequence[str], client: HyperstackClient) -> float:
+    """What the stack's GPU VMs (`gpu_vm_names`, in environment `env_name`) have cost so far, in US dollars."""
+    return spent_usd(lambda path, query: client.request("GET", path, params=query), env_name, list(gpu_vm_names))
 
 
-def budget_problem(settings: Settings, config: Mapping[str, Any]) -> str | None:
+def budget_problem(budget_usd: float | None, env_name: str, gpu_vm_names: Sequence[str],
+                   config: Mapping[str, Any]) -> str | None:
     """Why `up` must not go on with this budget (spent already, or the spend cannot be read), or None."""
-    if settings.budget_usd is None:
+    if budget_usd is None:
         return None
     try:
         with HyperstackClient.from_settings(ApiSettings.resolve(config)) as client:
-            usd = spent(settings, client)
+            usd = spent(env_name, gpu_vm_names, client)
     except (HyperstackError, ValueError) as err:
         return (f"{NAMESPACE}:budgetUsd is set, but what the stack has spent could not be read from Hyperstack's "
                 f"billing history ({err}); fix that, or remove the budget with: pulumi config rm {NAMESPACE}:budgetUsd")
-    if usd >= settings.budget_usd:
-        return (f"{NAMESPACE}:budgetUsd {settings.budget_usd:,.2f} is already spent: the stack's GPU VMs have cost "
+    if usd >= budget_usd:
+        return (f"{NAMESPACE}:budgetUsd {budget_usd:,.2f} is already spent: the stack's GPU VMs have cost "
                 f"${usd:,.2f} since its first up (Hyperstack's billing history); raise it with: pulumi config set "
                 f"{NAMESPACE}:budgetUsd <more>")
     return None

@@ -2,8 +2,9 @@
 
 Environment and keypair, every replica's VMs (one replica: the plain stack), least-privilege rules, the per-node
 bring-up chains, the endpoint's TLS certificate and proxy (on replica 0's head, or on the front when replicas >= 2),
-the readiness wait through it, and the outputs other teams consume. The settings are read once, into a blueprint
-(kimi_cluster/plan/blueprint.py); this is the graph only: behaviour lives in the providers and templates.
+the readiness wait through it, and the outputs other teams consume. It gets the blueprint (kimi_cluster/blueprint/:
+the settings read once, the node steps compiled) and never the settings; this is the graph only: behaviour lives in
+the providers and templates.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, cast
 
 import pulumi
 
+from kimi_cluster.blueprint.stack import Blueprint
 from kimi_cluster.deploy import front, replicas, tls
 from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.generated_secret import GeneratedSecret
@@ -20,13 +22,10 @@ from kimi_cluster.deploy.hyperstack_providers.resources import Environment, Virt
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE, EndpointKeys
 from kimi_cluster.deploy.remote_step import node_connection
 from kimi_cluster.deploy.vm import vm_place, vm_with_host_key
-from kimi_cluster.plan.blueprint import blueprint
-from kimi_cluster.plan.pricing import Quote
-from kimi_cluster.plan.steps.model import FRONT, VmPlan, VmSpot
-from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.model import FRONT, CompiledSteps, VmPlan, VmSpot
+from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.table import BY_NAME
 from kimi_cluster.release import VERSION_OUTPUT, __version__
-from kimi_cluster.settings import Settings
 
 
 class InferenceCluster(pulumi.ComponentResource):
@@ -37,18 +36,16 @@ class InferenceCluster(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        settings: Settings,
+        bp: Blueprint,
         ssh_private_key: pulumi.Output[str],
         hf_token: pulumi.Output[str] | None,
         kernel_cache_credentials: pulumi.Output[str] | None = None,
         tls_private_key: pulumi.Output[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
-        quote: Quote | None = None,
         caretaker_api_key: pulumi.Output[str] | None = None,
     ) -> None:
         super().__init__("kimi:cluster:InferenceCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        bp = blueprint(settings, name, quote)
 
         # Chosen once from live stock, then kept: everything billable hangs off this region.
         placement = Placement(f"{name}-placement", opts=child, **bp.placement)
@@ -123,7 +120,7 @@ class InferenceCluster(pulumi.ComponentResource):
                 if door is None and plan.replica == 0 and plan.rank == 0:  # it holds the endpoint
                     known.update(tls=public_tls, gpu_vm_ids=gpu_vm_ids)
             for step in plan.steps:
-                scripts[step.resource] = self._script(settings, plan, step.step, known)
+                scripts[step.resource] = self._script(bp.steps, plan, step.step, known)
         steps = Chain(self, groups=homes, made=made)
         steps.build(
             bp.vm_plans, scripts=scripts, vm_ids={r: vm.vm_id for r, (vm, _) in vm_at.items()},
@@ -170,8 +167,8 @@ class InferenceCluster(pulumi.ComponentResource):
         self.register_outputs(self.outputs)
 
     @staticmethod
-    def _script(settings: Settings, plan: VmPlan, step: str, known: dict[str, Any]) -> pulumi.Output[str]:
+    def _script(steps: CompiledSteps, plan: VmPlan, step: str, known: dict[str, Any]) -> pulumi.Output[str]:
         """One step's script, once what it reads of its VM's spot is known (and waiting on nothing else)."""
-        reads = [f for f in BY_NAME[step].view.reads if f in known]
+        reads = [f for f in BY_NAME[step].reads if f in known]
         return pulumi.Output.all(*[known[f] for f in reads]).apply(lambda a: render_vm_scripts(
-            settings, plan, VmSpot(**dict(zip(reads, a, strict=True))), steps=(step,))[step])
+            steps, plan, VmSpot(**dict(zip(reads, a, strict=True))), only=(step,))[step])

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from kimi_cluster.plan.step_scripts import ProxyTls
-from kimi_cluster.plan.steps.model import GPU_NODE_TYPE, KERNEL_CACHE_SAVE_TYPE, READINESS_TYPE
+from kimi_cluster.plan.steps.model import GPU_NODE_TYPE, KERNEL_CACHE_SAVE_TYPE, READINESS_TYPE, ProxyTls
 
 __all__ = ["GPU_NODE_TYPE", "KERNEL_CACHE_SAVE_TYPE", "READINESS_TYPE", "EndpointKeys", "NodeSecrets"]
 

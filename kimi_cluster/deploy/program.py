@@ -1,6 +1,9 @@
-"""The Pulumi program: validated settings -> InferenceCluster -> the stack outputs other teams consume.
+"""The Pulumi program, the entry: validated settings -> blueprint -> InferenceCluster -> the stack outputs other teams
+consume.
 
-Everything is validated before the first resource is registered, so bad config costs nothing. The project's
+Everything is validated before the first resource is registered, so bad config costs nothing. This is the one place
+below the command line that holds the settings: it admits them, reads them once into the blueprint
+(kimi_cluster/blueprint/), and hands the blueprint down. The project's
 `__main__.py` (what the Pulumi CLI runs) calls `main()`.
 """
 
@@ -11,10 +14,12 @@ from typing import Any
 
 import pulumi
 
+from kimi_cluster.blueprint import blueprint
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.caretaker import gpu_vm_names
+from kimi_cluster.blueprint.pricing import program_quote
 from kimi_cluster.deploy.cluster import InferenceCluster
 from kimi_cluster.deploy.ssh_agent import dead_agent_socket
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.pricing import program_quote
 from kimi_cluster.settings import NAMESPACE, Settings, SettingsError
 from kimi_cluster.settings.loader import placeholders, settings_from_pulumi
 
@@ -34,7 +39,9 @@ def _validated() -> tuple[Settings, dict[str, Any]]:
         from kimi_cluster.deploy.caretaker_guard import budget_problem
 
         keys = ("hyperstack:apiUrl", "hyperstack:apiKey", "hyperstack:retryBaseSeconds")
-        if (spent := budget_problem(settings, {k: pulumi.runtime.get_config(k) for k in keys})) is not None:
+        config = {k: pulumi.runtime.get_config(k) for k in keys}
+        spent = budget_problem(settings.budget_usd, settings.env_name, gpu_vm_names(settings), config)
+        if spent is not None:
             problems.append(spent)
     if problems:
         raise SettingsError("refusing to deploy:\n  " + "\n  ".join(problems))
@@ -55,8 +62,8 @@ def main() -> None:
 
     quote = program_quote(settings)
     pulumi.log.info(f"cost: {quote.summary()}")
-    cluster = InferenceCluster("kimi", settings, ssh_private_key=secrets["sshPrivateKey"], hf_token=secrets["hfToken"],
-                               kernel_cache_credentials=secrets["kernelCacheCredentials"], quote=quote,
+    cluster = InferenceCluster("kimi", blueprint(settings, "kimi", quote), ssh_private_key=secrets["sshPrivateKey"],
+                               hf_token=secrets["hfToken"], kernel_cache_credentials=secrets["kernelCacheCredentials"],
                                tls_private_key=secrets["tlsPrivateKey"], caretaker_api_key=secrets["caretakerApiKey"])
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)

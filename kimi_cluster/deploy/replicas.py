@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import pulumi
 
+from kimi_cluster.blueprint.stack import ReplicaArgs
 from kimi_cluster.deploy.hyperstack_providers.resources import SecurityRule, VirtualMachine
 from kimi_cluster.deploy.rules import security_rules
 from kimi_cluster.deploy.vm import VmPlace, vm_with_host_key
-from kimi_cluster.plan.blueprint import ReplicaArgs
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kimi_cluster.plan.caretaker import gpu_usd_per_hour, home_name
+from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour, home_name
 from kimi_cluster.settings import NAMESPACE, Settings
 
 

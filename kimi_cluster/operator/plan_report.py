@@ -11,14 +11,16 @@ import os
 from dataclasses import replace
 from typing import Any
 
+from kimi_cluster.blueprint import blueprint
+from kimi_cluster.blueprint.inputs import endpoint_inputs, engine_inputs, firewall_inputs, resume_inputs
+from kimi_cluster.blueprint.pricing import Quote, break_even, catalog_quote, quote
 from kimi_cluster.hyperstack_api.api import API_KEY_CONFIG, API_URL_CONFIG
 from kimi_cluster.operator.caretaker_report import format_guards, guards
 from kimi_cluster.plan import resume
 from kimi_cluster.plan.firewall import node_rules
-from kimi_cluster.plan.pricing import Quote, break_even, catalog_quote, quote
+from kimi_cluster.plan.kernel_cache import cache_key
 from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.plan.steps.table import NAMES
 from kimi_cluster.settings import SECRET_KEYS, Settings, catalog, sizing
 from kimi_cluster.settings.loader import placeholders
@@ -69,8 +71,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
                 "flavor": settings.flavor_name,
                 "os_image": settings.vm_image,
                 "role": "head" if r == 0 else "worker",
-                "firewall": [rule.describe() for rule in node_rules(settings, r, peers)],
-                "launch_command": launch.launch_command_text(settings, r, _head_ip_placeholder(0)),
+                "firewall": [rule.describe() for rule in node_rules(firewall_inputs(settings), r, peers)],
+                "launch_command": launch.launch_command_text(engine_inputs(settings), r, _head_ip_placeholder(0)),
             }
             for r in range(settings.nodes)
         ],
@@ -79,12 +81,12 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "proxy": {
             "image": settings.proxy_container_image,
             "listens": f"TLS on port {settings.api_port} of the head, from {', '.join(settings.api_cidrs)}",
-            "upstream": proxy.upstream(settings),
+            "upstream": proxy.upstream(endpoint_inputs(settings)),
             "certificate": f"your tlsCertificate, for {settings.api_hostname}" if settings.tls_certificate else
                            "the stack's own CA signs one for the head's public IP"
                            + (f" and {settings.api_hostname}" if settings.api_hostname else ""),
-            "command": proxy.command_text(settings),
-            "config": proxy.render_config(settings),
+            "command": proxy.command_text(endpoint_inputs(settings)),
+            "config": proxy.render_config(endpoint_inputs(settings)),
         },
         "model": settings.model,
         "model_revision": settings.model_revision,
@@ -114,8 +116,8 @@ def build_plan(settings: Settings, other_config: dict[str, Any], source: str,
         "download_minutes_every_node_all": list(sizing.download_minutes(settings.model_spec)),
         "download_assumes": EDGES_ASSUMED,
         # Each node step's deadline, enforced on the node (kimi_cluster.deploy.remote_step.remote_command_text).
-        "streams": resume.streams(settings),
-        "step_deadline_minutes": {step: round(deadline_s(step, settings.timing, settings) / 60, 1)
+        "streams": resume.streams(resume_inputs(settings)),
+        "step_deadline_minutes": {step: round(deadline_s(step, blueprint(settings, "kimi").steps.timing) / 60, 1)
                                   for step in running_steps(settings)},
         "kernel_cache": _kernel_cache(settings),
         "time_to_endpoint": _bringup(settings),
@@ -148,16 +150,17 @@ def _replicas(settings: Settings) -> dict[str, Any]:
         peers = [f"<replica{r}-node{n}-private-ip>" for n in range(settings.nodes)]
         groups.append({"replica": r, "nodes": [
             {"rank": n, "name": settings.replica_node_name(r, n),
-             "firewall": [rule.describe() for rule in replica_node_rules(settings, n, peers, "<front-private-ip>")]}
+             "firewall": [r.describe() for r in replica_node_rules(firewall_inputs(settings), n, peers,
+                                                                  "<front-private-ip>")]}
             for n in range(settings.nodes)]})
     return {
         "count": settings.replicas,
         "groups": groups,
         "front": {"name": settings.front_name, "flavor": settings.front_flavor, "os_image": settings.front_vm_image,
                   "usd_per_hour": settings.front_usd_per_hour,
-                  "firewall": [rule.describe() for rule in front_config.front_rules(settings)],
-                  "upstreams": front_config.upstreams(settings, heads),
-                  "config": front_config.caddyfile(settings, heads)},
+                  "firewall": [rule.describe() for rule in front_config.front_rules(firewall_inputs(settings))],
+                  "upstreams": front_config.upstreams(endpoint_inputs(settings), heads),
+                  "config": front_config.caddyfile(endpoint_inputs(settings), heads)},
         "rolling": "replica k+1 launches only after replica k's engine serves again (engine-ready)",
         # A lost replica comes back through the same chain as a first bring-up of one replica (the phases above);
         # its weights come from the hub again: the fan-out shares files only within a replica.
@@ -189,12 +192,10 @@ def _break_even(settings: Settings, price_quote: Quote) -> dict[str, Any] | None
 
 
 def _kernel_cache(settings: Settings) -> dict[str, Any] | None:
-    """Where the compiled kernels are kept and under which key (kimi_cluster/plan/kernel_cache_key.py), if anywhere."""
+    """Where the compiled kernels are kept and under which key (kimi_cluster/plan/kernel_cache.py), if anywhere."""
     if settings.kernel_cache is None:
         return None
-    from kimi_cluster.plan.kernel_cache_key import cache_key
-
-    key = cache_key(settings)
+    key = cache_key(engine_inputs(settings))
     return {"location": settings.kernel_cache.location, "key": key.id, "fields": key.fields}
 
 
@@ -396,36 +397,35 @@ def format_plan(plan: dict[str, Any]) -> str:
 
 def running_steps(settings: Settings) -> tuple[str, ...]:
     """Every step that runs on some VM of this stack, in the step table's order."""
-    on = {s.step for vm in resolve_vms(settings, "kimi") for s in vm.steps}
+    on = {s.step for vm in blueprint(settings, "kimi").vm_plans for s in vm.steps}
     return tuple(step for step in NAMES if step in on)
 
 
 def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
     """What the offline plan shows for what only deploy time knows: each VM's addresses by name, the certificate's
     stand-in on the VM that holds the endpoint, every GPU node as a peer when the nodes share the download."""
-    from kimi_cluster.plan.step_scripts import PLAN_TLS, fan_out_size
-
-    vms = resolve_vms(settings, "kimi")
+    bp = blueprint(settings, "kimi")
+    vms = bp.vm_plans
     gpu = [vm for vm in vms if vm.kind != "front"]
 
     def ip(vm_name: str) -> str:
         return f"<{vm_name}-private-ip>"
 
-    peers = [ip(vm.name) for vm in gpu] if fan_out_size(settings) > 1 else None
+    peers = [ip(vm.name) for vm in gpu] if bp.fan_out > 1 else None
     # The front's upstreams reach its Caddyfile and the shell unquoted: names of letters, digits and dashes.
     heads = [f"{vm.name}-private-ip" for vm in gpu if vm.rank == 0]
     ids = " ".join(f"{vm.name}-id" for vm in gpu)  # the caretaker's: every GPU VM's id
     spots = {}
     for vm in vms:
         if vm.kind == "front":
-            spots[vm.resource] = VmSpot(private_ip=ip(vm.name), public_ip="<front-public-ip>", tls=PLAN_TLS,
+            spots[vm.resource] = VmSpot(private_ip=ip(vm.name), public_ip="<front-public-ip>",
                                         front_upstreams=heads, gpu_vm_ids=ids)
             continue
         head = next(h for h in gpu if h.replica == vm.replica and h.rank == 0)
         holds = not settings.has_front and vm.replica == 0 and vm.rank == 0
         spots[vm.resource] = VmSpot(private_ip=ip(vm.name), head_private_ip=ip(head.name),
                                     public_ip="<head-public-ip>" if holds else f"<{vm.name}-public-ip>",
-                                    tls=PLAN_TLS if holds else None, peer_ips=peers,
+                                    peer_ips=peers,
                                     gpu_vm_ids=ids if holds else None)
     return spots
 
@@ -433,15 +433,16 @@ def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
 def render_scripts(settings: Settings, out_dir: str, spots: dict[str, VmSpot] | None = None) -> list[str]:
     """Write every VM's scripts (each node of each replica, and the front), one folder per VM by its name, with
     `spots` (default: placeholder_spots); secrets arrive on stdin, so none are in them. These are the scripts the
-    program runs for the same spots: both render with kimi_cluster/plan/steps/render.py `render_vm_scripts`."""
-    from kimi_cluster.plan.steps.render import render_vm_scripts
+    program runs for the same spots: both render one blueprint's steps (plan/steps/scripts.py `render_vm_scripts`)."""
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
 
     spots = placeholder_spots(settings) if spots is None else spots
     written = []
-    for vm in resolve_vms(settings, "kimi"):
+    bp = blueprint(settings, "kimi")
+    for vm in bp.vm_plans:
         vm_dir = os.path.join(out_dir, vm.name)
         os.makedirs(vm_dir, exist_ok=True)
-        for step, text in render_vm_scripts(settings, vm, spots[vm.resource]).items():
+        for step, text in render_vm_scripts(bp.steps, vm, spots[vm.resource]).items():
             path = os.path.join(vm_dir, f"{step}.sh")
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)

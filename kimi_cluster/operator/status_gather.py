@@ -25,6 +25,7 @@ from typing import Any
 
 import requests
 
+from kimi_cluster.blueprint.pricing import catalog_quote, token_cost
 from kimi_cluster.hyperstack_api.api import HyperstackClient, HyperstackError
 from kimi_cluster.node.printable import printable
 from kimi_cluster.operator.caretaker_status import caretaker_view
@@ -32,7 +33,6 @@ from kimi_cluster.operator.engine_metrics import parse_metrics
 from kimi_cluster.operator.node_exec import NodeRunner, probe_command
 from kimi_cluster.operator.stack_state import NodeRecord, StackState
 from kimi_cluster.operator.status_replicas import replicas_view
-from kimi_cluster.plan.pricing import catalog_quote, token_cost
 from kimi_cluster.release import release_view
 from kimi_cluster.settings import Settings
 

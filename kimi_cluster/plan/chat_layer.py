@@ -17,8 +17,10 @@ and not on the front.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kimi_cluster.plan.launch import flag_name
-from kimi_cluster.settings import NAMESPACE, Settings, shown
+from kimi_cluster.settings import NAMESPACE, shown
 
 # Flags of vLLM 0.33.0's serve parser that shape rendering, parsing or the default sampling parameters, and that
 # the render server honours (tests/engine_parsers check each against vLLM's own parser).
@@ -57,7 +59,7 @@ def _known(flag: str, names: tuple[str, ...]) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def flag_groups(args: list[str]) -> list[tuple[str, list[str]]]:
+def flag_groups(args: Sequence[str]) -> list[tuple[str, list[str]]]:
     """extraEngineArgs as (flag, its words: the flag and the values that follow it), in order."""
     groups: list[tuple[str, list[str]]] = []
     for arg in args:
@@ -69,18 +71,18 @@ def flag_groups(args: list[str]) -> list[tuple[str, list[str]]]:
     return groups
 
 
-def render_args(settings: Settings) -> list[str]:
+def render_args(extra_engine_args: Sequence[str]) -> list[str]:
     """The replicas' extraEngineArgs that the render server takes, word for word, in their order."""
-    return [word for flag, words in flag_groups(settings.extra_engine_args) if _known(flag, RENDER_FLAGS)
+    return [word for flag, words in flag_groups(extra_engine_args) if _known(flag, RENDER_FLAGS)
             for word in words]
 
 
-def chat_layer_problems(settings: Settings) -> list[str]:
+def chat_layer_problems(resumes_streams: bool, extra_engine_args: Sequence[str]) -> list[str]:
     """Every extraEngineArgs flag the render server cannot take while streams resume, naming it and why."""
-    if not settings.resumes_streams:
+    if not resumes_streams:
         return []
     problems = []
-    for flag, words in flag_groups(settings.extra_engine_args):
+    for flag, words in flag_groups(extra_engine_args):
         # A --no- spelling keeps the replicas at vLLM's default, which is the render server's too.
         hit = None if flag.startswith("--no-") else _known(flag, tuple(UNRENDERABLE))
         if hit:

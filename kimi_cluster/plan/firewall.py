@@ -11,7 +11,18 @@ from typing import Any
 
 import pulumi
 
-from kimi_cluster.settings import Settings
+
+@dataclass(frozen=True)
+class FirewallInputs:
+    """What the rules are made of: the settings' values of the same names."""
+
+    operator_cidr: str
+    api_cidrs: tuple[str, ...]
+    api_port: int
+    engine_port: int
+    nodes: int
+    peer_port: int
+    has_front: bool
 
 
 @dataclass(frozen=True)
@@ -40,24 +51,24 @@ def _ethertype(cidr: str) -> str:
     return "IPv6" if ipaddress.ip_network(cidr).version == 6 else "IPv4"
 
 
-def api_rule_key(settings: Settings, cidr: str) -> str:
+def api_rule_key(fw: FirewallInputs, cidr: str) -> str:
     """A name per CIDR, not per position: removing one entry leaves the others' rules alone. The operator's own
     CIDR keeps the name "api" it always had, so an existing stack sees no change."""
-    if cidr == settings.operator_cidr:
+    if cidr == fw.operator_cidr:
         return "api"
     return "api-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
 
 
-def operator_rules(settings: Settings, rank: int) -> list[RuleSpec]:
+def operator_rules(fw: FirewallInputs, rank: int) -> list[RuleSpec]:
     """SSH from the operator only. Only the head answers HTTP (its TLS proxy), so only the head opens the API port,
     once per allowed CIDR."""
-    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr,
-                      _ethertype(settings.operator_cidr), 22, 22)]
+    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", fw.operator_cidr,
+                      _ethertype(fw.operator_cidr), 22, 22)]
     if rank == 0:
-        for cidr in settings.api_cidrs:
-            who = "the operator" if cidr == settings.operator_cidr else cidr
-            rules.append(RuleSpec(api_rule_key(settings, cidr), f"inference API (TLS proxy) from {who}", "tcp", cidr,
-                                  _ethertype(cidr), settings.api_port, settings.api_port))
+        for cidr in fw.api_cidrs:
+            who = "the operator" if cidr == fw.operator_cidr else cidr
+            rules.append(RuleSpec(api_rule_key(fw, cidr), f"inference API (TLS proxy) from {who}", "tcp", cidr,
+                                  _ethertype(cidr), fw.api_port, fw.api_port))
     return rules
 
 
@@ -72,16 +83,16 @@ def peer_rules(rank: int, peer_private_ips: list[Any]) -> list[RuleSpec]:
     return rules
 
 
-def node_rules(settings: Settings, rank: int, peer_private_ips: list[Any]) -> list[RuleSpec]:
-    return operator_rules(settings, rank) + peer_rules(rank, peer_private_ips)
+def node_rules(fw: FirewallInputs, rank: int, peer_private_ips: list[Any]) -> list[RuleSpec]:
+    return operator_rules(fw, rank) + peer_rules(rank, peer_private_ips)
 
 
 # ---- replicas behind a front (replicas >= 2) -----------------------------------------------------------------------
 
 
-def engine_rule(settings: Settings, front_private_ip: Any) -> RuleSpec:
+def engine_rule(fw: FirewallInputs, front_private_ip: Any) -> RuleSpec:
     """A replica head's engine port, open to the front's private /32 alone: the only way in to an engine."""
-    return _engine_rule(settings.engine_port, front_private_ip)
+    return _engine_rule(fw.engine_port, front_private_ip)
 
 
 def _engine_rule(engine_port: int, front_private_ip: Any) -> RuleSpec:
@@ -90,22 +101,22 @@ def _engine_rule(engine_port: int, front_private_ip: Any) -> RuleSpec:
     return RuleSpec("engine", "the engine, from the front only", "tcp", prefix, "IPv4", engine_port, engine_port)
 
 
-def replica_node_rules(settings: Settings, rank: int, peer_private_ips: list[Any],
+def replica_node_rules(fw: FirewallInputs, rank: int, peer_private_ips: list[Any],
                        front_private_ip: Any) -> list[RuleSpec]:
     """SSH from the operator, the replica's own peers, and on its head the engine port from the front. No API port:
     only the front serves the API."""
-    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr,
-                      _ethertype(settings.operator_cidr), 22, 22)]
+    rules = [RuleSpec("ssh", "SSH from the operator", "tcp", fw.operator_cidr,
+                      _ethertype(fw.operator_cidr), 22, 22)]
     rules += peer_rules(rank, peer_private_ips)
     if rank == 0:
-        rules.append(engine_rule(settings, front_private_ip))
+        rules.append(engine_rule(fw, front_private_ip))
     return rules
 
 
-def fan_out_rules(settings: Settings, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
+def fan_out_rules(fw: FirewallInputs, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
     """The weight fan-out across replicas: peerPort from every node of the other replicas, by its private /32 (the
     file server behind the stack's peer token; nothing else crosses between replicas)."""
-    return _fan_out_rules(settings.nodes, settings.peer_port, replica, other_ips)
+    return _fan_out_rules(fw.nodes, fw.peer_port, replica, other_ips)
 
 
 def _fan_out_rules(nodes: int, peer_port: int, replica: int, other_ips: list[Any]) -> list[RuleSpec]:
@@ -142,12 +153,12 @@ class NodeRules:
         return rules
 
 
-def gpu_node_rules(settings: Settings, replica: int, rank: int) -> NodeRules:
+def gpu_node_rules(fw: FirewallInputs, replica: int, rank: int) -> NodeRules:
     """A GPU node's rules: behind a front (replicas >= 2) its replica's and the fan-out's, else the head serves the
     API itself (node_rules)."""
-    if not settings.has_front:
-        return NodeRules(rank, tuple(operator_rules(settings, rank)))
-    ssh = RuleSpec("ssh", "SSH from the operator", "tcp", settings.operator_cidr, _ethertype(settings.operator_cidr),
+    if not fw.has_front:
+        return NodeRules(rank, tuple(operator_rules(fw, rank)))
+    ssh = RuleSpec("ssh", "SSH from the operator", "tcp", fw.operator_cidr, _ethertype(fw.operator_cidr),
                    22, 22)
-    return NodeRules(rank, (ssh,), replica, settings.engine_port if rank == 0 else None, settings.nodes,
-                     settings.peer_port)
+    return NodeRules(rank, (ssh,), replica, fw.engine_port if rank == 0 else None, fw.nodes,
+                     fw.peer_port)

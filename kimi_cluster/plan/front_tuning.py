@@ -1,16 +1,21 @@
 """How fast the front (replicas >= 2) gives up on a replica and takes it back: its Caddy health-check figures.
 
-Its own module because two places need the same figures: the front's Caddyfile (kimi_cluster/deploy/front.py) and each
-replica's engine-ready step (kimi_cluster/plan/step_scripts.py), which holds a rolling restart until the front can have
-taken the restarted replica back. kimi_cluster/deploy/front.py imports kimi_cluster/plan/step_scripts.py, so the figures
-cannot
-live in either.
+Its own module because two places need the same figures: the front's Caddyfile (kimi_cluster/plan/front_config.py)
+and each replica's engine-ready step (kimi_cluster/plan/readiness.py), which holds a rolling restart until the front
+can have taken the restarted replica back. The active health check's figures are the resuming layer's own defaults
+(kimi_cluster/node/resume/server.py `parse`, which also checks the replicas' health on the front): their one home
+is there, and Caddy's check is read from it, so the two never disagree on when a replica is down.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from kimi_cluster.node.resume.server import parse
+
+# The resuming layer's defaults, as its command line leaves them (it needs one render server and the replicas).
+_LAYER = parse(["--render", "http://127.0.0.1:0", "--replica", "http://127.0.0.1:0"])
 
 
 @dataclass(frozen=True)
@@ -22,10 +27,10 @@ class FrontTuning:
     down after health_fails missed intervals and back up after health_passes good ones.
     """
 
-    health_interval: str = "1s"
-    health_timeout: str = "1s"
-    health_fails: int = 2
-    health_passes: int = 2
+    health_interval: str = f"{_LAYER.health_interval_s:g}s"
+    health_timeout: str = f"{_LAYER.health_timeout_s:g}s"
+    health_fails: int = _LAYER.health_fails
+    health_passes: int = _LAYER.health_passes
     fail_duration: str = "10s"
     max_fails: int = 3
     request_buffers: str = "16MiB"  # bodies up to this are replayed on a retry (an agent's long context fits)

@@ -2,15 +2,17 @@
 
 Shared by the launch template (which runs it) and the offline plan (which prints it), so the command a reviewer reads
 is the command a node runs. Items are words or (flag, value) pairs that stay on one line; `flatten` gives the argv.
+Everything here reads one `EngineInputs`, which the blueprint fills from the settings (kimi_cluster/blueprint/).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from kimi_cluster.plan.render import ShellExpr, shell_words
-from kimi_cluster.settings import DIST_INIT_PORT, NAMESPACE, Settings, catalog, shown
+from kimi_cluster.plan.jinja import ShellExpr, shell_words
+from kimi_cluster.settings import DIST_INIT_PORT, NAMESPACE, catalog, shown
 
 Word = str | ShellExpr
 Item = Word | tuple
@@ -43,20 +45,43 @@ _CLEAR_SHM = "find /dev/shm -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/nul
 _WRAPPER = f'{_CLEAR_SHM}; exec "$@"'
 
 
-def container_cache(settings: Settings) -> str:
+@dataclass(frozen=True)
+class EngineInputs:
+    """What the engine's command line and container are made of: the settings' values of the same names."""
+
+    engine_name: str
+    model: str
+    model_revision: str
+    served_name: str
+    engine_port: int
+    extra_engine_args: tuple[str, ...]
+    max_model_len: int | None
+    engine_layout: str | None
+    layout: catalog.EngineLayout | None
+    model_spec: catalog.ModelSpec
+    tensor_parallel: int
+    nodes: int
+    gpu: catalog.GpuSpec
+    has_front: bool
+    resumes_streams: bool
+    container_image: str
+    storage_path: str
+
+
+def container_cache(engine: EngineInputs) -> str:
     """The container's ~/.cache for this engine's image: /root/.cache, or the image user's."""
-    home = _CONTAINER_HOME.get(settings.engine_name)
+    home = _CONTAINER_HOME.get(engine.engine_name)
     return f"{home}/.cache" if home else CONTAINER_CACHE
 
 
-def container_hf_home(settings: Settings) -> str:
-    return f"{container_cache(settings)}/huggingface"
+def container_hf_home(engine: EngineInputs) -> str:
+    return f"{container_cache(engine)}/huggingface"
 
 
-def cache_dir_mode(settings: Settings) -> str:
+def cache_dir_mode(engine: EngineInputs) -> str:
     """chmod mode (recursive) the launch gives the host's cache folder, or "" to leave it: an image whose user is
     not root must write its kernels there, restored ones included (the node steps create them as root)."""
-    return "a+rwX" if settings.engine_name in _CONTAINER_HOME else ""
+    return "a+rwX" if engine.engine_name in _CONTAINER_HOME else ""
 
 
 def flatten(items: Sequence[Item]) -> list[Word]:
@@ -67,10 +92,10 @@ def flatten(items: Sequence[Item]) -> list[Word]:
     return out
 
 
-def needs_marlin(settings: Settings) -> bool:
+def needs_marlin(engine: EngineInputs) -> bool:
     """Hopper has no FP4 tensor cores: SGLang serves the MXFP4 experts through the Marlin W4A16 kernel
     (`--moe-runner-backend marlin`; SGLang picks its native MXFP4 runner only on Blackwell)."""
-    return settings.gpu.name.startswith(("H100", "H200"))
+    return engine.gpu.name.startswith(("H100", "H200"))
 
 
 # Other spellings of flags the program sets (SGLang's ServerArgs.add_cli_args, vLLM's make_arg_parser), and flags it
@@ -103,30 +128,29 @@ def flag_name(arg: str) -> str | None:
     return name[:dashes] + name[dashes:].replace("_", "-")
 
 
-def owned_flags(settings: Settings) -> frozenset[str]:
+def owned_flags(engine: EngineInputs) -> frozenset[str]:
     """Every flag the program's command line sets for this engine, with its aliases."""
-    argv = flatten(_program_argv(settings, 0, "<head>"))
+    argv = flatten(_program_argv(engine, 0, "<head>"))
     flags = {w for w in argv if isinstance(w, str) and flag_name(w)}
-    return frozenset(flags | set(_OWNED_ALIASES[settings.engine_name]))
+    return frozenset(flags | set(_OWNED_ALIASES[engine.engine_name]))
 
 
-def media_env(settings: Settings) -> list[tuple[str, str]]:
+def media_env(engine_name: str, extra_engine_args: Sequence[str]) -> list[tuple[str, str]]:
     """vLLM's media fetching, for the replicas and the front's render server alike (kimi_cluster/plan/resume.py):
     with --allowed-media-domains in extraEngineArgs, redirects are not followed (VLLM_MEDIA_URL_ALLOW_REDIRECTS=0), or
     a listed host's redirect would fetch from any address (vLLM 0.33.0's MediaConnector checks the URL's host only,
     then follows redirects: vllm/multimodal/media/connector.py). data: URIs are never fetched, so they always work."""
-    if settings.engine_name != "vllm" or "--allowed-media-domains" not in {
-            flag_name(arg) for arg in settings.extra_engine_args}:
+    if engine_name != "vllm" or "--allowed-media-domains" not in {flag_name(arg) for arg in extra_engine_args}:
         return []
     return [("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")]
 
 
-def engine_arg_problems(settings: Settings) -> list[str]:
+def engine_arg_problems(engine: EngineInputs) -> list[str]:
     """Every extraEngineArgs entry that names a flag the program owns (owned_flags), each naming the key to set
     instead; kimi_cluster/settings/loader.py refuses the stack with them once the rest of the settings are valid."""
-    owned = owned_flags(settings)
+    owned = owned_flags(engine)
     problems = []
-    for arg in settings.extra_engine_args:
+    for arg in engine.extra_engine_args:
         flag = flag_name(arg)
         if flag is None:
             continue
@@ -139,28 +163,28 @@ def engine_arg_problems(settings: Settings) -> list[str]:
     return problems
 
 
-def engine_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
+def engine_argv(engine: EngineInputs, rank: int, head_private_ip: str) -> list[Item]:
     """The engine's own command line inside the container: the program's flags, then extraEngineArgs (which the
     settings refuse if they name a flag the program owns)."""
-    return _program_argv(settings, rank, head_private_ip) + list(settings.extra_engine_args)
+    return _program_argv(engine, rank, head_private_ip) + list(engine.extra_engine_args)
 
 
-def engine_host(settings: Settings, rank: int, head_private_ip: str) -> str:
+def engine_host(engine: EngineInputs, rank: int, head_private_ip: str) -> str:
     """Loopback behind the head's own proxy; behind a front (replicas >= 2) the head binds its private address, which
     the firewall opens to the front's /32 alone."""
-    return head_private_ip if settings.has_front and rank == 0 else ENGINE_HOST
+    return head_private_ip if engine.has_front and rank == 0 else ENGINE_HOST
 
 
-def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[Item]:
-    port = str(settings.engine_port)
-    host = engine_host(settings, rank, head_private_ip)
-    if settings.engine_name == "vllm":
+def _program_argv(engine: EngineInputs, rank: int, head_private_ip: str) -> list[Item]:
+    port = str(engine.engine_port)
+    host = engine_host(engine, rank, head_private_ip)
+    if engine.engine_name == "vllm":
         items: list[Item] = [
-            ("vllm", "serve", settings.model),
-            ("--revision", settings.model_revision),
-            ("--served-model-name", settings.served_name),
+            ("vllm", "serve", engine.model),
+            ("--revision", engine.model_revision),
+            ("--served-model-name", engine.served_name),
             "--trust-remote-code",
-            *_vllm_layout(settings),
+            *_vllm_layout(engine),
             ("--load-format", "fastsafetensors"),
             "--enable-auto-tool-choice",
             ("--tool-call-parser", PARSER),
@@ -168,38 +192,38 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--host", host),
             ("--port", port),
         ]
-        if settings.resumes_streams:
+        if engine.resumes_streams:
             # The token API (`/inference/v1/generate`) the front's resuming layer generates through: `vllm serve`
             # answers it 403 without this flag (vLLM 0.33.0, vllm/entrypoints/scale_out/factories.py).
             items.append("--enable-scale-out")
-        max_len = settings.max_model_len
-        if max_len is None and settings.engine_layout == "tp8-dcp8":
+        max_len = engine.max_model_len
+        if max_len is None and engine.engine_layout == "tp8-dcp8":
             # The layout exists for long sessions: ask for the model's whole context unless maxModelLen says less.
-            max_len = settings.model_spec.context_window
+            max_len = engine.model_spec.context_window
         if max_len:
             items.append(("--max-model-len", str(max_len)))
-    elif settings.engine_name == "tokenspeed":
-        items = _tokenspeed_argv(settings, port, host)
+    elif engine.engine_name == "tokenspeed":
+        items = _tokenspeed_argv(engine, port, host)
     else:
-        tp = str(settings.tensor_parallel)
+        tp = str(engine.tensor_parallel)
         items = [
             ("sglang", "serve"),
             "--trust-remote-code",
-            ("--model-path", settings.model),
-            ("--revision", settings.model_revision),
-            ("--served-model-name", settings.served_name),
+            ("--model-path", engine.model),
+            ("--revision", engine.model_revision),
+            ("--served-model-name", engine.served_name),
             ("--tp-size", tp),
             ("--ep-size", tp),
         ]
-        if settings.nodes > 1:
+        if engine.nodes > 1:
             items += [
-                ("--nnodes", str(settings.nodes)),
+                ("--nnodes", str(engine.nodes)),
                 ("--node-rank", str(rank)),
                 ("--dist-init-addr", f"{head_private_ip}:{DIST_INIT_PORT}"),
                 # The rendezvous waits for every rank; an hour covers the slowest node's weight load.
                 ("--dist-timeout", "3600"),
             ]
-        if needs_marlin(settings):
+        if needs_marlin(engine):
             items.append(("--moe-runner-backend", "marlin"))
         items += [
             # Multi-threaded safetensors loading, each GPU worker on its share of the node's cores (the share
@@ -214,26 +238,26 @@ def _program_argv(settings: Settings, rank: int, head_private_ip: str) -> list[I
             ("--host", host),
             ("--port", port),
         ]
-        if settings.max_model_len:
-            items.append(("--context-length", str(settings.max_model_len)))
+        if engine.max_model_len:
+            items.append(("--context-length", str(engine.max_model_len)))
     return items
 
 
-def tokenspeed_metrics_port(settings: Settings) -> int:
+def tokenspeed_metrics_port(engine: EngineInputs) -> int:
     """The smg gateway's Prometheus listener: pinned (TokenSpeed picks a random one otherwise) so the proxy can
     forward /metrics to it; the control server takes the port below it (catalog.py)."""
-    return settings.engine_port + catalog.TOKENSPEED_METRICS_PORT_OFFSET
+    return engine.engine_port + catalog.TOKENSPEED_METRICS_PORT_OFFSET
 
 
-def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:
+def _tokenspeed_argv(engine: EngineInputs, port: str, host: str) -> list[Item]:
     """`tokenspeed serve`: its CLI splits these between the engine (ServerArgs) and the smg gateway (host, port,
     parsers, metrics). Kimi-K3 at TP8 wants the vision encoder at TP1 x DP8 and an FP8 KV cache (docs/recipes)."""
     items: list[Item] = [
-        ("tokenspeed", "serve", settings.model),
-        ("--revision", settings.model_revision),
-        ("--served-model-name", settings.served_name),
+        ("tokenspeed", "serve", engine.model),
+        ("--revision", engine.model_revision),
+        ("--served-model-name", engine.served_name),
         "--trust-remote-code",
-        ("--tensor-parallel-size", str(settings.tensor_parallel)),
+        ("--tensor-parallel-size", str(engine.tensor_parallel)),
         ("--mm-encoder-tp-mode", "data"),
         ("--kv-cache-dtype", "fp8"),
         # The loader reads the safetensors shards ahead into the page cache on this many threads per GPU worker
@@ -247,18 +271,18 @@ def _tokenspeed_argv(settings: Settings, port: str, host: str) -> list[Item]:
         ("--port", port),
         # Counters stay on the head's loopback, behind its proxy or read over SSH: the front never asks for them.
         ("--prometheus-host", ENGINE_HOST),
-        ("--prometheus-port", str(tokenspeed_metrics_port(settings))),
+        ("--prometheus-port", str(tokenspeed_metrics_port(engine))),
     ]
-    if settings.max_model_len:
-        items.append(("--max-model-len", str(settings.max_model_len)))
+    if engine.max_model_len:
+        items.append(("--max-model-len", str(engine.max_model_len)))
     return items
 
 
-def _vllm_layout(settings: Settings) -> list[Item]:
+def _vllm_layout(engine: EngineInputs) -> list[Item]:
     """The parallelism flags of the stack's vLLM layout (catalog.VLLM_LAYOUTS); tp8 is the one-node default."""
-    layout = settings.layout
+    layout = engine.layout
     if layout is None or layout.name == "tp8":
-        return [("--tensor-parallel-size", str(settings.tensor_parallel))]
+        return [("--tensor-parallel-size", str(engine.tensor_parallel))]
     if layout.name == "dp8-ep":
         # Attention replicated on every rank (tensor parallel 1, vLLM's default), experts sharded over the 8.
         return [("--data-parallel-size", str(layout.gpus)), "--enable-expert-parallel"]
@@ -266,13 +290,13 @@ def _vllm_layout(settings: Settings) -> list[Item]:
     return [("--tensor-parallel-size", str(layout.gpus)), ("--decode-context-parallel-size", str(layout.gpus))]
 
 
-def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
+def container_env(engine: EngineInputs, *, private_ip: str, nic: Word, threads: Word) -> list[tuple[str, Word]]:
     """Environment of the engine container; it holds no secret."""
-    cache = container_cache(settings)
+    cache = container_cache(engine)
     env: list[tuple[str, Word]] = [
         # The weights were checked before launch; the engine must not reach out to the hub again.
         ("HF_HUB_OFFLINE", "1"),
-        ("HF_HOME", container_hf_home(settings)),
+        ("HF_HOME", container_hf_home(engine)),
         # HF_HOME is mounted read-only (docker_run_argv); --trust-remote-code writes the model's own code here,
         # in the writable cache folder instead (outside the kernel cache's allow-list: it never travels).
         ("HF_MODULES_CACHE", f"{cache}/hf-modules"),
@@ -283,13 +307,13 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
         ("TORCHINDUCTOR_CACHE_DIR", f"{cache}/torchinductor"),
         ("DG_JIT_CACHE_DIR", f"{cache}/deep_gemm"),
     ]
-    if settings.engine_name == "vllm":
+    if engine.engine_name == "vllm":
         env += [
             ("VLLM_ENGINE_READY_TIMEOUT_S", "3600"),
             ("VLLM_CACHE_ROOT", f"{CONTAINER_CACHE}/vllm"),
-            *media_env(settings),
+            *media_env(engine.engine_name, engine.extra_engine_args),
         ]
-    elif settings.engine_name == "tokenspeed":
+    elif engine.engine_name == "tokenspeed":
         # TokenSpeed's own kernel caches, by the names tokenspeed-kernel 0.1.4 reads (ops/tuning.py,
         # thirdparty/msa/jit.py); both default under ~/.cache too, named here so the folder never moves. Not its
         # default ~/.cache/tokenspeed/...: the kernel cache never packs a path with "token" in it (a secret's name).
@@ -303,7 +327,7 @@ def container_env(settings: Settings, *, private_ip: str, nic: Word, threads: Wo
             ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
             ("SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK", "0"),
         ]
-        if settings.nodes > 1:
+        if engine.nodes > 1:
             env += [
                 ("SGLANG_HOST_IP", private_ip),
                 # Collectives run over TCP on the private network only (no InfiniBand on these VMs).
@@ -319,7 +343,7 @@ def _env_word(name: str, value: Word) -> Word:
 
 
 def docker_run_argv(
-    settings: Settings,
+    engine: EngineInputs,
     rank: int,
     *,
     private_ip: str,
@@ -331,23 +355,23 @@ def docker_run_argv(
     fingerprint: Word | None = PLACEHOLDER_FINGERPRINT,
     name: str = CONTAINER_NAME,
     restart: str = "unless-stopped",
-    engine: Sequence[Item] | None = None,
+    command: Sequence[Item] | None = None,
 ) -> list[Item]:
     """`docker run` for this rank. Host paths are parameters: the template passes node-root-relative expressions.
-    `name`, `restart` and the `engine` command line (default: engine_argv's) differ for the kernel warm-up
+    `name`, `restart` and the engine's `command` line (default: engine_argv's) differ for the kernel warm-up
     (kimi_cluster/plan/warmup.py), which runs the same container otherwise."""
     items: list[Item] = [("docker", "run", "-d"), ("--name", name), ("--restart", restart)]
     if fingerprint is not None:
         items.append(("--label", _env_word(FINGERPRINT_LABEL, fingerprint)))
     # Host network for both engines: the engine binds the head's loopback, which a published port could not reach.
     items += [("--gpus", "all"), ("--network", "host")]
-    if settings.engine_name == "vllm":
+    if engine.engine_name == "vllm":
         # Not --privileged, which the recipe's command has: a compromised engine would be root on the host. vLLM's
         # own `docker run` (docs.vllm.ai, "Deploying with Docker") needs only the GPUs and --ipc=host; this is one
         # node (no InfiniBand devices to map) and, at TP 8, vLLM's fastsafetensors loader reads with pread (nogds),
         # not through GPUDirect Storage's /dev/nvidia-fs*.
         items += ["--ipc=host"]
-    elif settings.engine_name == "tokenspeed":
+    elif engine.engine_name == "tokenspeed":
         items += ["--ipc=host", ("--ulimit", "memlock=-1")]
     else:
         items += ["--ipc=host", ("--shm-size", "32g"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
@@ -355,14 +379,14 @@ def docker_run_argv(
         ("--log-opt", "max-size=200m"), ("--log-opt", "max-file=5"),
         # Read-only: the node's root weights step and peer server write and serve these files, and an engine that
         # could write there could swap a verified blob for a link to a host secret (issue 34).
-        ("-v", _mount(hf_dir, container_hf_home(settings), read_only=True)),
-        ("-v", _mount(cache_dir, container_cache(settings))),
+        ("-v", _mount(hf_dir, container_hf_home(engine), read_only=True)),
+        ("-v", _mount(cache_dir, container_cache(engine))),
     ]
-    env = container_env(settings, private_ip=private_ip, nic=nic, threads=threads)
+    env = container_env(engine, private_ip=private_ip, nic=nic, threads=threads)
     items += [("-e", _env_word(k, v)) for k, v in env]
     # sh runs the wrapper with $0 = the container name and "$@" = the engine's command line.
-    items += [("--entrypoint", "/bin/sh"), settings.container_image, ("-c", _WRAPPER, name)]
-    items += engine_argv(settings, rank, head_private_ip) if engine is None else list(engine)
+    items += [("--entrypoint", "/bin/sh"), engine.container_image, ("-c", _WRAPPER, name)]
+    items += engine_argv(engine, rank, head_private_ip) if command is None else list(command)
     return items
 
 
@@ -371,22 +395,22 @@ def _mount(host: Word, container: str, read_only: bool = False) -> Word:
     return ShellExpr(spec) if isinstance(host, ShellExpr) else spec
 
 
-def launch_fingerprint(settings: Settings, rank: int, private_ip: str, head_private_ip: str) -> str:
+def launch_fingerprint(engine: EngineInputs, rank: int, private_ip: str, head_private_ip: str) -> str:
     """Identifies one launch configuration; a running container with the same label is left alone on a re-run."""
-    argv = docker_run_argv(settings, rank, private_ip=private_ip, head_private_ip=head_private_ip,
+    argv = docker_run_argv(engine, rank, private_ip=private_ip, head_private_ip=head_private_ip,
                            hf_dir=ShellExpr("${HF}"), cache_dir=ShellExpr("${CACHE}"), fingerprint=None)
     return hashlib.sha256(shell_words(flatten(argv)).encode()).hexdigest()[:16]
 
 
-def launch_command_text(settings: Settings, rank: int, head_private_ip: str, private_ip: str | None = None) -> str:
+def launch_command_text(engine: EngineInputs, rank: int, head_private_ip: str, private_ip: str | None = None) -> str:
     """The launch command for the plan, with the paths of a real node; NIC and thread count are found on the node."""
-    storage = settings.storage_path.rstrip("/") or ""
+    storage = engine.storage_path.rstrip("/") or ""
     argv = docker_run_argv(
-        settings, rank,
+        engine, rank,
         private_ip=private_ip or f"<node{rank}-private-ip>",
         head_private_ip=head_private_ip,
         hf_dir=f"{storage}/hf",
-        cache_dir=f"{storage}/cache/{settings.engine_name}",
+        cache_dir=f"{storage}/cache/{engine.engine_name}",
         fingerprint=None,
     )
     return shell_words(argv, continuation=" \\\n  ")

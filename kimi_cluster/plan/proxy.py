@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from dataclasses import dataclass
 
-from kimi_cluster.plan.render import ShellExpr, render, shell_words
-from kimi_cluster.settings import Settings, catalog
+from kimi_cluster.plan.jinja import ShellExpr, render, shell_words
+from kimi_cluster.settings import catalog
 
 CONTAINER_NAME = "kimi-proxy"
 FINGERPRINT_LABEL = "kimi-cluster.proxy-fingerprint"
@@ -50,23 +51,33 @@ NOT_FOUND_BODY = ('{"error":{"message":"not found: this endpoint serves ' + ", "
 UNAUTHORIZED_BODY = '{"error":{"message":"missing or invalid API key","type":"authentication_error","code":401}}'
 
 
-def upstream(settings: Settings) -> str:
+@dataclass(frozen=True)
+class EndpointInputs:
+    """What the endpoint's proxy (a head's, or the front's) is made of: the settings' values of the same names."""
+
+    api_port: int
+    engine_port: int
+    engine_name: str
+    guarded: bool  # the caretaker runs: the proxy logs what it counts and answers its 503
+    proxy_container_image: str
+    resumes_streams: bool  # the front hands the chat requests to its resuming layer
+
+
+def upstream(endpoint: EndpointInputs) -> str:
     """Where the engine listens: the head's loopback, never an interface the firewall could open."""
-    return f"127.0.0.1:{settings.engine_port}"
+    return f"127.0.0.1:{endpoint.engine_port}"
 
 
-def metrics_upstream(settings: Settings) -> str | None:
+def metrics_upstream(endpoint: EndpointInputs) -> str | None:
     """Where /metrics lives when it is not on the engine's port: TokenSpeed's gateway has a listener for it."""
-    if settings.engine_name != "tokenspeed":
+    if endpoint.engine_name != "tokenspeed":
         return None
-    from kimi_cluster.plan.launch import tokenspeed_metrics_port
-
-    return f"127.0.0.1:{tokenspeed_metrics_port(settings)}"
+    return f"127.0.0.1:{endpoint.engine_port + catalog.TOKENSPEED_METRICS_PORT_OFFSET}"
 
 
-def render_config(settings: Settings) -> str:
+def render_config(endpoint: EndpointInputs) -> str:
     """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
-    return caddyfile(settings.api_port, upstream(settings), metrics_upstream(settings), caretaker=settings.guarded)
+    return caddyfile(endpoint.api_port, upstream(endpoint), metrics_upstream(endpoint), caretaker=endpoint.guarded)
 
 
 def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None,
@@ -80,7 +91,7 @@ def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None 
                   metrics_upstream=metrics_address or "", caretaker=caretaker)
 
 
-def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
+def docker_run_argv(endpoint: EndpointInputs, proxy_dir: str | ShellExpr,
                     fingerprint: str | ShellExpr | None = PLACEHOLDER_FINGERPRINT, admin: bool = False) -> list:
     """`docker run` of the proxy: host network (it must bind apiPort on the public side and reach the engine on
     loopback), the proxy's directory mounted read-only as its working directory, the official image's caddy.
@@ -93,7 +104,7 @@ def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
         label = f"{FINGERPRINT_LABEL}={fingerprint}"
         items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
     if admin and fingerprint is not None:
-        items.append(("--label", f"{RUN_LABEL}={run_fingerprint(settings)}"))
+        items.append(("--label", f"{RUN_LABEL}={run_fingerprint(endpoint)}"))
     mount = f"{proxy_dir}:{CONTAINER_DIR}:ro"
     items += [
         ("--network", "host"),
@@ -103,30 +114,30 @@ def docker_run_argv(settings: Settings, proxy_dir: str | ShellExpr,
     if admin:
         run_mount = f"{proxy_dir}/{ADMIN_DIR}:{CONTAINER_DIR}/{ADMIN_DIR}"
         items.append(("-v", ShellExpr(run_mount) if isinstance(proxy_dir, ShellExpr) else run_mount))
-    if settings.guarded:
+    if endpoint.guarded:
         care_mount = f"{proxy_dir}/{CARETAKER_DIR}:{CONTAINER_DIR}/{CARETAKER_DIR}"
         items.append(("-v", ShellExpr(care_mount) if isinstance(proxy_dir, ShellExpr) else care_mount))
     items += [
         ("-w", CONTAINER_DIR),
-        settings.proxy_container_image,
+        endpoint.proxy_container_image,
         ("caddy", "run", "--config", CONFIG_FILE, "--adapter", "caddyfile"),
     ]
     return items
 
 
-def proxy_fingerprint(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str | None = None) -> str:
+def proxy_fingerprint(endpoint: EndpointInputs, cert_chain_pem: str, ca_pem: str, config: str | None = None) -> str:
     """Names one proxy configuration (config, certificates, image); the API key is not part of it, since a new key
     needs no restart. A running proxy with the same label is left alone."""
-    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None)
-    text = "\n".join([render_config(settings) if config is None else config, cert_chain_pem, ca_pem,
+    argv = docker_run_argv(endpoint, ShellExpr("${PROXY_DIR}"), fingerprint=None)
+    text = "\n".join([render_config(endpoint) if config is None else config, cert_chain_pem, ca_pem,
                       shell_words(argv)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_fingerprint(settings: Settings) -> str:
+def run_fingerprint(endpoint: EndpointInputs) -> str:
     """Names how the front's proxy container runs (image, mounts, flags), not its configuration: while it matches,
     a new configuration is reloaded into the running Caddy."""
-    argv = docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), fingerprint=None, admin=True)
+    argv = docker_run_argv(endpoint, ShellExpr("${PROXY_DIR}"), fingerprint=None, admin=True)
     return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
 
 
@@ -136,25 +147,25 @@ def reload_argv() -> list:
             ("--adapter", "caddyfile"), ("--address", f"unix/{ADMIN_SOCKET}")]
 
 
-def step_values(settings: Settings, cert_chain_pem: str, ca_pem: str, config: str, upstream_text: str,
+def step_values(endpoint: EndpointInputs, cert_chain_pem: str, ca_pem: str, config: str, upstream_text: str,
                 settle_seconds: float, admin: bool = False) -> dict[str, object]:
     """The proxy step's template values for one Caddyfile: a head's (render_config) or the front's (admin: it
     reloads a new configuration into the running Caddy)."""
-    return dict(container=CONTAINER_NAME, api_port=settings.api_port, upstream=upstream_text,
-                reload=admin, run_label=RUN_LABEL, run_fingerprint=run_fingerprint(settings) if admin else "",
-                reload_argv=reload_argv(), admin_dir=ADMIN_DIR, caretaker_dir=CARETAKER_DIR if settings.guarded else "",
+    return dict(container=CONTAINER_NAME, api_port=endpoint.api_port, upstream=upstream_text,
+                reload=admin, run_label=RUN_LABEL, run_fingerprint=run_fingerprint(endpoint) if admin else "",
+                reload_argv=reload_argv(), admin_dir=ADMIN_DIR, caretaker_dir=CARETAKER_DIR if endpoint.guarded else "",
                 config_b64=_b64(config), cert_b64=_b64(cert_chain_pem), ca_b64=_b64(ca_pem),
                 config_file=CONFIG_FILE, cert_file=CERT_FILE, ca_file=CA_FILE, tls_key_file=TLS_KEY_FILE,
-                key_file=KEY_FILE, fingerprint=proxy_fingerprint(settings, cert_chain_pem, ca_pem, config),
+                key_file=KEY_FILE, fingerprint=proxy_fingerprint(endpoint, cert_chain_pem, ca_pem, config),
                 fingerprint_label=FINGERPRINT_LABEL, settle_seconds=settle_seconds,
-                docker_argv=docker_run_argv(settings, ShellExpr("${PROXY_DIR}"), admin=admin))
+                docker_argv=docker_run_argv(endpoint, ShellExpr("${PROXY_DIR}"), admin=admin))
 
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def command_text(settings: Settings) -> str:
+def command_text(endpoint: EndpointInputs) -> str:
     """The proxy's launch command for the plan, with a real node's paths."""
-    return shell_words(docker_run_argv(settings, "/etc/kimi-cluster/proxy", fingerprint=None),
+    return shell_words(docker_run_argv(endpoint, "/etc/kimi-cluster/proxy", fingerprint=None),
                        continuation=" \\\n  ")

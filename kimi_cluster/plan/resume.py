@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kimi_cluster.node.resume.server import DRAIN_S
 from kimi_cluster.plan.chat_layer import render_args
-from kimi_cluster.plan.front_tuning import FrontTuning
+from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
+from kimi_cluster.plan.jinja import ShellExpr, shell_words
 from kimi_cluster.plan.launch import PARSER, Word, media_env
-from kimi_cluster.plan.render import ShellExpr, shell_words
-from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT, Settings
+from kimi_cluster.plan.step_scripts import shipped, shipped_packages
+from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.settings import NAMESPACE, RENDER_PORTS, RESUME_PORT
+from kimi_cluster.settings.timing import Timing
 
 # The first slot keeps the name a front made before the second slot existed.
 RENDER_SLOTS = tuple(zip(("kimi-render", "kimi-render-spare"), RENDER_PORTS, strict=True))
@@ -56,26 +61,46 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/server.py")
 
 
-def streams(settings: Settings) -> dict[str, object]:
+@dataclass(frozen=True)
+class ResumeInputs:
+    """What the front's resuming layer and its render server are made of: the settings' values of the same names
+    (`resume_streams` the key as set, `resumes_streams` whether streams do resume on this stack)."""
+
+    engine_name: str
+    has_front: bool
+    replicas: int
+    resume_streams: bool
+    resumes_streams: bool
+    model: str
+    model_revision: str
+    served_name: str
+    max_model_len: int | None
+    extra_engine_args: tuple[str, ...]
+    hf_endpoint: str
+    container_image: str
+    engine_port: int
+
+
+def streams(layer: ResumeInputs) -> dict[str, object]:
     """Whether streams behind the front carry on when their replica is lost, on which engine, and why (not):
     `kimi-cluster plan` prints it."""
-    engine = settings.engine_name
-    if not settings.has_front:
-        why = (f"one replica ({NAMESPACE}:replicas {settings.replicas}): no front, and no twin to carry a stream on "
+    engine = layer.engine_name
+    if not layer.has_front:
+        why = (f"one replica ({NAMESPACE}:replicas {layer.replicas}): no front, and no twin to carry a stream on "
                "to")
     elif engine != "vllm":
         door = {"sglang": "SGLang's /generate has no render and derender routes",
                 "tokenspeed": "TokenSpeed's smg gateway has no token-level route"}.get(engine, f"{engine} has none")
         why = (f"not yet on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
                "to the other replicas")
-    elif not settings.resume_streams:
+    elif not layer.resume_streams:
         why = f"off ({NAMESPACE}:resumeStreams false): a stream whose replica is lost ends with an error"
     else:
-        handed = render_args(settings)
+        handed = render_args(layer.extra_engine_args)
         why = ("vLLM's render server on the front renders each stream with the replicas' chat layer"
                + (f" (extraEngineArgs {' '.join(handed)})" if handed else "")
                + "; the replicas generate its tokens, and a lost replica's stream carries on on another")
-    return {"resume": settings.resumes_streams, "engine": engine, "why": why}
+    return {"resume": layer.resumes_streams, "engine": engine, "why": why}
 
 
 def render_urls() -> list[str]:
@@ -91,14 +116,14 @@ def resume_address() -> str:
 SLOT_NAME, SLOT_PORT = ShellExpr("${RENDER_NAME}"), ShellExpr("${RENDER_PORT}")
 
 
-def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
+def render_server_argv(layer: ResumeInputs) -> list[Word | tuple[Word, ...]]:
     """`vllm launch render` with the replicas' chat flags: the same model, revision, served name, parsers and context
     length, and the extraEngineArgs that shape the chat layer (kimi_cluster/plan/chat_layer.py), so that it renders
     and parses exactly as their `vllm serve` does."""
     items: list[Word | tuple[Word, ...]] = [
-        ("launch", "render", settings.model),
-        ("--revision", settings.model_revision),
-        ("--served-model-name", settings.served_name),
+        ("launch", "render", layer.model),
+        ("--revision", layer.model_revision),
+        ("--served-model-name", layer.served_name),
         "--trust-remote-code",
         "--enable-auto-tool-choice",
         ("--tool-call-parser", PARSER),
@@ -106,15 +131,15 @@ def render_server_argv(settings: Settings) -> list[Word | tuple[Word, ...]]:
         ("--host", LOOPBACK),
         ("--port", SLOT_PORT),
     ]
-    if settings.max_model_len:
-        items.append(("--max-model-len", str(settings.max_model_len)))
-    return items + render_args(settings)
+    if layer.max_model_len:
+        items.append(("--max-model-len", str(layer.max_model_len)))
+    return items + render_args(layer.extra_engine_args)
 
 
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 
 
-def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
+def render_docker_argv(layer: ResumeInputs, env_file: Word, hf_cache: Word,
                        fingerprint: Word | None = PLACEHOLDER_FINGERPRINT) -> list:
     """`docker run` of the render server: host network (it listens on the front's loopback), its hub cache mounted,
     the hub token from a root-only env file (never an argument or a label), the engine's own image."""
@@ -129,12 +154,12 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
         ("--env-file", env_file),
         ("-e", "VLLM_TARGET_DEVICE=cpu"),
         ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
-        ("-e", f"HF_ENDPOINT={settings.hf_endpoint}"),
-        *(("-e", f"{name}={value}") for name, value in media_env(settings)),
+        ("-e", f"HF_ENDPOINT={layer.hf_endpoint}"),
+        *(("-e", f"{name}={value}") for name, value in media_env(layer.engine_name, layer.extra_engine_args)),
         ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
         ("--entrypoint", "vllm"),
-        settings.container_image,
-        *render_server_argv(settings),
+        layer.container_image,
+        *render_server_argv(layer),
     ]
     return items
 
@@ -142,9 +167,9 @@ def render_docker_argv(settings: Settings, env_file: Word, hf_cache: Word,
 REPLICAS_FILE = ShellExpr("${STATE}/resume-replicas")
 
 
-def replica_urls(head_private_ips: Sequence[str], settings: Settings) -> list[str]:
+def replica_urls(head_private_ips: Sequence[str], layer: ResumeInputs) -> list[str]:
     """Every replica's engine, as the resuming layer reaches it (each head's private address)."""
-    return [f"http://{ip}:{settings.engine_port}" for ip in head_private_ips]
+    return [f"http://{ip}:{layer.engine_port}" for ip in head_private_ips]
 
 
 def resumer_argv() -> list[str]:
@@ -154,7 +179,7 @@ def resumer_argv() -> list[str]:
     bound is its own default (DRAIN_S), which stop_timeout_s reads."""
     renders = [word for url in render_urls() for word in ("--render", url)]
     return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE,
-            "--max-body-bytes", str(FrontTuning().request_buffer_bytes)]
+            "--max-body-bytes", str(DEFAULT_TUNING.request_buffer_bytes)]
 
 
 def stop_timeout_s() -> int:
@@ -162,10 +187,10 @@ def stop_timeout_s() -> int:
     return int(DRAIN_S) + STOP_MARGIN_S
 
 
-def render_fingerprint(settings: Settings) -> str:
+def render_fingerprint(layer: ResumeInputs) -> str:
     """Names one render server configuration (image, flags; not its slot); a running one with the same label is
     left alone, in whichever slot it runs."""
-    argv = render_docker_argv(settings, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
+    argv = render_docker_argv(layer, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
     return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
 
 
@@ -176,3 +201,20 @@ def resumer_fingerprint(argv: Sequence[str], files: Sequence[tuple[str, str]]) -
     for path, body in files:
         digest.update(f"\0{path}\0{body}".encode())
     return digest.hexdigest()[:16]
+
+
+def resume_values(layer: ResumeInputs, spot: VmSpot, timing: Timing, _deadline_s: int, _step: str) -> dict[str, Any]:
+    """The resume step's values: vLLM's render server in the engine's image, then the resuming layer's program."""
+    heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(layer.replicas)])
+    argv, files = resumer_argv(), shipped(PROGRAM)
+    return {"render_slots": RENDER_SLOTS, "units": UNITS, "image": layer.container_image,
+            "fingerprint": render_fingerprint(layer), "fingerprint_label": FINGERPRINT_LABEL,
+            "docker_argv": render_docker_argv(layer, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
+            "loopback": LOOPBACK, "resume_address": resume_address(),
+            "resumer_argv": argv, "replica_urls": replica_urls(heads, layer), "replicas_file": REPLICAS_FILE,
+            "resumer_fingerprint": resumer_fingerprint(argv, [(f.path, f.body) for f in files]),
+            "pull_attempts": timing.pull_attempts, "pull_timeout_s": timing.pull_timeout_s,
+            "pull_backoff_s": timing.pull_backoff_s, "render_timeout_s": timing.proxy_timeout_s,
+            "resume_timeout_s": timing.proxy_timeout_s, "log_tail": timing.log_tail,
+            "resume_port": RESUME_PORT, "stop_timeout_s": stop_timeout_s(), "port_poll_s": PORT_POLL_S,
+            "ship_files": files, "ship_packages": shipped_packages(PROGRAM), "ship_packed": True}

@@ -25,9 +25,9 @@ enginePort, must never reach an engine serving random weights.
 from __future__ import annotations
 
 from kimi_cluster.plan import launch
-from kimi_cluster.plan.launch import Item, Word
-from kimi_cluster.plan.render import shell_words
-from kimi_cluster.settings import WARMUP_DIST_INIT_PORT, WARMUP_ENGINE_PORT, Settings, catalog
+from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.launch import EngineInputs, Item, Word
+from kimi_cluster.settings import WARMUP_DIST_INIT_PORT, WARMUP_ENGINE_PORT, catalog
 
 CONTAINER_NAME = "kimi-warmup"
 # What the step leaves for the launch to report: one line, "<outcome> <why>" (done, skipped, started or failed).
@@ -36,13 +36,13 @@ RESULT_FILE = "warmup.result"
 SGLANG_COMPILE_TOOL = ("python3", "-m", "sglang.compile_deep_gemm")
 
 
-def exits_by_itself(settings: Settings) -> bool:
+def exits_by_itself(engine: EngineInputs) -> bool:
     """Whether the warm-up's container ends on its own when it is done (SGLang's tool), else it is served once and
     removed by the step."""
-    return settings.engine_name == "sglang"
+    return engine.engine_name == "sglang"
 
 
-def engine_argv(settings: Settings, rank: int, head_private_ip: str, timeout_s: int) -> list[Item]:
+def engine_argv(engine: EngineInputs, rank: int, head_private_ip: str, timeout_s: int) -> list[Item]:
     """The warm-up's engine command line: the launch's, on random weights, on the warm-up's own ports."""
     # On the node's loopback, on the warm-up's own port (TokenSpeed's launcher takes the next two).
     replace = {"--host": launch.ENGINE_HOST, "--port": str(WARMUP_ENGINE_PORT),
@@ -51,7 +51,7 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str, timeout_s: 
                "--prometheus-port": str(WARMUP_ENGINE_PORT + catalog.TOKENSPEED_METRICS_PORT_OFFSET),
                "--load-format": "dummy"}
     out: list[Item] = []
-    for item in launch.engine_argv(settings, rank, head_private_ip):
+    for item in launch.engine_argv(engine, rank, head_private_ip):
         if isinstance(item, tuple) and item[0] == "--model-loader-extra-config":
             continue  # the dummy loaders refuse any extra config
         if isinstance(item, tuple) and len(item) == 2 and item[0] in replace:
@@ -59,7 +59,7 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str, timeout_s: 
         out.append(item)
     if not any(isinstance(i, tuple) and i[0] == "--load-format" for i in out):
         out.append(("--load-format", "dummy"))
-    if exits_by_itself(settings):
+    if exits_by_itself(engine):
         # `sglang serve FLAGS` becomes the tool with the same flags, and the tool's own deadline.
         head = out[0]
         if head != ("sglang", "serve"):
@@ -68,16 +68,16 @@ def engine_argv(settings: Settings, rank: int, head_private_ip: str, timeout_s: 
     return out
 
 
-def docker_run_argv(settings: Settings, rank: int, *, private_ip: str, head_private_ip: str, hf_dir: Word,
+def docker_run_argv(engine: EngineInputs, rank: int, *, private_ip: str, head_private_ip: str, hf_dir: Word,
                     cache_dir: Word, timeout_s: int) -> list[Item]:
     """`docker run` of the warm-up: the launch's container (image, GPUs, mounts, cache folders, environment) under
     its own name, never restarted, with the warm-up's engine command line."""
     return launch.docker_run_argv(
-        settings, rank, private_ip=private_ip, head_private_ip=head_private_ip, hf_dir=hf_dir,
+        engine, rank, private_ip=private_ip, head_private_ip=head_private_ip, hf_dir=hf_dir,
         cache_dir=cache_dir, fingerprint=None, name=CONTAINER_NAME, restart="no",
-        engine=engine_argv(settings, rank, head_private_ip, timeout_s))
+        command=engine_argv(engine, rank, head_private_ip, timeout_s))
 
 
-def command_text(settings: Settings, rank: int, head_private_ip: str, timeout_s: int) -> str:
+def command_text(engine: EngineInputs, rank: int, head_private_ip: str, timeout_s: int) -> str:
     """The warm-up's engine command, for the plan."""
-    return shell_words(launch.flatten(engine_argv(settings, rank, head_private_ip, timeout_s)))
+    return shell_words(launch.flatten(engine_argv(engine, rank, head_private_ip, timeout_s)))

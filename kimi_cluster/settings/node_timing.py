@@ -18,8 +18,11 @@ from kimi_cluster.settings.keys import NAMESPACE
 from kimi_cluster.settings.rules import json_text_object
 from kimi_cluster.settings.timing import Timing
 
-# Timing's two long deadlines have keys of their own; nodeTiming leaves them to those.
-_OWN_KEYS = {"download_timeout_s": "downloadTimeoutMinutes", "readiness_timeout_s": "readinessTimeoutMinutes"}
+# Timing's two long deadlines, the steps' deadlines and the kernel-cache transfers have keys of their own; nodeTiming
+# leaves them to those (the blueprint fills them in).
+_OWN_KEYS = {"download_timeout_s": "downloadTimeoutMinutes", "readiness_timeout_s": "readinessTimeoutMinutes",
+             "step_deadline_minutes": "stepDeadlineMinutes", "cache_restore_minutes": "kernelCache",
+             "cache_save_minutes": "kernelCache"}
 
 
 def _camel(name: str) -> str:

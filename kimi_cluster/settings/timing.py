@@ -3,14 +3,14 @@ rule reads (the rules themselves are the step table's, kimi_cluster/plan/steps/t
 
 The defaults here are the one home of those numbers; a stack may override them with kimi-cluster:nodeTiming
 (kimi_cluster/settings/node_timing.py), and the two long waits come from downloadTimeoutMinutes and
-readinessTimeoutMinutes. This module reads settings through `TimedSettings` only, so it never imports them.
+readinessTimeoutMinutes. The blueprint (kimi_cluster/blueprint/) resolves a stack's Timing once: those two waits,
+its stepDeadlineMinutes and its kernel-cache transfer minutes filled in, so nothing below it reads the settings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 # What a kernel-cache step may spend installing its S3 client before its own transfer deadline starts.
 PIP_BUDGET_S = 600
@@ -20,36 +20,10 @@ PIP_BUDGET_S = 600
 DIAL_ALLOWANCE_S = 15 * 60
 
 
-class CacheTimeouts(Protocol):
-    """The kernel-cache transfer deadlines Timing reads (kimi_cluster.settings.KernelCacheSettings)."""
-
-    @property
-    def restore_timeout_minutes(self) -> int: ...
-
-    @property
-    def save_timeout_minutes(self) -> int: ...
-
-
-class TimedSettings(Protocol):
-    """The settings Timing reads (kimi_cluster.settings.Settings has them all)."""
-
-    @property
-    def download_timeout_minutes(self) -> int: ...
-
-    @property
-    def readiness_timeout_minutes(self) -> int: ...
-
-    @property
-    def step_deadline_minutes(self) -> Mapping[str, float]: ...
-
-    @property
-    def kernel_cache(self) -> CacheTimeouts | None: ...
-
-
 @dataclass(frozen=True)
 class Timing:
-    """Waits and retries of the node scripts. Settings give the two long deadlines and, through nodeTiming, any of
-    the others (Settings.timing); tests shorten everything."""
+    """Waits and retries of the node scripts. nodeTiming sets any of them (Settings.timing); the blueprint fills in
+    what other keys decide (kimi_cluster/blueprint/inputs.py `resolved_timing`); tests shorten everything."""
 
     poll_seconds: int = 30  # progress line interval: silent long commands get cut off
     fast_poll_seconds: float = 2
@@ -76,13 +50,26 @@ class Timing:
     warmup_timeout_s: int = 2400
     # Beyond a step's own waits: installing tools, writing files, printing the log tail on failure.
     deadline_slack_s: int = 300
+    # Filled in by the blueprint from kimi-cluster:stepDeadlineMinutes and kernelCache.*TimeoutMinutes (the cache
+    # steps run only with kernelCache set, whose defaults are these minutes' home).
+    step_deadline_minutes: Mapping[str, float] = field(default_factory=dict)
+    cache_restore_minutes: int = 0
+    cache_save_minutes: int = 0
 
-    def download_s(self, settings: TimedSettings) -> int:
-        return self.download_timeout_s or settings.download_timeout_minutes * 60
+    @property
+    def download_s(self) -> int:
+        return _resolved(self.download_timeout_s, "download_timeout_s (downloadTimeoutMinutes)")
 
-    def readiness_s(self, settings: TimedSettings) -> int:
-        return self.readiness_timeout_s or settings.readiness_timeout_minutes * 60
+    @property
+    def readiness_s(self) -> int:
+        return _resolved(self.readiness_timeout_s, "readiness_timeout_s (readinessTimeoutMinutes)")
 
     def kernel_cache_transfer_s(self, deadline_s: int) -> int:
         """The kernel-cache program's own deadline: what is left of its step's `deadline_s` after pip and the slack."""
         return max(30, deadline_s - PIP_BUDGET_S - self.deadline_slack_s)
+
+
+def _resolved(value: int | None, name: str) -> int:
+    if value is None:
+        raise ValueError(f"Timing.{name} is not resolved: the blueprint fills it in (resolved_timing)")
+    return value

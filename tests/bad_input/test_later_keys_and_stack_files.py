@@ -13,9 +13,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from kimi_cluster import blueprint as render
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.inputs import resolved_timing
 from kimi_cluster.deploy import tls
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.steps import clocks, render
+from kimi_cluster.plan.steps import clocks
 from kimi_cluster.plan.steps.table import NAMES
 from kimi_cluster.settings import (
     CACHE_STEP_MIN_MINUTES,
@@ -159,7 +161,7 @@ def test_every_deadline_becomes_a_custom_timeout_go_can_parse():
              stepDeadlineMinutes=json.dumps({step: DURATION_MAX_MINUTES for step in NAMES}),
              **cache(restoreTimeoutMinutes=DURATION_MAX_MINUTES, saveTimeoutMinutes=DURATION_MAX_MINUTES))
     for step in NAMES:
-        text = clocks.clock(step, timing.Timing(), s).timeout
+        text = clocks.clock(step, resolved_timing(s, timing.Timing())).timeout
         assert text.endswith("m") and int(text[:-1]) < go_max_minutes / 1000, (step, text)
 
 
@@ -167,7 +169,7 @@ def test_the_cache_step_floor_is_the_install_budget_the_slack_and_a_minute():
     assert CACHE_STEP_MIN_MINUTES * 60 == timing.PIP_BUDGET_S + timing.Timing().deadline_slack_s + 60
     s = admit(load(stepDeadlineMinutes=json.dumps({"cache-restore": CACHE_STEP_MIN_MINUTES}), **cache()))
     # The transfer keeps a minute of its own: the step's deadline cannot end it before its own deadline warns.
-    deadline = clocks.deadline_s("cache-restore", timing.Timing(), s)
+    deadline = clocks.deadline_s("cache-restore", resolved_timing(s, timing.Timing()))
     assert timing.Timing().kernel_cache_transfer_s(deadline) == 60
 
 

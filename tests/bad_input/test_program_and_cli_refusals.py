@@ -24,8 +24,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.hyperstack_api.api import ApiSettings, HyperstackError
-from kimi_cluster.plan.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, read_stack_file
 from tests.bad_input.test_settings_refusals import taken

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kimi_cluster.blueprint import render_node_scripts
+from kimi_cluster.blueprint.inputs import engine_inputs
 from kimi_cluster.plan import launch
 from kimi_cluster.plan.client_configs import build_client_configs
-from kimi_cluster.plan.render import _ENV as TEMPLATE_ENV
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan.jinja import _ENV as TEMPLATE_ENV
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 
@@ -103,7 +104,7 @@ def _check_rendered(s: Any, key: str, value: Any) -> None:
                                     text=True)
             assert result.returncode == 0, f"{key}={value!r}: shellcheck: {result.stdout[:2000]}"
             PASSED.update(digests)
-    words = shlex.split(launch.launch_command_text(s, 0, "10.0.0.10"))
+    words = shlex.split(launch.launch_command_text(engine_inputs(s), 0, "10.0.0.10"))
     wanted = {"servedModelName": [s.served_name], "image": [s.container_image],
               "extraEngineArgs": list(s.extra_engine_args)}.get(key, [])
     for word in wanted:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kimi_cluster.plan.admission import admit, floor_minutes
+from kimi_cluster.blueprint.admission import admit, floor_minutes
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from kimi_cluster.settings.work_model import IMAGE_BYTES, IMAGE_BYTES_PER_S, LOAD_S, READY_S, WARMUP_CACHED_S

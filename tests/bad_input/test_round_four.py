@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 

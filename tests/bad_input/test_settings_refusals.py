@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.blueprint.admission import admit
 from kimi_cluster.settings import Settings, SettingsError
 from kimi_cluster.settings.loader import load_settings
 

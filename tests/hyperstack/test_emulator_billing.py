@@ -9,9 +9,11 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from kimi_cluster.blueprint.caretaker import gpu_vm_names
 from kimi_cluster.deploy.caretaker_guard import budget_problem
 from kimi_cluster.fakes.hyperstack_emulator.emulator import DEFAULT_API_KEY, Emulator
 from kimi_cluster.node.caretaker_spend import spent_usd
+from kimi_cluster.settings import Settings
 from kimi_cluster.settings.loader import load_settings
 from tests.hyperstack.conftest import FAST, IMAGE, PUBLIC_KEY, REGION
 from tests.hyperstack.test_emulator_contract import _lost_keys, sdk
@@ -80,8 +82,14 @@ def _settings(budget: str):
 def test_up_refuses_a_budget_already_spent_naming_the_key(billed):
     time.sleep(2 * MINUTE_S)
     config = {"hyperstack:apiUrl": billed.base_url, "hyperstack:apiKey": DEFAULT_API_KEY}
-    refused = budget_problem(_settings("0.01"), config)
+    refused = budget_problem(*_guard(_settings("0.01")), config=config)
     assert refused and "kimi-cluster:budgetUsd 0.01 is already spent" in refused
-    assert budget_problem(_settings("100000"), config) is None
-    unread = budget_problem(_settings("5"), {"hyperstack:apiUrl": billed.base_url, "hyperstack:apiKey": "wrong"})
+    assert budget_problem(*_guard(_settings("100000")), config=config) is None
+    wrong = {"hyperstack:apiUrl": billed.base_url, "hyperstack:apiKey": "wrong"}
+    unread = budget_problem(*_guard(_settings("5")), config=wrong)
     assert unread and "could not be read" in unread and "kimi-cluster:budgetUsd" in unread
+
+
+def _guard(settings: Settings) -> tuple[float | None, str, list[str]]:
+    """What the program hands budget_problem of the settings: the budget, the environment, the GPU VMs' names."""
+    return settings.budget_usd, settings.env_name, gpu_vm_names(settings)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import kernel_cache_key
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.blueprint import render_node_scripts
+from kimi_cluster.blueprint.inputs import engine_inputs
+from kimi_cluster.plan import kernel_cache
 from kimi_cluster.plan.steps.table import STEPS
 from kimi_cluster.settings import SettingsError
 from tests.deploy.test_program import CANARY_API, CANARY_HF, CANARY_SSH, config, outputs_for
@@ -91,7 +92,8 @@ def test_bad_kernel_cache_settings_name_the_key(value, message):
 
 
 def key(**extra):
-    return kernel_cache_key.cache_key(make_settings(kernelCache=CACHE, kernelCacheCredentials=CREDS, **extra))
+    return kernel_cache.cache_key(engine_inputs(make_settings(kernelCache=CACHE, kernelCacheCredentials=CREDS,
+                                                              **extra)))
 
 
 def test_the_key_changes_with_what_shapes_kernels_and_only_with_that():

@@ -16,8 +16,9 @@ import time
 
 import pytest
 
+from kimi_cluster.blueprint.inputs import engine_inputs
 from kimi_cluster.node import kernel_cache as program
-from kimi_cluster.plan import kernel_cache_key
+from kimi_cluster.plan import kernel_cache
 from tests.kernel_cache.conftest import BUCKET
 from tests.kernel_cache.test_restore_save import cache_dir, compiled, files_under, run_step, settings_for
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside to
 
 def put_archive(store, settings, prefix, members, **manifest_extra):
     """An archive of (name, bytes) members and its manifest in the bucket, as a bucket writer could put them."""
-    key = kernel_cache_key.cache_key(settings)
+    key = kernel_cache.cache_key(engine_inputs(settings))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, data in members:
@@ -179,7 +180,7 @@ def test_an_archive_larger_than_its_manifest_says_is_not_downloaded(node_factory
     node = node_factory()
     s = settings_for(node, store, "bigger")
     body = put_archive(store, s, "bigger", [("triton/a.cubin", os.urandom(50_000))])
-    key = kernel_cache_key.cache_key(s)
+    key = kernel_cache.cache_key(engine_inputs(s))
     manifest = {"key": key.id, "fields": key.fields, "sha256": hashlib.sha256(body).hexdigest(), "size": 100}
     store.client().put_object(Bucket=BUCKET, Key=f"bigger/{key.id}/manifest.json", Body=json.dumps(manifest).encode())
     out = run_step(node, s, "cache-restore", store.credentials)

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from kimi_cluster.plan import kernel_cache_key
-from kimi_cluster.plan.steps.render import render_step
+from kimi_cluster.blueprint import render_step
+from kimi_cluster.blueprint.inputs import engine_inputs
+from kimi_cluster.plan import kernel_cache
 from tests.kernel_cache.conftest import BUCKET
 from tests.node.conftest import FAST, make_settings
 
@@ -84,7 +85,7 @@ def plant_canaries(node, engine="sglang"):
 
 
 def stored_archive(store, settings):
-    key = kernel_cache_key.cache_key(settings).id
+    key = kernel_cache.cache_key(engine_inputs(settings)).id
     prefix = settings.kernel_cache.prefix
     s3 = store.client()
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}{key}/manifest.json")["Body"].read())
@@ -108,7 +109,7 @@ def test_save_then_restore_on_a_fresh_node_and_no_canary_travels(node_factory, s
     assert "left out triton/cafe/autotune.json (holds a secret of this node)" in out
     manifest, data = stored_archive(store, s1)
     assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
-    assert manifest["fields"] == kernel_cache_key.cache_key(s1).fields
+    assert manifest["fields"] == kernel_cache.cache_key(s1).fields
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         assert sorted(tar.getnames()) == sorted(kernels)
         raw = b"".join(tar.extractfile(m).read() for m in tar.getmembers())
@@ -140,7 +141,7 @@ def test_reruns_with_an_unchanged_key_download_and_upload_nothing(node_factory, 
     s1 = settings_for(first, store, "rerun")
     compiled(first)
     run_step(first, s1, "cache-save", store.credentials)
-    before = store.client().head_object(Bucket=BUCKET, Key=f"rerun/{kernel_cache_key.cache_key(s1).id}/cache.tar.gz")
+    before = store.client().head_object(Bucket=BUCKET, Key=f"rerun/{kernel_cache.cache_key(s1).id}/cache.tar.gz")
     assert "unchanged since this VM saved" in run_step(first, s1, "cache-save", store.credentials)
 
     s2 = settings_for(second, store, "rerun")
@@ -149,7 +150,7 @@ def test_reruns_with_an_unchanged_key_download_and_upload_nothing(node_factory, 
     # The restored node holds exactly what is stored: its save after the readiness wait uploads nothing either.
     assert "already holds these 4 kernel files; nothing uploaded" in run_step(second, s2, "cache-save",
                                                                              store.credentials)
-    after = store.client().head_object(Bucket=BUCKET, Key=f"rerun/{kernel_cache_key.cache_key(s1).id}/cache.tar.gz")
+    after = store.client().head_object(Bucket=BUCKET, Key=f"rerun/{kernel_cache.cache_key(s1).id}/cache.tar.gz")
     assert after["ETag"] == before["ETag"] and after["LastModified"] == before["LastModified"]
 
 
@@ -169,10 +170,10 @@ def test_a_changed_image_digest_or_tp_size_misses_and_the_same_configuration_hit
     custom = dict(topology="custom", flavor="n3-H100x8-NVLink", nodeCount=4, gpusPerNode=8, gpuMemoryGb=80,
                   engine="sglang", gpuHourlyPriceUsd=2.6, **base)
     same_as_preset = settings_for(other_tp, store, "keying", **custom)
-    assert kernel_cache_key.cache_key(same_as_preset).id == kernel_cache_key.cache_key(
+    assert kernel_cache.cache_key(same_as_preset).id == kernel_cache.cache_key(
         settings_for(saver, store, "keying", **base)).id
     bigger_gpu = settings_for(other_tp, store, "keying", **{**custom, "gpuMemoryGb": 141, "flavor": "n3-H200x8"})
-    assert kernel_cache_key.cache_key(bigger_gpu).id != kernel_cache_key.cache_key(same_as_preset).id
+    assert kernel_cache.cache_key(bigger_gpu).id != kernel_cache.cache_key(same_as_preset).id
     fewer = settings_for(other_tp, store, "keying", **{**custom, "nodeCount": 2, "gpuMemoryGb": 141,
                                                        "flavor": "n3-H200x8"})  # TP 16
     out = run_step(other_tp, fewer, "cache-restore", store.credentials)
@@ -188,7 +189,7 @@ def test_a_corrupt_archive_starts_cold_with_a_warning(node_factory, store):
     s = settings_for(saver, store, "corrupt")
     compiled(saver)
     run_step(saver, s, "cache-save", store.credentials)
-    key = kernel_cache_key.cache_key(s).id
+    key = kernel_cache.cache_key(engine_inputs(s)).id
     _, data = stored_archive(store, s)
     flipped = bytearray(data)
     flipped[len(flipped) // 2] ^= 0xFF
@@ -202,7 +203,7 @@ def test_a_corrupt_archive_starts_cold_with_a_warning(node_factory, store):
 def test_an_archive_saved_for_another_configuration_is_not_used(node_factory, store):
     node = node_factory()
     s = settings_for(node, store, "mismatch")
-    key = kernel_cache_key.cache_key(s)
+    key = kernel_cache.cache_key(engine_inputs(s))
     fields = {**key.fields, "image": "sha256:" + "c" * 64}
     body = b"not used"
     manifest = {"key": key.id, "fields": fields, "sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
@@ -216,7 +217,7 @@ def test_an_archive_saved_for_another_configuration_is_not_used(node_factory, st
 def test_an_archive_with_a_path_outside_the_kernel_caches_is_refused(node_factory, store):
     node = node_factory()
     s = settings_for(node, store, "unsafe")
-    key = kernel_cache_key.cache_key(s)
+    key = kernel_cache.cache_key(engine_inputs(s))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, data in (("triton/ok.cubin", b"ok"), ("../../etc/kimi-cluster/engine.env", b"KIMI_API_KEY=x")):

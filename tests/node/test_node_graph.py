@@ -7,14 +7,14 @@ import base64
 
 import pulumi
 
+from kimi_cluster.blueprint.inputs import resolved_timing
+from kimi_cluster.blueprint.stack import blueprint
 from kimi_cluster.deploy.chain import Chain, StepGroup
 from kimi_cluster.deploy.node_chain import GPU_NODE_TYPE
 from kimi_cluster.deploy.remote_step import DIAL_ERROR_LIMIT, node_connection
 from kimi_cluster.deploy.vm import host_key_cloud_config, host_key_user_data
-from kimi_cluster.plan.blueprint import blueprint
-from kimi_cluster.plan.step_scripts import ProxyTls
-from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.plan.steps.render import render_vm_scripts
+from kimi_cluster.plan.steps.model import ProxyTls, VmSpot
+from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import make_settings
 from tests.pulumi_harness import FAKE_HOST_PUBLIC_KEY, dumps, run
@@ -39,7 +39,8 @@ def build_chain(settings, name: str, secrets: dict[str, str | None], gate: pulum
     """The step table's chain for a one-replica stack, made by kimi_cluster/deploy/chain.py as the cluster does,
     at fixed addresses (node r: public 198.51.100.<10 + r>, private 10.0.0.<10 + r>, VM id 1000 + r)."""
     cluster = StepGroup("kimi:cluster:InferenceCluster", name)
-    plans = blueprint(settings, name).vm_plans
+    bp = blueprint(settings, name)
+    plans = bp.vm_plans
     homes: dict[str, pulumi.ComponentResource] = {p.resource: StepGroup(GPU_NODE_TYPE, p.resource) for p in plans}
     made: dict[str, list[pulumi.Resource]] = {f"{p.resource}/rules": [gate] if gate else [] for p in plans}
     peers = [f"10.0.0.{10 + r}" for r in range(settings.nodes)]
@@ -49,7 +50,7 @@ def build_chain(settings, name: str, secrets: dict[str, str | None], gate: pulum
                       public_ip=f"198.51.100.{10 + p.rank}", tls=ProxyTls(CHAIN, CA) if p.rank == 0 else None,
                       peer_ips=peers if settings.nodes > 1 else None)
         scripts.update({s.resource: pulumi.Output.from_input(text)
-                        for s, text in zip(p.steps, render_vm_scripts(settings, p, spot).values(), strict=True)})
+                        for s, text in zip(p.steps, render_vm_scripts(bp.steps, p, spot).values(), strict=True)})
     chain = Chain(cluster, groups=homes, made=made)
     chain.build(plans, scripts=scripts, vm_ids={p.resource: 1000 + p.rank for p in plans},
                 connections={p.resource: node_connection(f"198.51.100.{10 + p.rank}", settings.ssh_user,
@@ -228,21 +229,21 @@ def test_every_step_runs_under_its_node_side_deadline_and_its_timeouts_derive_fr
     assert len(commands) == settings.nodes * len(STEPS) + 2  # and the head's proxy and readiness wait
     for command in commands:
         step = "readiness" if command.name == "kimi-ready-wait" else command.name.rsplit("-", 1)[1]
-        deadline = deadline_s(step, Timing(), settings)
+        deadline = deadline_s(step, resolved_timing(settings, Timing()))
         text = command.values()["create"]
         assert re.search(rf"sudo -n timeout --kill-after=\d+ {deadline} bash ~/\.kimi-cluster/{step}\.sh", text), text
         minutes = f"{-(-(deadline + DIAL_ALLOWANCE_S) // 60)}m"
         assert command.timeouts == {"create": minutes, "update": minutes}, command.name
     # The two long waits come from the stack's own settings.
-    assert deadline_s("weights", Timing(), settings) > settings.download_timeout_minutes * 60
-    assert deadline_s("readiness", Timing(), settings) > settings.readiness_timeout_minutes * 60
-    assert deadline_s("image", Timing(), make_settings(stepDeadlineMinutes={"image": 90})) == 90 * 60
+    assert deadline_s("weights", resolved_timing(settings, Timing())) > settings.download_timeout_minutes * 60
+    assert deadline_s("readiness", resolved_timing(settings, Timing())) > settings.readiness_timeout_minutes * 60
+    assert deadline_s("image", resolved_timing(make_settings(stepDeadlineMinutes={"image": 90}), Timing())) == 90 * 60
 
 
 def test_a_step_deadline_for_an_unknown_step_is_refused_before_anything_is_built():
     import pytest
 
-    from kimi_cluster.plan.admission import admit
+    from kimi_cluster.blueprint.admission import admit
     from kimi_cluster.settings import SettingsError
 
     # The names are the step table's: the plan's admission (which the program, plan and status run) checks them.

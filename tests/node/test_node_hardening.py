@@ -3,16 +3,19 @@ read-only into every engine (the proxy's side of the hardening is in test_steps_
 
 from __future__ import annotations
 
+from kimi_cluster.blueprint.inputs import engine_inputs
+
 
 def test_no_engine_container_runs_privileged():
     """A compromised engine must not be root on the host: neither engine's `docker run` has --privileged."""
+    from kimi_cluster.plan.jinja import shell_words
     from kimi_cluster.plan.launch import docker_run_argv
-    from kimi_cluster.plan.render import shell_words
     from tests.node.conftest import make_settings
 
     for topology in ("h100x4-sglang", "b300x1-vllm"):
         settings = make_settings(topology)
-        text = shell_words(docker_run_argv(settings, 0, private_ip="10.0.0.5", head_private_ip="10.0.0.5",
+        text = shell_words(docker_run_argv(engine_inputs(settings), 0, private_ip="10.0.0.5",
+                                           head_private_ip="10.0.0.5",
                                            hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache"))
         assert "--privileged" not in text and "--cap-add" not in text and "--ipc=host" in text, topology
 
@@ -27,11 +30,12 @@ def test_every_engine_gets_the_weights_read_only_and_a_writable_place_for_remote
     image = "lightseekorg/tokenspeed:0.1.1@sha256:" + "ab" * 32
     for topology, extra in (("h100x4-sglang", {}), ("b300x1-vllm", {}), ("b300x1-tokenspeed", {"image": image})):
         settings = make_settings(topology, **extra)
-        argv = [str(w) for w in flatten(docker_run_argv(settings, 0, private_ip="10.0.0.5",
+        argv = [str(w) for w in flatten(docker_run_argv(engine_inputs(settings), 0, private_ip="10.0.0.5",
                                                         head_private_ip="10.0.0.5", hf_dir="/ephemeral/hf",
                                                         cache_dir="/ephemeral/cache"))]
         mounts = [argv[i + 1] for i, w in enumerate(argv) if w == "-v"]
-        assert f"/ephemeral/hf:{container_hf_home(settings)}:ro" in mounts, (topology, mounts)
-        assert f"/ephemeral/cache:{container_cache(settings)}" in mounts, (topology, mounts)
+        assert f"/ephemeral/hf:{container_hf_home(engine_inputs(settings))}:ro" in mounts, (topology, mounts)
+        assert f"/ephemeral/cache:{container_cache(engine_inputs(settings))}" in mounts, (topology, mounts)
         modules = [w for w in argv if w.startswith("HF_MODULES_CACHE=")]
-        assert modules == [f"HF_MODULES_CACHE={container_cache(settings)}/hf-modules"], (topology, modules)
+        assert modules == [f"HF_MODULES_CACHE={container_cache(engine_inputs(settings))}/hf-modules"], (topology,
+                                                                                                        modules)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint import render_node_scripts
 from kimi_cluster.operator import status_gather
 from kimi_cluster.operator.stack_state import Connection, NodeRecord
-from kimi_cluster.plan import resume, step_scripts
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan import kernel_cache, resume, weights_download
 from tests.node.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +26,12 @@ CREDS = "AKIDEXAMPLE:wJalrXUtnFEMIexample"
 
 
 def test_the_node_side_programs_are_read_from_node_programs():
-    assert step_scripts.CHECK_SOURCE == PROGRAMS / "check_download.py"
+    assert weights_download.CHECK_SOURCE == PROGRAMS / "check_download.py"
     assert status_gather.PROBE == PROGRAMS / "node_status.py"
-    for program in (step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM):
+    for program in (weights_download.WEIGHTS_PROGRAM, kernel_cache.KERNEL_CACHE_PROGRAM):
         assert program[0].startswith("kimi_cluster/node/") and all((ROOT / path).is_file() for path in program)
     # Every module of this repository a shipped module imports is shipped beside it.
-    programs: list[tuple[str, ...]] = [step_scripts.WEIGHTS_PROGRAM, step_scripts.KERNEL_CACHE_PROGRAM,
+    programs: list[tuple[str, ...]] = [weights_download.WEIGHTS_PROGRAM, kernel_cache.KERNEL_CACHE_PROGRAM,
                                        resume.PROGRAM]
     for files in programs:
         imported = [(path, module) for path in files for module in _repository_imports(path)]
@@ -65,7 +65,8 @@ def test_each_step_embeds_its_programs_exact_bytes(topology):
     check = (PROGRAMS / "check_download.py").read_text(encoding="utf-8")
     for rank in range(settings.nodes):
         scripts = render_node_scripts(settings, rank, "10.0.0.11", "10.0.0.10")
-        for path in step_scripts.WEIGHTS_PROGRAM:  # each gzipped in base64, written where it sits in this repository
+        # Each gzipped in base64, written where it sits in this repository.
+        for path in weights_download.WEIGHTS_PROGRAM:
             written = rf" \| base64 -d \| gzip -dc > \"\$SHIP_TO/{re.escape(path)}\.new\""
             packed = re.search(rf"printf %s '([A-Za-z0-9+/=]+)'{written}", scripts["weights"])
             assert packed, path
@@ -73,7 +74,7 @@ def test_each_step_embeds_its_programs_exact_bytes(topology):
         assert check in scripts["check"]
         steps = ["cache-restore", *(["cache-save"] if rank == 0 else [])]
         for step in steps:
-            for path in step_scripts.KERNEL_CACHE_PROGRAM:
+            for path in kernel_cache.KERNEL_CACHE_PROGRAM:
                 assert (ROOT / path).read_text(encoding="utf-8") in scripts[step], (step, path)
 
 

@@ -1,4 +1,4 @@
-"""The packages the nodes pip-install run the versions this project pins: step_scripts.py's constants match
+"""The packages the nodes pip-install run the versions this project pins: the plan's constants match
 
 The weights step installs huggingface_hub==HF_HUB_VERSION, the kernel-cache steps boto3==BOTO3_VERSION
 (kimi_cluster/plan/templates/weights.sh.j2, kimi_cluster/plan/templates/_kernel_cache.sh.j2); the project's own pins are
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kimi_cluster.plan import step_scripts
+from kimi_cluster.plan import kernel_cache, weights_download
 
 ROOT = Path(__file__).resolve().parents[2]
-# Node-side package (as pip names it) -> step_scripts.py's constant that the templates install.
-NODE_PINS = {"huggingface-hub": "HF_HUB_VERSION", "boto3": "BOTO3_VERSION"}
+# Node-side package (as pip names it) -> the plan module and its constant that the templates install.
+NODE_PINS = {"huggingface-hub": (weights_download, "HF_HUB_VERSION"), "boto3": (kernel_cache, "BOTO3_VERSION")}
 
 
 def _normalized(name: str) -> str:
@@ -48,7 +48,7 @@ def mismatches(project: dict[str, str], versions: dict[str, str]) -> list[str]:
 
 
 def node_versions() -> dict[str, str]:
-    return {name: getattr(step_scripts, constant) for name, constant in NODE_PINS.items()}
+    return {name: getattr(module, constant) for name, (module, constant) in NODE_PINS.items()}
 
 
 def test_the_nodes_install_the_versions_the_project_pins():
@@ -65,7 +65,7 @@ def test_the_templates_install_the_constants_they_are_given():
 
 @pytest.mark.parametrize("name", sorted(NODE_PINS))
 def test_a_node_constant_changed_alone_fails(monkeypatch, name):
-    monkeypatch.setattr(step_scripts, NODE_PINS[name], "0.0.1")
+    monkeypatch.setattr(*NODE_PINS[name], "0.0.1")
     assert [m for m in mismatches(pins(requirement_files()), node_versions()) if m.startswith(name + ":")]
 
 

@@ -10,10 +10,11 @@ import sys
 import pytest
 from jinja2 import UndefinedError
 
+from kimi_cluster.blueprint import render_node_scripts
+from kimi_cluster.blueprint.inputs import engine_inputs
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import launch
-from kimi_cluster.plan.render import ShellExpr, render, shell_quote, shell_words
-from kimi_cluster.plan.steps.render import render_node_scripts
+from kimi_cluster.plan.jinja import ShellExpr, render, shell_quote, shell_words
 from kimi_cluster.plan.steps.table import STEPS
 from tests.node.conftest import TOPOLOGIES, make_settings
 
@@ -87,7 +88,8 @@ def test_extra_engine_args_cannot_inject_shell():
 
 def test_sglang_launch_follows_the_guide_per_rank():
     settings = make_settings("h100x4-sglang", maxModelLen=131072, extraEngineArgs=["--enable-metrics"])
-    argv = launch.flatten(launch.docker_run_argv(settings, 2, private_ip="10.0.0.12", head_private_ip="10.0.0.10",
+    argv = launch.flatten(launch.docker_run_argv(engine_inputs(settings), 2, private_ip="10.0.0.12",
+                                                 head_private_ip="10.0.0.10",
                                                  hf_dir="/ephemeral/hf", cache_dir="/ephemeral/cache/sglang"))
     words = [str(a) for a in argv]
     text = " ".join(words)
@@ -122,13 +124,13 @@ def test_sglang_loads_on_its_share_of_the_cores_and_tokenspeed_prefetches_on_it(
     assert json.loads(shown) == {"enable_multithread_load": True, "num_threads": 26}
     ts = make_settings("b300x1-tokenspeed", image="lightseekorg/tokenspeed:0.1.1@sha256:" + "0" * 64)
     assert "--weight-loader-prefetch-num-threads ${OMP_THREADS}" in " ".join(
-        str(w) for w in launch.flatten(launch.engine_argv(ts, 0, "<head>")))
+        str(w) for w in launch.flatten(launch.engine_argv(engine_inputs(ts), 0, "<head>")))
     assert "LOADER_CONFIG" not in render_node_scripts(ts, 0, "10.0.0.10", "10.0.0.10")["launch"]
 
 
 def test_vllm_launch_follows_the_recipe():
     settings = make_settings("b300x1-vllm", maxModelLen=262144)
-    text = launch.launch_command_text(settings, 0, "<node0-private-ip>")
+    text = launch.launch_command_text(engine_inputs(settings), 0, "<node0-private-ip>")
     for flag in ("--tensor-parallel-size 8", "--load-format fastsafetensors", "--enable-auto-tool-choice",
                  "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "VLLM_ENGINE_READY_TIMEOUT_S=3600",
                  "--served-model-name moonshotai/Kimi-K3.1-Pro", "--revision 6d0a0202956796543364d666ab19c6ad1a494ee1",
@@ -144,7 +146,7 @@ def test_vllm_launch_follows_the_recipe():
 def test_kernel_caches_live_on_the_storage_disk_under_a_stable_name():
     for topology in TOPOLOGIES:
         settings = make_settings(topology)
-        text = launch.launch_command_text(settings, 0, "10.0.0.10", "10.0.0.10")
+        text = launch.launch_command_text(engine_inputs(settings), 0, "10.0.0.10", "10.0.0.10")
         assert f"-v /ephemeral/cache/{settings.engine_name}:/root/.cache" in text
         for var in ("TRITON_CACHE_DIR=/root/.cache/triton", "TORCHINDUCTOR_CACHE_DIR=/root/.cache/torchinductor",
                     "DG_JIT_CACHE_DIR=/root/.cache/deep_gemm"):
@@ -222,8 +224,8 @@ def test_the_warm_up_runs_the_launchs_container_on_random_weights_on_ports_of_it
         for rank in range(settings.nodes):
             paths = {"private_ip": f"10.0.0.{10 + rank}", "head_private_ip": "10.0.0.10",
                      "hf_dir": ShellExpr("${HF}"), "cache_dir": ShellExpr("${CACHE}")}
-            ran = launch.flatten(launch.docker_run_argv(settings, rank, **paths))
-            warm = launch.flatten(warmup.docker_run_argv(settings, rank, timeout_s=600, **paths))
+            ran = launch.flatten(launch.docker_run_argv(engine_inputs(settings), rank, **paths))
+            warm = launch.flatten(warmup.docker_run_argv(engine_inputs(settings), rank, timeout_s=600, **paths))
             image = ran.index(settings.container_image)
             # The same image, GPUs, mounts and environment (so the same cache folders): the container up to the
             # image differs only in its name, its restart policy and the launch's fingerprint label.
@@ -248,7 +250,7 @@ def test_the_warm_up_is_off_by_default_and_changes_no_launch_it_precedes():
     warmed = _warmup_settings("b300x1-vllm")
     # Turning it on leaves a running engine alone: the launch's command and fingerprint stay.
     for rank in range(warmed.nodes):
-        assert launch.launch_fingerprint(plain, rank, "10.0.0.10", "10.0.0.10") == \
+        assert launch.launch_fingerprint(engine_inputs(plain), rank, "10.0.0.10", "10.0.0.10") == \
             launch.launch_fingerprint(warmed, rank, "10.0.0.10", "10.0.0.10")
     script = render_node_scripts(warmed, 0, "10.0.0.10", "10.0.0.10")["launch"]
     assert "this is a cold launch" in script and 'docker rm -f "$WARMUP"' in script

@@ -23,6 +23,9 @@ from typing import Any
 
 import pytest
 
+from kimi_cluster.blueprint import blueprint
+from kimi_cluster.blueprint.inputs import compile_steps, endpoint_inputs
+
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-handover-test-0123456789abcdef"
 STREAM_TOKENS = 300
@@ -67,8 +70,7 @@ def scenario(tmp: Path) -> dict[str, Any]:
     from kimi_cluster.plan import proxy, resume
     from kimi_cluster.plan.front_config import caddyfile
     from kimi_cluster.plan.steps.model import VmSpot
-    from kimi_cluster.plan.steps.render import render_vm_scripts
-    from kimi_cluster.plan.steps.resolve import resolve_vms
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
     from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT
     from tests.node.conftest import FAST, make_settings
     from tests.node.resume_fixtures import render_server, token_server
@@ -76,10 +78,11 @@ def scenario(tmp: Path) -> dict[str, Any]:
     node = make_fake_node(tmp / "front")
     settings = make_settings("b300x1-vllm", replicas="2", nodeRoot=str(node.root))
     heads = ["127.0.0.2", "127.0.0.3"]
-    front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
+    front = next(vm for vm in blueprint(settings, "kimi").vm_plans if vm.kind == "front")
 
     def step() -> str:
-        script = render_vm_scripts(settings, front, VmSpot(private_ip="127.0.0.1", front_upstreams=heads),
+        script = render_vm_scripts(compile_steps(settings), front, VmSpot(private_ip="127.0.0.1",
+                                                                          front_upstreams=heads),
                                    ["resume"], replace(FAST, proxy_timeout_s=60))["resume"]
         done = node.run(script, stdin="\n", timeout=120)
         if done.returncode:
@@ -88,7 +91,7 @@ def scenario(tmp: Path) -> dict[str, Any]:
 
     def config(folder: Path, api_port: int, _engine_port: int) -> str:
         served = make_settings("b300x1-vllm", replicas="2", apiPort=str(api_port))
-        return caddyfile(served, ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
+        return caddyfile(endpoint_inputs(served), ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET, str(folder / "admin.sock"))
 
     first_argv = resume.resumer_argv
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint import render_step
 from kimi_cluster.fakes.node import BIN, make_fake_node
-from kimi_cluster.plan.steps.render import render_step
 from kimi_cluster.sandbox.nodes import ENGINE_HOOK, stack_settings
 from tests.node.conftest import REVISION
 

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 import pytest
 
+from kimi_cluster.blueprint import blueprint, render_node_scripts, render_step
+from kimi_cluster.blueprint.inputs import compile_steps
 from kimi_cluster.deploy.remote_step import remote_command_text
-from kimi_cluster.plan.steps.render import render_node_scripts, render_step
 from tests.node.conftest import FAST, REVISION, chmod_spy, make_settings
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -571,16 +572,16 @@ def test_the_render_servers_log_reaches_the_output_escaped(node_factory):
     """Issue 52: the resume step printed the render server's log tail raw into `pulumi up`'s output, as the engine's
     once was (above); every log tail of every step goes through status's escape (tests/plan/test_log_tails.py)."""
     from kimi_cluster.plan.steps.model import VmSpot
-    from kimi_cluster.plan.steps.render import render_vm_scripts
-    from kimi_cluster.plan.steps.resolve import resolve_vms
+    from kimi_cluster.plan.steps.scripts import render_vm_scripts
 
     osc52 = "\x1b]52;c;Y3VybCBldmlsLnNoIHwgc2g=\x07"
     erase = "\x1b[2K\x1b[1G"  # the line so far erased: what follows would pass for the step's own line
     log = f"Traceback {osc52}{erase}[kimi] forged\x9b2J end\n"
     node = node_factory(run_exits=True, extra_env={"FAKE_RUN_LOG": log})
     settings = make_settings("b300x1-vllm", replicas="2", nodeRoot=str(node.root))
-    front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
-    script = render_vm_scripts(settings, front, VmSpot(private_ip="10.0.0.2", front_upstreams=["10.0.0.21"]),
+    front = next(vm for vm in blueprint(settings, "kimi").vm_plans if vm.kind == "front")
+    script = render_vm_scripts(compile_steps(settings), front, VmSpot(private_ip="10.0.0.2",
+                                                                      front_upstreams=["10.0.0.21"]),
                                ["resume"], replace(FAST, proxy_timeout_s=2))["resume"]
     out = failed(node.run(script, stdin="\n"), "vLLM's render server did not start")
     for raw in ("\x1b", "\x07", "\x9b"):

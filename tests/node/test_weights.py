@@ -25,7 +25,7 @@ SHARD1, SHARD2, SHARD3 = (f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 
 
 
 def steps(node, hub, timing=FAST, **extra):
-    from kimi_cluster.plan.steps.render import render_node_scripts
+    from kimi_cluster.blueprint import render_node_scripts
 
     settings = make_settings(nodeRoot=str(node.root), hfEndpoint=hub.url, **extra)
     s = render_node_scripts(settings, 0, "10.0.0.5", "10.0.0.5", timing)
@@ -153,7 +153,7 @@ def test_the_download_deadline_gives_up_but_leaves_the_unit_running(node):
 @pytest.mark.parametrize("topology", ["b300x1-vllm"])
 def test_the_weights_step_is_the_same_for_vllm(node, topology):
     with hub_with() as hub:
-        from kimi_cluster.plan.steps.render import render_node_scripts
+        from kimi_cluster.blueprint import render_node_scripts
 
         settings = make_settings(topology, nodeRoot=str(node.root), hfEndpoint=hub.url)
         s = render_node_scripts(settings, 0, "10.0.0.5", "10.0.0.5", FAST)
@@ -167,8 +167,8 @@ PEER_TOKEN = "peerCANARY-token-8e21"
 
 
 def test_four_fake_nodes_share_the_download_and_check_against_the_recorded_hashes(node_factory):
+    from kimi_cluster.blueprint import render_node_scripts
     from kimi_cluster.fakes.sandbox_services import free_port
-    from kimi_cluster.plan.steps.render import render_node_scripts
 
     ips = [f"127.0.0.{2 + r}" for r in range(4)]
     nodes = [node_factory(private_ip=ip) for ip in ips]

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from kimi_cluster.plan import kernel_cache_key, launch
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.inputs import engine_inputs
+from kimi_cluster.plan import kernel_cache, launch
 from kimi_cluster.settings import SettingsError, catalog
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CANARY_API, config, outputs_for
@@ -66,15 +67,15 @@ def test_client_configs_follow_the_layouts_context_unless_contextwindow_is_set(g
 def test_maxmodellen_caps_the_context_clients_are_told_and_the_engines():
     s = load_settings({**BASE, "engineLayout": "tp8-dcp8", "maxModelLen": "524288"}, "dev")
     assert s.client_context_window == 524288
-    argv = launch.flatten(launch.engine_argv(s, 0, "<head>"))
+    argv = launch.flatten(launch.engine_argv(engine_inputs(s), 0, "<head>"))
     assert argv[argv.index("--max-model-len") + 1] == "524288"
 
 
-def test_each_layout_has_its_own_kernel_cache_key_and_tp8s_is_todays():
-    keys = {name: kernel_cache_key.cache_key(load_settings({**BASE, "engineLayout": name}, "dev"))
+def test_each_layout_has_its_own_kernel_cache_and_tp8s_is_todays():
+    keys = {name: kernel_cache.cache_key(engine_inputs(load_settings({**BASE, "engineLayout": name}, "dev")))
             for name in catalog.VLLM_LAYOUTS}
     assert len({k.id for k in keys.values()}) == 3
-    assert keys["tp8"].id == kernel_cache_key.cache_key(load_settings(BASE, "dev")).id
+    assert keys["tp8"].id == kernel_cache.cache_key(engine_inputs(load_settings(BASE, "dev"))).id
     assert ("--decode-context-parallel-size", "8") in keys["tp8-dcp8"].kernel_flags
     assert ("--data-parallel-size", "8") in keys["dp8-ep"].kernel_flags
     assert ("--enable-expert-parallel", "") in keys["dp8-ep"].kernel_flags

@@ -1,5 +1,5 @@
-"""No component below the cluster receives a Settings object, closures included: every resource the program makes
-(components and custom resources alike, InferenceCluster excepted) is checked as it is constructed, in its
+"""No component receives a Settings object, closures included: every resource the program makes (components and
+custom resources alike, InferenceCluster itself included: it gets the blueprint) is checked as it is constructed, in its
 arguments, its inputs, and whatever they hold: containers, dataclass fields, attributes of this project's objects,
 functools.partial arguments, bound methods' objects and functions' closure cells and defaults."""
 
@@ -58,12 +58,13 @@ def _resource_classes() -> list[type]:
 
 
 @pytest.mark.parametrize("stack", sorted(STACKS))
-def test_no_component_below_the_cluster_gets_settings(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_component_gets_settings(stack: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from pulumi_command import remote
 
     from kimi_cluster.deploy.cluster import InferenceCluster
 
-    assert remote.Command  # pulumi_command loads its classes on first use: before they are looked for
+    # Both load their classes (Command; StepGroup and the cluster's own) before they are looked for.
+    assert remote.Command and InferenceCluster
 
     checked: list[str] = []
     found: list[str] = []
@@ -72,10 +73,9 @@ def test_no_component_below_the_cluster_gets_settings(stack: str, monkeypatch: p
         original = cls.__dict__["__init__"]
 
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            if not isinstance(self, InferenceCluster):
-                name = next((a for a in args if isinstance(a, str) and a.startswith("kimi")), repr(args[:2]))
-                checked.append(f"{cls.__name__} {name}")
-                found.extend(_holds_settings([args, kwargs], f"{cls.__name__}({name})", set()))
+            name = next((a for a in args if isinstance(a, str) and a.startswith("kimi")), repr(args[:2]))
+            checked.append(f"{cls.__name__} {name}")
+            found.extend(_holds_settings([args, kwargs], f"{cls.__name__}({name})", set()))
             original(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, "__init__", __init__)
@@ -87,4 +87,5 @@ def test_no_component_below_the_cluster_gets_settings(stack: str, monkeypatch: p
     kinds = sorted({c.split()[0] for c in checked})
     assert "Command" in kinds, kinds
     assert "StepGroup" in kinds, kinds
+    assert "InferenceCluster" in kinds, kinds
     assert not found, found

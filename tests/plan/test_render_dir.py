@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint import blueprint
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.inputs import fan_out_size
 from kimi_cluster.operator.plan_report import placeholder_spots, render_scripts
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.step_scripts import ProxyTls, fan_out_size
-from kimi_cluster.plan.steps.model import FRONT, VmSpot
-from kimi_cluster.plan.steps.resolve import resolve_vms
+from kimi_cluster.plan.steps.model import FRONT, ProxyTls, VmSpot
 from kimi_cluster.settings import Settings
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import config
@@ -28,7 +28,7 @@ def stack_settings(stack: str) -> Settings:
 def mock_spots(settings: Settings) -> dict[str, VmSpot]:
     """What the program's VMs report under the mocks (tests/deploy/test_replicas.py outputs_for), as spots."""
     assert TLS is not None
-    vms = resolve_vms(settings, "kimi")
+    vms = blueprint(settings, "kimi").vm_plans
     at = {vm.resource: outputs_for("hyperstack:index:VirtualMachine", vm.resource, {}) for vm in vms}
     gpu = [vm for vm in vms if vm.kind != FRONT]
     tls = ProxyTls(TLS["cert_pem"], TLS["ca_pem"])
@@ -54,7 +54,7 @@ def test_the_render_dir_holds_exactly_the_scripts_the_program_runs(stack: str, t
     settings = stack_settings(stack)
     ran = {r.name: r.script() for r in run_stack(stack).of_type("command:remote:Command")}
     written = render_scripts(settings, str(tmp_path), mock_spots(settings))
-    vms = resolve_vms(settings, "kimi")
+    vms = blueprint(settings, "kimi").vm_plans
     expected_dirs = {vm.name for vm in vms}
     assert {p.name for p in tmp_path.iterdir()} == expected_dirs
     assert len(expected_dirs) == settings.nodes * settings.replicas + (1 if settings.has_front else 0)
@@ -71,4 +71,4 @@ def test_the_placeholder_render_dir_covers_every_vm_and_the_front(tmp_path: Path
     assert sorted(p.name for p in front.iterdir()) == ["caretaker.sh", "front-ready.sh", "proxy.sh", "readiness.sh"]
     assert (tmp_path / settings.replica_node_name(1, 3) / "launch.sh").is_file()
     assert "kimi-dev-node0-private-ip:30000" in (front / "proxy.sh").read_text()
-    assert set(placeholder_spots(settings)) == {vm.resource for vm in resolve_vms(settings, "kimi")}
+    assert set(placeholder_spots(settings)) == {vm.resource for vm in blueprint(settings, "kimi").vm_plans}

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint import blueprint
+from kimi_cluster.blueprint.inputs import compile_steps, endpoint_inputs, engine_inputs, resume_inputs
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
-from kimi_cluster.plan.render import shell_words
-from kimi_cluster.plan.step_scripts import PLAN_TLS
-from kimi_cluster.plan.steps.model import VmSpot
-from kimi_cluster.plan.steps.render import render_vm_scripts
-from kimi_cluster.plan.steps.resolve import resolve_vms
+from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.steps.model import PLAN_TLS, VmSpot
+from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from tests.node.conftest import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,13 +27,14 @@ HEADS = ["10.0.0.21", "10.0.0.31"]
 
 
 def front_steps(**config: str) -> list[str]:
-    front = [vm for vm in resolve_vms(make_settings(**config), "kimi") if vm.kind == "front"]
+    front = [vm for vm in blueprint(make_settings(**config), "kimi").vm_plans if vm.kind == "front"]
     return [s.step for s in front[0].steps] if front else []
 
 
 def front_scripts(settings) -> dict[str, str]:
-    front = next(vm for vm in resolve_vms(settings, "kimi") if vm.kind == "front")
-    return render_vm_scripts(settings, front, VmSpot(private_ip="10.0.0.2", public_ip="203.0.113.9", tls=PLAN_TLS,
+    front = next(vm for vm in blueprint(settings, "kimi").vm_plans if vm.kind == "front")
+    return render_vm_scripts(compile_steps(settings), front, VmSpot(private_ip="10.0.0.2", public_ip="203.0.113.9",
+                                                                    tls=PLAN_TLS,
                                                      front_upstreams=HEADS))
 
 
@@ -76,19 +77,20 @@ def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():
 
 def test_the_render_server_has_the_replicas_chat_flags():
     settings = make_settings("b300x1-vllm", replicas="2", maxModelLen="262144")
-    argv = shell_words(resume.render_server_argv(settings))
+    argv = shell_words(resume.render_server_argv(resume_inputs(settings)))
     for flag in ("--revision", "--served-model-name", "--trust-remote-code", "--enable-auto-tool-choice",
                  "--tool-call-parser kimi_k3", "--reasoning-parser kimi_k3", "--max-model-len 262144",
                  "--host 127.0.0.1", '--port "${RENDER_PORT}"'):
         assert flag in argv
-    docker = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
+    docker = shell_words(resume.render_docker_argv(resume_inputs(settings), "/etc/render.env", "/var/lib/render-hf"))
     assert "VLLM_TARGET_DEVICE=cpu" in docker and "--env-file /etc/render.env" in docker
     assert "HF_TOKEN" not in docker
 
 
 def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp_path: Path):
-    on = front_config.caddyfile(make_settings("b300x1-vllm", replicas="2"), HEADS)
-    off = front_config.caddyfile(make_settings("b300x1-vllm", replicas="2", resumeStreams="false"), HEADS)
+    on = front_config.caddyfile(endpoint_inputs(make_settings("b300x1-vllm", replicas="2")), HEADS)
+    off = front_config.caddyfile(endpoint_inputs(make_settings("b300x1-vllm", replicas="2", resumeStreams="false")),
+                                 HEADS)
     assert "reverse_proxy 127.0.0.1:20080" in on and "20080" not in off
     block = re.search(r"@resumable \{(.*?)\n\t\}", on, re.S)
     assert block and "path /v1/chat/completions /v1/messages" in block.group(1) and "{file../api-key}" in block.group(1)
@@ -115,16 +117,17 @@ def test_the_front_hands_chat_completions_with_the_key_to_the_resuming_layer(tmp
 
 
 def test_the_replicas_chat_layer_flags_reach_the_render_server_and_the_rest_stay_on_the_replicas():
-    from kimi_cluster.plan import admission, chat_layer
+    from kimi_cluster.blueprint import admission
+    from kimi_cluster.plan import chat_layer
 
     args = ["--enforce-eager", "--chat-template", "{{ x }}", "--max_logprobs=3", "--gpu-memory-utilization", "0.9",
             "--tokenizer-m", "slow", "--no-trust-request-chat-template", "--default-chat-template-kwargs",
             '{"thinking": false}', "--no-enable-prompt-tokens-details"]
     settings = make_settings("b300x1-vllm", replicas="2", extraEngineArgs=json.dumps(args))
-    assert chat_layer.render_args(settings) == [
+    assert chat_layer.render_args(settings.extra_engine_args) == [
         "--chat-template", "{{ x }}", "--max_logprobs=3", "--tokenizer-m", "slow", "--no-trust-request-chat-template",
         "--default-chat-template-kwargs", '{"thinking": false}']
-    argv = shell_words(resume.render_server_argv(settings))
+    argv = shell_words(resume.render_server_argv(resume_inputs(settings)))
     assert argv.endswith("""--chat-template '{{ x }}' --max_logprobs=3 --tokenizer-m slow """
                          """--no-trust-request-chat-template --default-chat-template-kwargs '{"thinking": false}'""")
     # A --no- spelling keeps vLLM's default, the render server's too: nothing to refuse.
@@ -144,13 +147,16 @@ def test_an_allow_list_of_media_hosts_turns_redirects_off_on_the_replicas_and_th
 
     def envs(**config: str) -> tuple[bool, bool]:
         settings = make_settings("b300x1-vllm", replicas="2", **config)
-        render = shell_words(resume.render_docker_argv(settings, "/etc/render.env", "/var/lib/render-hf"))
-        replica = shell_words(launch.docker_run_argv(settings, 0, private_ip="10.0.0.21", head_private_ip="10.0.0.21",
+        render = shell_words(resume.render_docker_argv(resume_inputs(settings), "/etc/render.env",
+                                                       "/var/lib/render-hf"))
+        replica = shell_words(launch.docker_run_argv(engine_inputs(settings), 0, private_ip="10.0.0.21",
+                                                     head_private_ip="10.0.0.21",
                                                      hf_dir="/hf", cache_dir="/cache"))
         return "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in render, "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0" in replica
 
     assert envs() == (False, False)  # vLLM's defaults: nothing to hold a redirect against
     listed = json.dumps(["--allowed_media_domains=upload.wikimedia.org"])
     assert envs(extraEngineArgs=listed) == (True, True)
-    render = shell_words(resume.render_server_argv(make_settings("b300x1-vllm", replicas="2", extraEngineArgs=listed)))
+    render = shell_words(resume.render_server_argv(resume_inputs(make_settings("b300x1-vllm", replicas="2",
+                                                                               extraEngineArgs=listed))))
     assert render.endswith("--allowed_media_domains=upload.wikimedia.org")

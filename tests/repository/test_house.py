@@ -25,13 +25,14 @@ LAYERS = {
     "kimi_cluster.hyperstack_api": 1,
     "kimi_cluster.settings": 2,
     "kimi_cluster.plan": 3,
-    "kimi_cluster.deploy": 4, "kimi_cluster.checks": 4,
-    "kimi_cluster.operator": 5, "components": 5, "verification": 5,
-    "kimi_cluster.fakes": 6,
-    "kimi_cluster.sandbox": 7,
-    "kimi_cluster.cli": 8,
-    "scripts": 9,
-    "benchmarks": 10, "__main__": 10,
+    "kimi_cluster.blueprint": 4,
+    "kimi_cluster.deploy": 5, "kimi_cluster.checks": 5,
+    "kimi_cluster.operator": 6, "components": 6, "verification": 6,
+    "kimi_cluster.fakes": 7,
+    "kimi_cluster.sandbox": 8,
+    "kimi_cluster.cli": 9,
+    "scripts": 10,
+    "benchmarks": 11, "__main__": 11,
 }
 MAX_LINES = 450
 

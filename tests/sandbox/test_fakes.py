@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint.inputs import endpoint_inputs, engine_inputs
 from kimi_cluster.cli.emulator import parse_fault
 from kimi_cluster.fakes import sandbox_services as services
 from kimi_cluster.fakes.hyperstack_emulator.emulator import Emulator
@@ -47,7 +48,7 @@ def _settings(topology: str, port: int = 18000):
 
 
 def _docker_argv(topology: str, rank: int, port: int = 18000) -> list[str]:
-    items = launch.docker_run_argv(_settings(topology, port), rank, private_ip="127.0.0.3",
+    items = launch.docker_run_argv(engine_inputs(_settings(topology, port)), rank, private_ip="127.0.0.3",
                                    head_private_ip="127.0.0.2", hf_dir="/hf", cache_dir="/cache", nic="ens6",
                                    threads="1", fingerprint="fp")
     return [str(word) for word in launch.flatten(items)]
@@ -104,17 +105,18 @@ def test_docker_stub_runs_the_keyless_engine_and_the_real_proxy_in_front_of_it(t
                               "topology": "b300x1-vllm", "enginePort": str(port), "apiPort": str(api_port),
                               "sshPublicKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIexample test"}, "sandbox")
     argv = [str(w) for w in launch.flatten(launch.docker_run_argv(
-        settings, 0, private_ip="127.0.0.3", head_private_ip="127.0.0.3", hf_dir="/hf", cache_dir="/cache",
-        nic="ens6", threads="1", fingerprint="fp"))]
+        engine_inputs(settings), 0, private_ip="127.0.0.3", head_private_ip="127.0.0.3", hf_dir="/hf",
+        cache_dir="/cache", nic="ens6", threads="1", fingerprint="fp"))]
     # The proxy's directory as the proxy step writes it.
     proxy_dir = node.root / "etc/kimi-cluster/proxy"
     proxy_dir.mkdir(parents=True)
     ca, ca_key = tls.make_ca("stub test CA")
     cert, cert_key = tls.make_server_certificate(ca, ca_key, ["127.0.0.1"])
-    for name, text in ((proxy.CONFIG_FILE, proxy.render_config(settings)), (proxy.CERT_FILE, cert),
+    for name, text in ((proxy.CONFIG_FILE, proxy.render_config(endpoint_inputs(settings))), (proxy.CERT_FILE, cert),
                        (proxy.CA_FILE, ca), (proxy.TLS_KEY_FILE, cert_key), (proxy.KEY_FILE, KEY)):
         (proxy_dir / name).write_text(text)
-    proxy_argv = [str(w) for w in launch.flatten(proxy.docker_run_argv(settings, str(proxy_dir), "fp"))]
+    proxy_argv = [str(w) for w in launch.flatten(proxy.docker_run_argv(endpoint_inputs(settings), str(proxy_dir),
+                                                                        "fp"))]
     try:
         run = subprocess.run(argv, env=node.env, cwd=node.root, capture_output=True, text=True, timeout=30)
         assert run.returncode == 0, run.stderr

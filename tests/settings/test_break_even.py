@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from kimi_cluster.blueprint import pricing
 from kimi_cluster.cli import plan
-from kimi_cluster.plan import pricing
 from kimi_cluster.settings import SettingsError, catalog
 from kimi_cluster.settings.loader import load_settings
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from kimi_cluster.blueprint import render_step
 from kimi_cluster.node import fetch_weights
-from kimi_cluster.plan.steps.render import render_step
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings
 from tests.node.conftest import BASE

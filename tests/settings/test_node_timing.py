@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.blueprint import render_step
+from kimi_cluster.blueprint.inputs import resolved_timing
 from kimi_cluster.plan.steps.clocks import deadline_s
-from kimi_cluster.plan.steps.render import render_step
 from kimi_cluster.settings import SettingsError
 from kimi_cluster.settings.loader import load_settings, read_stack_file
 from kimi_cluster.settings.node_timing import FIELDS
@@ -30,8 +31,14 @@ def test_unset_or_empty_is_todays_timing_exactly():
     assert load(nodeTiming={}).timing == Timing()
 
 
-def test_every_field_but_the_two_long_deadlines_has_a_camel_case_key():
-    assert set(FIELDS.values()) == {f.name for f in fields(Timing)} - {"download_timeout_s", "readiness_timeout_s"}
+def test_every_field_but_those_other_keys_set_has_a_camel_case_key():
+    # The two long deadlines, the steps' deadlines and the kernel-cache transfers have keys of their own (the
+    # blueprint fills them in: kimi_cluster/blueprint/inputs.py resolved_timing).
+    own = {"download_timeout_s", "readiness_timeout_s", "step_deadline_minutes", "cache_restore_minutes",
+           "cache_save_minutes"}
+    assert set(FIELDS.values()) == {f.name for f in fields(Timing)} - own
+    with pytest.raises(Exception, match="stepDeadlineMinutes is set by kimi-cluster:stepDeadlineMinutes"):
+        load(nodeTiming=json.dumps({"stepDeadlineMinutes": 5}))
     assert FIELDS["settleSeconds"] == "settle_seconds" and FIELDS["proxySettleSeconds"] == "proxy_settle_seconds"
 
 
@@ -76,7 +83,7 @@ def test_the_settings_timing_reaches_the_scripts_and_the_deadlines():
     fast = load(nodeTiming='{"settleSeconds": 1, "launchTimeoutS": 60}')
     assert "sleep 1\n" in render_step(fast, "launch", 0, "10.0.0.5", "10.0.0.5")
     assert "sleep 15\n" in render_step(load(), "launch", 0, "10.0.0.5", "10.0.0.5")
-    assert deadline_s("launch", fast.timing, fast) == 61
+    assert deadline_s("launch", resolved_timing(fast)) == 61
 
 
 def test_the_sandbox_stack_shortens_the_settle_checks_only():

@@ -70,7 +70,7 @@ def test_no_marks_means_no_picture_and_a_clear_exit(tmp_path, capsys):
 
 
 def test_every_rendered_step_marks_its_start_and_end_with_its_rank(node):
-    from kimi_cluster.plan.steps.render import render_step
+    from kimi_cluster.blueprint import render_step
 
     settings = make_settings(nodeRoot=str(node.root))
     out = ok(node.run(render_step(settings, "storage", 2, "10.0.0.5", "10.0.0.4", FAST)))

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-# Flags that decide which kernels a real engine compiles (the same idea as kimi_cluster/plan/kernel_cache_key.py).
+# Flags that decide which kernels a real engine compiles (the same idea as kimi_cluster/plan/kernel_cache.py).
 _SHAPE_FLAGS = ("--ep-size", "--moe-runner-backend", "--quantization", "--kv-cache-dtype", "--attention-backend",
                 "--dtype", "--enable-expert-parallel", "--data-parallel-size", "--decode-context-parallel-size",
                 "--mm-encoder-tp-mode", "--moe-backend")

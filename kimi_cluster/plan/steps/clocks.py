@@ -6,23 +6,23 @@ from __future__ import annotations
 
 from kimi_cluster.plan.steps.model import Clock
 from kimi_cluster.plan.steps.table import BY_NAME
-from kimi_cluster.settings.timing import DIAL_ALLOWANCE_S, TimedSettings, Timing
+from kimi_cluster.settings.timing import DIAL_ALLOWANCE_S, Timing
 
 
-def deadline_s(step: str, timing: Timing, settings: TimedSettings) -> int:
+def deadline_s(step: str, timing: Timing) -> int:
     """How long `step` may run on the node before it is stopped there; its custom_timeouts derive from this.
 
     pulumi-command never stops a running command (custom_timeouts cut short only the dial), so a hung script
     would hang `pulumi up` for good: every step runs under `timeout` with this deadline (remote_command_text).
     Each default outlasts the step's own waits; kimi-cluster:stepDeadlineMinutes overrides it per step.
     """
-    override = settings.step_deadline_minutes.get(step)
+    override = timing.step_deadline_minutes.get(step)
     if override:
         return max(1, round(override * 60))
     entry = BY_NAME.get(step)
     if entry is None:
         raise ValueError(f"step {step!r} has no deadline; every node step is an entry of the step table")
-    return entry.deadline(timing, settings)
+    return entry.deadline(timing)
 
 
 def custom_timeout(deadline: int) -> str:
@@ -30,6 +30,6 @@ def custom_timeout(deadline: int) -> str:
     return f"{-(-(deadline + DIAL_ALLOWANCE_S) // 60)}m"
 
 
-def clock(step: str, timing: Timing, settings: TimedSettings) -> Clock:
-    d = deadline_s(step, timing, settings)
+def clock(step: str, timing: Timing) -> Clock:
+    d = deadline_s(step, timing)
     return Clock(d, custom_timeout(d))

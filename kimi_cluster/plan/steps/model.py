@@ -1,22 +1,22 @@
 """The step table's shapes, and the resolved plan's: plain frozen data, no Pulumi and no Settings in any field.
 
-A `Step` is one entry of the table (kimi_cluster/plan/steps/table.py). `resolve_vms` (resolve.py) turns the table
-and the settings, once, into one `VmPlan` per VM (every GPU node of every replica, and the front), each with its
-ordered `StepPlan`s: resource name, parent, clock, dependencies by resource name, stdin secrets by key. What a
-script says that only deploy time knows (addresses, peers, the certificate, VM ids) arrives as one `VmSpot`.
+A `Step` is one entry of the table (kimi_cluster/plan/steps/table.py); it names the frozen inputs its value builder
+reads. The blueprint (kimi_cluster/blueprint/) compiles the settings once into `CompiledSteps`: the stack's
+`StackShape` (what decides which steps run where), its resolved `Timing`, and each step's inputs. `resolve_vms`
+(resolve.py) turns the table and the shape into one `VmPlan` per VM (every GPU node of every replica, and the
+front), each with its ordered `StepPlan`s: resource name, parent, clock, dependencies by resource name, stdin secrets
+by key. What a script says that only deploy time knows (addresses, peers, the certificate, VM ids) arrives as one
+`VmSpot`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kimi_cluster.plan.step_scripts import NodeSpot, ProxyTls
-
-if TYPE_CHECKING:
-    from kimi_cluster.settings import Settings
-    from kimi_cluster.settings.timing import TimedSettings, Timing
+from kimi_cluster.plan.step_scripts import CommonInputs
+from kimi_cluster.settings.timing import Timing
 
 # Where a step runs.
 NODE = "node"  # every GPU node of every replica
@@ -40,7 +40,36 @@ class Place:
     front: bool = False
 
 
-def always(_settings: Settings, _place: Place) -> bool:
+@dataclass(frozen=True)
+class StackShape:
+    """What decides which steps a stack runs, where, and how its VMs are named: the step table's `when`, its
+    floors and `resolve_vms` read this alone. `node_names[replica][rank]` are the GPU VMs' Hyperstack names."""
+
+    nodes: int
+    replicas: int
+    has_front: bool
+    resumes_streams: bool
+    kernel_cache: bool
+    kernel_warmup: bool
+    guarded: bool  # idleStopMinutes or budgetUsd: the caretaker runs
+    fan_out: int  # how many GPU nodes share one download
+    node_names: tuple[tuple[str, ...], ...]
+    front_name: str
+
+
+@dataclass(frozen=True)
+class CompiledSteps:
+    """The plan of every node step, compiled once from the settings by the blueprint: the stack's shape, its
+    resolved timing, what every step's script shares, and each step's frozen inputs by step name (only the steps
+    this stack runs)."""
+
+    shape: StackShape
+    timing: Timing
+    common: CommonInputs
+    inputs: Mapping[str, Any]
+
+
+def always(_shape: StackShape, _place: Place) -> bool:
     """The `when` of a step that every stack runs."""
     return True
 
@@ -56,24 +85,18 @@ class Wrap:
 
 
 @dataclass(frozen=True)
-class View:
-    """What of its VM's spot a step reads (`reads`, VmSpot fields), and the NodeSpot it makes of them."""
-
-    reads: tuple[str, ...]
-    make: Callable[[VmPlan, VmSpot], NodeSpot]
-
-
-@dataclass(frozen=True)
 class Floor:
     """The least a step's own work takes (kimi_cluster/settings/work_model.py), and what that work is: a
     kimi-cluster:stepDeadlineMinutes below it would stop the step mid-way every time (kimi_cluster/plan/admission.py
     refuses it)."""
 
-    seconds: Callable[[Settings], float]
+    seconds: Callable[[StackShape], float]
     work: str
 
 
-ValueBuilder = Callable[["Settings", str, NodeSpot, "Timing", int], dict[str, Any]]
+# A step's value builder: (its inputs, the VM's spot, the timing, its deadline in seconds, the step's name) -> the
+# values its template gets beside the shared ones.
+ValueBuilder = Callable[[Any, "VmSpot", Timing, int, str], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -84,25 +107,27 @@ class Step:
     `after`: step names on the same VM (a step that is off is skipped), or `step@head` (this replica's head),
     `step@every-node` (every node of this replica), `step@previous-replica` (the previous replica's head),
     `step@every-replica` (every replica's head), `@rules` (this VM's firewall rules).
-    `view`: the VmSpot fields its script reads (the program waits for those alone, so a step that reads less
-    depends on less), and the NodeSpot its value builder gets from them.
+    `inputs`: the frozen type the blueprint fills for it (kimi_cluster/blueprint/inputs.py), which `build` and
+    `suffix` read. `reads`: the VmSpot fields its script reads (the program waits for those alone, so a step that
+    reads less depends on less).
     `parent`: "vm" (the VM's own component: GpuNode or Front) or "cluster", by where the step lands.
     """
 
     name: str
     summary: str
+    inputs: type
     build: ValueBuilder
-    deadline: Callable[[Timing, TimedSettings], int]
+    deadline: Callable[[Timing], int]
     where: str
-    view: View
-    when: Callable[[Settings, Place], bool] = always
+    reads: tuple[str, ...]
+    when: Callable[[StackShape, Place], bool] = always
     after: tuple[str, ...] = ()
     stdin: tuple[str, ...] = ()
     resource: str = "{vm}-{step}"
     parent: Mapping[str, str] = field(default_factory=lambda: {"node": "vm", "front": "vm"})
     wrap: Wrap | None = None
     names_vm: bool = True  # the command text names the VM's id: a re-created VM runs it again
-    suffix: Callable[[Settings], str] | None = None  # appended to the script (e.g. an identity that re-runs it)
+    suffix: Callable[[Any], str] | None = None  # from its inputs, appended (e.g. an identity that re-runs it)
     template: str = ""  # default: <name>.sh.j2
     timing_keys: str = ""  # the nodeTiming keys its default deadline is made of (admission bounds them to a week)
     floor: Floor | None = None  # the least its own work takes; none: the one-minute floor of every step (rules.py)
@@ -149,15 +174,33 @@ class VmPlan:
 
 
 @dataclass(frozen=True)
-class VmSpot:
-    """What deploy time knows of one VM for its scripts. `tls`: the endpoint's certificate, on the VM holding it;
-    `peer_ips`: every GPU node's private address when the download is shared; `front_upstreams`: the replica heads'
-    private addresses, on the front; `gpu_vm_ids`: the GPU VMs' ids, on the endpoint's VM (the caretaker)."""
+class ProxyTls:
+    """The public half of the endpoint's TLS material: the server certificate chain and the CA clients trust."""
 
+    cert_chain_pem: str
+    ca_pem: str
+
+
+# What the offline plan and the tests render when no certificate exists yet.
+PLAN_TLS = ProxyTls("<the server certificate chain, made at deploy time>\n", "<the stack's CA certificate>\n")
+PLAN_PUBLIC_IP = "<head-public-ip>"
+
+
+@dataclass(frozen=True)
+class VmSpot:
+    """Where one VM stands, as its scripts see it: its rank and place in the download's fan-out (from its VmPlan),
+    and what deploy time knows of it. `tls`: the endpoint's certificate, on the VM holding it; `peer_ips`: every GPU
+    node's private address when the download is shared (`peer_rank` is this node's place among them: behind a front
+    the fan-out spans every replica; None: its rank); `front_upstreams`: the replica heads' private addresses, on the
+    front (it makes the proxy and readiness steps the front's); `gpu_vm_ids`: the GPU VMs' ids, on the endpoint's VM
+    (the caretaker)."""
+
+    rank: int = 0
+    peer_rank: int | None = None
     private_ip: str = ""
     head_private_ip: str = ""
-    public_ip: str = "<head-public-ip>"
-    tls: ProxyTls | None = None
+    public_ip: str = PLAN_PUBLIC_IP
+    tls: ProxyTls = PLAN_TLS
     peer_ips: Sequence[str] | None = None
     front_upstreams: Sequence[str] | None = None
     gpu_vm_ids: str | None = None

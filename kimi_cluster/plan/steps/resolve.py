@@ -1,14 +1,13 @@
-"""The step table resolved against the settings, once: one `VmPlan` per VM, every node of every replica and the
+"""The step table resolved against the stack's shape, once: one `VmPlan` per VM, every node of every replica and the
 front, each with its ordered steps, their resource names, parents, clocks, dependencies and stdin keys.
 
-Plain data only: no Settings travels past here. Naming follows what a live stack already holds (its URNs): replica
-0 is named as a one-replica stack (kimi-node0, kimi-ready), replica r >= 1 kimi-r<r>-node<rank>, the front
-kimi-front.
+Plain data only: it reads the compiled StackShape and Timing, never the settings. Naming follows what a live stack
+already holds (its URNs): replica 0 is named as a one-replica stack (kimi-node0, kimi-ready), replica r >= 1
+kimi-r<r>-node<rank>, the front kimi-front.
 """
 
 from __future__ import annotations
 
-from kimi_cluster.plan.step_scripts import fan_out_size
 from kimi_cluster.plan.steps.clocks import clock
 from kimi_cluster.plan.steps.model import (
     ENDPOINT,
@@ -18,39 +17,40 @@ from kimi_cluster.plan.steps.model import (
     HEAD,
     NODE,
     Place,
+    StackShape,
     Step,
     StepPlan,
     VmPlan,
 )
 from kimi_cluster.plan.steps.table import TABLE
-from kimi_cluster.settings import Settings
+from kimi_cluster.settings.timing import Timing
 
 
 def replica_prefix(name: str, replica: int) -> str:
     return name if replica == 0 else f"{name}-r{replica}"
 
 
-def _runs_here(step: Step, settings: Settings, place: Place) -> bool:
+def _runs_here(step: Step, shape: StackShape, place: Place) -> bool:
     if place.front:
-        where = step.where == FRONT or step.where == ENDPOINT and settings.has_front
+        where = step.where == FRONT or step.where == ENDPOINT and shape.has_front
     else:
         where = (step.where == NODE or step.where == HEAD and place.rank == 0
-                 or step.where == ENDPOINT and not settings.has_front and place.rank == 0 and place.replica == 0)
-    return where and step.when(settings, place)
+                 or step.where == ENDPOINT and not shape.has_front and place.rank == 0 and place.replica == 0)
+    return where and step.when(shape, place)
 
 
 class _Vm:
     """A VM while its plan is worked out: where it stands, and its steps' resource names by step."""
 
-    def __init__(self, settings: Settings, name: str, place: Place) -> None:
+    def __init__(self, shape: StackShape, name: str, place: Place) -> None:
         self.place = place
         if place.front:
-            self.resource, self.group, self.hs_name = f"{name}-front", f"{name}-front", settings.front_name
+            self.resource, self.group, self.hs_name = f"{name}-front", f"{name}-front", shape.front_name
         else:
             self.group = replica_prefix(name, place.replica)
             self.resource = f"{self.group}-node{place.rank}"
-            self.hs_name = settings.replica_node_name(place.replica, place.rank)
-        self.steps = [s for s in TABLE if _runs_here(s, settings, place)]
+            self.hs_name = shape.node_names[place.replica][place.rank]
+        self.steps = [s for s in TABLE if _runs_here(s, shape, place)]
         fmt = {"vm": self.resource, "group": self.group, "stack": name}
         self.names = {s.name: (s.wrap.command if s.wrap else s.resource).format(step=s.name, **fmt)
                       for s in self.steps}
@@ -80,28 +80,26 @@ def _after(step: Step, vm: _Vm, replicas: list[list[_Vm]]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def resolve_vms(settings: Settings, name: str) -> tuple[VmPlan, ...]:
-    """Every VM's plan, replica after replica, rank after rank, then the front."""
-    replicas = [[_Vm(settings, name, Place(r, rank)) for rank in range(settings.nodes)]
-                for r in range(settings.replicas)]
+def resolve_vms(shape: StackShape, timing: Timing, name: str) -> tuple[VmPlan, ...]:
+    """Every VM's plan, replica after replica, rank after rank, then the front; each step's clock from `timing`."""
+    replicas = [[_Vm(shape, name, Place(r, rank)) for rank in range(shape.nodes)] for r in range(shape.replicas)]
     vms = [vm for group in replicas for vm in group]
-    if settings.has_front:
-        vms.append(_Vm(settings, name, Place(-1, 0, front=True)))
-    sharing = fan_out_size(settings) > 1
-    timing = settings.timing
+    if shape.has_front:
+        vms.append(_Vm(shape, name, Place(-1, 0, front=True)))
+    sharing = shape.fan_out > 1
     plans = []
     for vm in vms:
         kind = FRONT if vm.place.front else NODE
         steps = tuple(StepPlan(
             step=s.name, resource=vm.names[s.name],
             parent=vm.resource if s.parent.get(kind, "vm") == "vm" else None,
-            clock=clock(s.name, timing, settings), after=_after(s, vm, replicas),
+            clock=clock(s.name, timing), after=_after(s, vm, replicas),
             stdin=tuple(k for k in s.stdin if k != "peer_token" or sharing), names_vm=s.names_vm,
             wrap=vm.wraps.get(s.name)) for s in vm.steps)
         plans.append(VmPlan(
             resource=vm.resource, name=vm.hs_name, kind=kind, replica=vm.place.replica, rank=vm.place.rank,
             # Behind a front the fan-out spans every replica: a node's place in it is not its rank.
-            peer_rank=vm.place.replica * settings.nodes + vm.place.rank if settings.has_front and not vm.place.front
+            peer_rank=vm.place.replica * shape.nodes + vm.place.rank if shape.has_front and not vm.place.front
             else None,
             component=FRONT_TYPE if vm.place.front else GPU_NODE_TYPE, steps=steps))
     return tuple(plans)

@@ -3,7 +3,8 @@
 Triton, DeepGEMM's JIT, torch inductor and flashinfer compile or tune on first start and keep the result under the
 container's /root/.cache (the storage disk's `cache/<engine>`). `pulumi destroy` takes that disk away; with
 `kimi-cluster:kernelCache` set, the head packs it after the readiness wait and every node unpacks it before the next
-launch with the same key. Pure functions only: the node side is scripts/kernel_cache.py.
+launch with the same key. Pure functions only: the cache-restore and cache-save steps' inputs and value builder are
+here too; the node side is kimi_cluster/node/kernel_cache.py (with kernel_files.py and kernel_store.py).
 
 A kernel is only valid for the code that compiled it (the image), the shapes it was compiled for (tensor and expert
 parallel size, quantization and MoE runner, context length), the GPU it runs on and the weights' layout (the model
@@ -18,7 +19,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kimi_cluster.plan import launch
-from kimi_cluster.settings import Settings
+from kimi_cluster.plan.launch import EngineInputs
+from kimi_cluster.plan.step_scripts import shipped, shipped_packages
+from kimi_cluster.plan.steps.model import VmSpot
+from kimi_cluster.settings.timing import PIP_BUDGET_S, Timing
+
+BOTO3_VERSION = "1.44.5"  # the S3 client the kernel-cache program runs with; the project pins the same
+KERNEL_CACHE_PROGRAM = ("kimi_cluster/node/kernel_cache.py", "kimi_cluster/node/kernel_files.py",
+                        "kimi_cluster/node/kernel_store.py", "kimi_cluster/node/printable.py")
 
 # Engine flags that change which kernels are compiled or how they are tuned. Everything else (ports, names, parsers,
 # the rendezvous address, the rank) leaves the kernels alone and so stays out of the key.
@@ -97,15 +105,50 @@ def kernel_flags(argv: list[Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found.items()))
 
 
-def cache_key(settings: Settings) -> CacheKey:
+def cache_key(engine: EngineInputs) -> CacheKey:
     """The key of this stack's kernels. Rank 0's argv stands for every rank: ranks of one TP/EP group compile the
     same shapes, so one archive serves them all (the rank-only flags are not kernel flags)."""
     return CacheKey(
-        engine=settings.engine_name,
-        image=image_identity(settings.container_image),
-        gpu=settings.gpu.name,
-        model=settings.model,
-        model_revision=settings.model_revision,
-        kernel_flags=kernel_flags(launch.engine_argv(settings, 0, "<head>")),
+        engine=engine.engine_name,
+        image=image_identity(engine.container_image),
+        gpu=engine.gpu.name,
+        model=engine.model,
+        model_revision=engine.model_revision,
+        kernel_flags=kernel_flags(launch.engine_argv(engine, 0, "<head>")),
     )
 
+
+@dataclass(frozen=True)
+class KernelCacheInputs:
+    """The cache-restore and cache-save steps' inputs: the key, where the store is (kimi-cluster:kernelCache's
+    values of the same names), and the launch identity a save carries (it saves again after a relaunch)."""
+
+    engine_name: str
+    key: CacheKey
+    location: str
+    bucket: str
+    prefix: str
+    endpoint_url: str
+    region: str
+    addressing_style: str
+    launch_identity: str
+
+
+def kernel_cache_values(inputs: KernelCacheInputs, _spot: VmSpot, timing: Timing, deadline_s: int,
+                        step: str) -> dict[str, Any]:
+    restoring = step == "cache-restore"
+    return {
+        "engine": inputs.engine_name, "key": inputs.key.id, "key_fields": inputs.key.fields_json,
+        "location": inputs.location, "bucket": inputs.bucket, "prefix": inputs.prefix,
+        "endpoint_url": inputs.endpoint_url, "region": inputs.region, "addressing_style": inputs.addressing_style,
+        "boto3_version": BOTO3_VERSION,
+        "ship_files": shipped(KERNEL_CACHE_PROGRAM), "ship_packages": shipped_packages(KERNEL_CACHE_PROGRAM),
+        "give_up": "starting cold" if restoring else "WARNING: not saved",
+        "timeout_s": timing.kernel_cache_transfer_s(deadline_s), "pip_timeout_s": PIP_BUDGET_S // 2,
+        "timeout_key": "restoreTimeoutMinutes" if restoring else "saveTimeoutMinutes",
+    }
+
+
+def save_suffix(inputs: KernelCacheInputs) -> str:
+    """What the save's text ends with: the launch identity, so that it runs again after a relaunch."""
+    return f"# after launch configuration {inputs.launch_identity}\n"

@@ -5,13 +5,15 @@ here: the engine flags the program's command line owns (kimi_cluster/plan/launch
 set, nor, while streams resume, a chat-layer flag the front's render server cannot follow (chat_layer.py), and what
 the step table (kimi_cluster/plan/steps/table.py) says of stepDeadlineMinutes and nodeTiming: the step names, the
 cache steps' floor, and no default deadline past a week. The program, `kimi-cluster plan` and
-`kimi-cluster status` admit their settings through `admit`.
+`kimi-cluster status` admit their settings through `admit`. It sits in the blueprint, the one reader of the
+settings below the program's entry.
 """
 
 from __future__ import annotations
 
 import math
 
+from kimi_cluster.blueprint.inputs import engine_inputs, resolved_timing, stack_shape
 from kimi_cluster.plan import chat_layer, launch
 from kimi_cluster.plan.steps.clocks import deadline_s
 from kimi_cluster.plan.steps.resolve import resolve_vms
@@ -27,7 +29,7 @@ def floor_minutes(step: str, settings: Settings) -> int:
     """The least stepDeadlineMinutes `step` takes: its own work's floor (the step table's), in whole minutes; 0 for
     a step without one."""
     floor = BY_NAME[step].floor
-    return math.ceil(floor.seconds(settings) / 60) if floor else 0
+    return math.ceil(floor.seconds(stack_shape(settings)) / 60) if floor else 0
 
 
 def floor_problem(step: str, minutes: float, settings: Settings) -> str | None:
@@ -68,12 +70,13 @@ def node_timing_problems(settings: Settings) -> list[str]:
     own already is, with a week-long downloadTimeoutMinutes), for the steps this stack runs that stepDeadlineMinutes
     leaves to it."""
     problems = []
-    runs = {plan.step for vm in resolve_vms(settings, "admission") for plan in vm.steps}
+    timing = resolved_timing(settings)
+    runs = {plan.step for vm in resolve_vms(stack_shape(settings), timing, "admission") for plan in vm.steps}
     for step, keys in ((s.name, s.timing_keys) for s in TABLE if s.timing_keys and s.name in runs):
         if settings.step_deadline_minutes.get(step):
             continue  # its own deadline bounds it
-        limit = max(DURATION_MAX_MINUTES * 60, deadline_s(step, Timing(), settings))
-        deadline = deadline_s(step, settings.timing, settings)
+        limit = max(DURATION_MAX_MINUTES * 60, deadline_s(step, resolved_timing(settings, Timing())))
+        deadline = deadline_s(step, timing)
         if deadline > limit:
             problems.append(f"{NAMESPACE}:nodeTiming makes the {step} step's deadline {deadline / 3600:,.1f} h "
                             f"({keys}, plus deadlineSlackS), past the week ({DURATION_MAX_MINUTES} minutes) "
@@ -86,7 +89,8 @@ def problems(settings: Settings) -> list[str]:
     found = step_deadline_problems(settings)
     if found:
         return found  # a deadline of an unknown step has no rule to weigh nodeTiming against
-    return (launch.engine_arg_problems(settings) + chat_layer.chat_layer_problems(settings)
+    return (launch.engine_arg_problems(engine_inputs(settings))
+            + chat_layer.chat_layer_problems(settings.resumes_streams, settings.extra_engine_args)
             + node_timing_problems(settings))
 
 

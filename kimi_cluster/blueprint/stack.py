@@ -1,9 +1,10 @@
 """The stack's blueprint: worked out once from the settings, what every VM, rule and step of the stack gets.
 
 Plain data, no Settings and no closure over them: the VMs, each rank's rules (`NodeRules`, filled in with the
-addresses at deploy time), the outputs, and every VM's resolved steps (`VmPlan`, from the one step table,
+addresses at deploy time), the outputs, the compiled node steps (`CompiledSteps`: every step's frozen inputs,
+kimi_cluster/blueprint/inputs.py) and every VM's resolved steps (`VmPlan`, from the one step table,
 kimi_cluster/plan/steps/). The scripts' text depends on deploy-time values (addresses, peers, the certificate, VM
-ids): InferenceCluster renders them with kimi_cluster/plan/steps/render.py `render_vm_scripts` once those are known.
+ids): InferenceCluster renders them with kimi_cluster/plan/steps/scripts.py `render_vm_scripts` once those are known.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kimi_cluster.blueprint.caretaker import guard_outputs
+from kimi_cluster.blueprint.inputs import compile_steps, firewall_inputs
+from kimi_cluster.blueprint.pricing import Quote, catalog_quote
 from kimi_cluster.plan import firewall
-from kimi_cluster.plan.caretaker import guard_outputs
 from kimi_cluster.plan.client_configs import build_client_configs
 from kimi_cluster.plan.firewall import NodeRules, RuleSpec
-from kimi_cluster.plan.pricing import Quote, catalog_quote
-from kimi_cluster.plan.step_scripts import fan_out_size
-from kimi_cluster.plan.steps.model import VmPlan
+from kimi_cluster.plan.steps.model import CompiledSteps, VmPlan
 from kimi_cluster.plan.steps.resolve import resolve_vms
 from kimi_cluster.settings import NAMESPACE, Settings, tls_check
 
@@ -83,6 +84,7 @@ class Blueprint:
     front_rules: list[RuleSpec]
     outputs: OutputArgs
     ssh_user: str
+    steps: CompiledSteps  # the node steps compiled: the stack's shape, its timing, each step's inputs
     vm_plans: tuple[VmPlan, ...]  # every VM's steps: each node of each replica, then the front
 
 
@@ -90,7 +92,8 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
     """The whole stack's blueprint; `name` prefixes every resource name.
 
     Read top to bottom, the settings pass each module once: the cost (pricing), the client configs, the
-    certificate, the rules (firewall), then the step table (steps.resolve), with each step's clock.
+    certificate, the rules (firewall), then the node steps compiled (inputs.py) and resolved per VM (steps.resolve),
+    with each step's clock.
     """
     quote = quote or catalog_quote(settings)
     fixed = {
@@ -114,8 +117,9 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
     configs = partial(build_client_configs, served_model_name=settings.served_name,
                       context_window=settings.client_context_window, engine=settings.engine_name)
     own_chain = tls_check.split_chain(settings.tls_certificate) if settings.tls_certificate is not None else None
-    front_rules = firewall.operator_rules(settings, 0) if settings.has_front else []
-    fan_out = fan_out_size(settings)
+    fw = firewall_inputs(settings)
+    front_rules = firewall.operator_rules(fw, 0) if settings.has_front else []
+    steps = compile_steps(settings)
     labels = ["kimi-cluster", f"stack-{settings.stack}"]
 
     replicas = []
@@ -128,7 +132,7 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
                         [*labels, "role-head" if rank == 0 else "role-worker", f"rank-{rank}",
                          *([f"replica-{replica}"] if settings.has_front else [])])
                  for rank in range(settings.nodes)],
-            rules=[firewall.gpu_node_rules(settings, replica, rank) for rank in range(settings.nodes)]))
+            rules=[firewall.gpu_node_rules(fw, replica, rank) for rank in range(settings.nodes)]))
 
     front_vm = None
     placement: dict[str, Any] = {"regions": settings.region_choices, "flavor_name": settings.flavor_name,
@@ -143,11 +147,11 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
         tls=TlsArgs(own_chain, f"kimi-cluster {settings.stack} CA",
                     [settings.api_hostname] if settings.api_hostname else [],
                     f"{NAMESPACE}:tlsPrivateKey", f"{NAMESPACE}:tlsCertificate"),
-        replicas=replicas, fan_out=fan_out, front_vm=front_vm, front_rules=front_rules,
+        replicas=replicas, fan_out=steps.shape.fan_out, front_vm=front_vm, front_rules=front_rules,
         outputs=OutputArgs(fixed, {
             "replicas": settings.replicas,
             "front_flavor": settings.front_flavor,
             "replica_node_names": [[settings.replica_node_name(r, n) for n in range(settings.nodes)]
                                    for r in range(settings.replicas)],
         } if settings.has_front else {}, settings.api_hostname, settings.api_port, configs),
-        ssh_user=settings.ssh_user, vm_plans=resolve_vms(settings, name))
+        ssh_user=settings.ssh_user, steps=steps, vm_plans=resolve_vms(steps.shape, steps.timing, name))
