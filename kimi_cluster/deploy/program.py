@@ -56,7 +56,12 @@ def main() -> None:
         # pulumi.RunError is the one exception the language host reports by its message alone: a bad key is the
         # user's to fix, and a traceback would bury the key's name.
         raise pulumi.RunError(str(err)) from None
+    _register(settings, secrets)
 
+
+def _register(settings: Settings, secrets: dict[str, Any]) -> None:
+    """The settings' one way down: warnings and the cost are printed, the blueprint compiles them, and the cluster
+    is made from the blueprint alone."""
     for warning in settings.warnings():
         pulumi.warn(warning)
 
