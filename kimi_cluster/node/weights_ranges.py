@@ -8,9 +8,11 @@ fires, and one such stream sets the tail of a node's download. So:
 
 - **A floor per stream.** Each stream's rate over its last window (waits for an answer's headers left out) is
   compared with a floor: a share of the rate its siblings (the node's other hub streams) reached over their recent
-  windows (the second fastest), never below a minimum. A stream below its floor for a whole window, with more than a
-  window's work left at its own rate, is re-opened on a new connection with a Range request from the byte it has
-  reached; what it wrote and hashed stays. Every third re-open of the same range doubles its window; after
+  windows (the second fastest), never below a minimum. Its window is measured too: WINDOW_SHARE of the time its
+  range has left at that same rate (or its own, if higher), never under a minimum (`--hub-window`). A stream below
+  its floor for a whole window, with more than a window's work left at its own rate, is re-opened on a new
+  connection with a Range request from the byte it has reached; what it wrote and hashed stays. Every third re-open
+  of the same range doubles its window; after
   MAX_REOPENS the range keeps the edge it has (it still finishes, and the tail split may still take most of it).
 - **Connections are kept.** A stream asks for its range a block at a time on its own kept-alive connection, which
   serves its next block, range and file unless it ended below its floor: a stream that found a fast edge stays on
@@ -54,6 +56,10 @@ from kimi_cluster.node.weights_transfer import MIN_SPLIT_BYTES, Range, Transfer
 # (0.7^3 = 34% of ranges get to a longer one), so a node whose every edge is slow stops re-opening soon.
 MAX_REOPENS = 8
 REOPENS_PER_DOUBLING = 3
+# A stream's window is this share of the time its range has left at the rate its siblings reach: at 70% capped
+# edges a stream spends 1/0.3 - 1 = 2.3 windows finding a fast one, under a tenth of the range's time at 0.04, and a
+# short range (the split tail) is judged as soon as its own measure allows (Floor.window).
+WINDOW_SHARE = 0.04
 # A sibling's rate stays a reference this many windows after it was measured: in the tail, the fast streams have
 # finished while the slow ones are still judged.
 REFERENCE_WINDOWS = 8
@@ -73,6 +79,13 @@ class Floor:
     min_rate: float  # bytes/s: the floor never goes below it, even when every sibling is slow
     share: float  # of the fastest sibling's recent rate
     window_s: float  # the least time a stream's rate is measured over before it is judged
+
+    def window(self, left: int, good_rate: float, reopens: int) -> float:
+        """Seconds a stream is measured over before it is judged: WINDOW_SHARE of the time its range's `left`
+        bytes take at `good_rate` (the rate its siblings reach, or its own if higher), never under window_s;
+        doubled every REOPENS_PER_DOUBLING re-opens of the range, so a node whose every edge is slow stops trying."""
+        derived = WINDOW_SHARE * left / max(good_rate, self.min_rate)
+        return max(self.window_s, derived) * 2 ** (reopens // REOPENS_PER_DOUBLING)
 
 
 class Rates:
@@ -151,7 +164,6 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
     attempt, reopens, fresh, below = 1, 0, False, False
     gauge: Gauge | None = None
     while r.pos < r.end:
-        window = floor.window_s * 2 ** (reopens // REOPENS_PER_DOUBLING)
         # The stream's connection (kept alive from its last block or range: an edge found fast stays in use), or a
         # new one after a re-open or an error: a re-open must leave the edge it was on.
         client = client_of(fresh)
@@ -183,7 +195,7 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                                                  request=resp.request, response=resp)
                 # Measured from the answer's headers: opening a connection or asking for a block is not the rate.
                 if gauge is None:
-                    gauge, r.rate = Gauge(window), 0.0
+                    gauge, r.rate = Gauge(floor.window_s), 0.0
                 else:
                     gauge.skip(time.monotonic() - asked_at)
                 buf = bytearray()
@@ -203,12 +215,13 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                         continue
                     rates.report(stream_id, rate)
                     r.rate = rate
-                    if gauge.span() < window:
+                    reference = rates.fastest_sibling(stream_id, REFERENCE_WINDOWS * gauge.window)
+                    gauge.window = floor.window(r.end - r.pos, max(reference, rate), reopens)
+                    if gauge.span() < gauge.window:
                         continue
-                    reference = rates.fastest_sibling(stream_id, REFERENCE_WINDOWS * window)
                     limit = max(floor.min_rate, floor.share * reference)
                     below = rate < limit
-                    if below and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > window:
+                    if below and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > gauge.window:
                         _write(t, r, buf)
                         raise _Reopen(f"{rate / 1e6:,.2f} MB/s under its floor of {limit / 1e6:,.2f} MB/s "
                                       f"for {gauge.span():,.1f} s")

@@ -14,7 +14,7 @@ import pytest
 from kimi_cluster.fakes.hub import Edges, FakeHub, Faults
 from kimi_cluster.fakes.hub_repo import synthetic_repo
 from kimi_cluster.node.weights_files import Corrupt, Counters, Entry
-from kimi_cluster.node.weights_ranges import MAX_REOPENS
+from kimi_cluster.node.weights_ranges import MAX_REOPENS, REOPENS_PER_DOUBLING, WINDOW_SHARE, Floor
 from kimi_cluster.node.weights_transfer import MIN_SPLIT_BYTES, Transfer
 from tests.weights.test_fetch_weights import REPO, REVISION, Cluster
 
@@ -162,3 +162,17 @@ def test_a_bad_byte_in_a_split_off_range_fails_the_files_hash(tmp_path):
     assert t.end_range(True)
     with pytest.raises(Corrupt, match="hashes to"):
         t.verify()
+
+
+def test_a_streams_window_is_a_share_of_its_ranges_time_at_its_siblings_rate_never_under_the_least():
+    floor = Floor(min_rate=10e6, share=0.3, window_s=3.0)
+    shard = 16_300_000_000
+    # A whole shard at a fast edge's 68 MB/s: WINDOW_SHARE of its 240 s.
+    assert floor.window(shard, 68e6, 0) == pytest.approx(WINDOW_SHARE * shard / 68e6)
+    # A split-off 1 GB tail takes 15 s: judged after the least window, not after a whole shard's.
+    assert floor.window(10**9, 68e6, 0) == 3.0
+    # Siblings slower than the minimum rate do not stretch it past what the minimum gives.
+    assert floor.window(shard, 1e6, 0) == floor.window(shard, 10e6, 0) == pytest.approx(WINDOW_SHARE * shard / 10e6)
+    # Every REOPENS_PER_DOUBLING re-opens of the same range double it.
+    assert floor.window(10**9, 68e6, REOPENS_PER_DOUBLING) == 6.0
+    assert floor.window(10**9, 68e6, REOPENS_PER_DOUBLING - 1) == 3.0
