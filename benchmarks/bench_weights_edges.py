@@ -39,6 +39,7 @@ from benchmarks.bench_weights import PROJECT, REPO, REVISION, run_scenario
 from kimi_cluster.fakes.hub import Edges, FakeHub, Faults
 from kimi_cluster.fakes.hub_repo import synthetic_repo
 from kimi_cluster.node.weights import HUB_FLOOR_SHARE, HUB_MIN_RATE
+from kimi_cluster.node.weights_files import CHUNK
 from kimi_cluster.node.weights_transfer import READ_BACK
 
 FAST_EDGE_ON_THE_HUB = 68e6  # bytes/s per connection on a fast edge (xet-core#821), what HUB_MIN_RATE is set against
@@ -94,14 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="keep every node's directory and log here instead of a temporary directory")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    new_flags = ("--hub-min-rate", f"{args.edge_rate * HUB_MIN_RATE / FAST_EDGE_ON_THE_HUB:.0f}",
+    # Both fetchers report their progress to their peers a MiB at a time, so a peer whose every stream sits on a slow
+    # edge moves once per MiB at its rate: the stall timeout is twice that, as the hub's 180 s is well above the
+    # 0.12 s a MiB takes at 8.7 MB/s (at the 10 s bench_weights uses, peers on slow edges were given up as stalled).
+    stall = ("--stall-seconds", f"{max(10.0, 2 * CHUNK / (args.edge_rate * args.slow_edge_factor)):.0f}")
+    new_flags = (*stall, "--hub-min-rate", f"{args.edge_rate * HUB_MIN_RATE / FAST_EDGE_ON_THE_HUB:.0f}",
                  "--hub-floor-share", str(HUB_FLOOR_SHARE), "--hub-window", f"{args.min_window:g}")
     sizes = [int(n) for n in args.nodes.split(",")]
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-edges-") as scratch:
         tmp = args.keep or scratch
         baseline = export(args.baseline, Path(tmp) / "baseline")
-        fetchers = {name: run for name, run in (("baseline", (baseline, ())), ("new", (PROJECT, new_flags)))
+        fetchers = {name: run for name, run in (("baseline", (baseline, stall)), ("new", (PROJECT, new_flags)))
                     if name in args.fetchers.split(",")}
         for nodes in sizes:
             files = synthetic_repo(args.shards_per_node * nodes, args.shard_bytes)
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.shards_per_node} shards of {args.shard_bytes / 1e6:g} MB a node; edges "
           f"{args.edge_rate / 1e6:g} MB/s per connection, {args.slow_edges:.0%} of requests at "
           f"{args.slow_edge_factor:g} of it (seed {args.seed}); "
-          f"each node's link {args.link * args.edge_rate / 1e6:g} MB/s; new fetcher: {' '.join(new_flags)}")
+          f"each node's link {args.link * args.edge_rate / 1e6:g} MB/s; both fetchers {' '.join(stall)}; new fetcher: "
+          f"{' '.join(new_flags[2:])}")
     print(f"{'nodes':>5} {'fetcher':<9} {'slow/none wall':>15} {'(s)':>14} {'hub/ckpt slow':>14} {'none':>6} "
           f"{'re-opens':>9} {'hashed back MB':>15}")
     for nodes in sizes:

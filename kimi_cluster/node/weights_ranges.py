@@ -65,7 +65,8 @@ WINDOW_SHARE = 0.04
 REFERENCE_WINDOWS = 8
 # A stream asks for its range a block at a time, this many seconds at its rate (at most MAX_BLOCK): a split cuts at a
 # block's end, so the connection is read to the end of its answer and stays alive; fewer, longer blocks cost fewer
-# waits for an answer (1 s blocks ran the 4-node benchmark 1.5-2x slower on a loaded machine than these).
+# waits for an answer (1 s blocks once ran the 4-node benchmark 1.5-2x slower, but that was measured while the fake
+# hub hashed every shard on every request, so mostly the fake's own cost; not measured again since).
 BLOCK_S = 4.0
 MAX_BLOCK = 256 * CHUNK
 # Per stream: one connection to the hub and one to its CDN, kept while the download runs (a fast edge stays in use).
