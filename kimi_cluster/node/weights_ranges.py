@@ -319,9 +319,10 @@ class HubStreams:
         return (t, half) if half else None
 
     def ended(self, name: str) -> bool:
-        """Whether every range of the file has ended (its last stream settled it); forgets it then."""
+        """Whether every range of the file has ended and its last stream settled it (verified and committed, or
+        gave it up); forgets it then."""
         t = self.transfers.get(name)
-        if t is not None and t.outstanding:
+        if t is not None and not t.settled:
             return False
         self.transfers.pop(name, None)
         return True
@@ -353,6 +354,7 @@ class HubStreams:
                     self.counters.drop(t.e.name)
                     if not committed and os.path.exists(t.tmp):
                         os.unlink(t.tmp)
+                    t.settled = True
 
     def summary(self) -> str:
         """What the progress line adds about re-opens and the split tail."""
