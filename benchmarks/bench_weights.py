@@ -42,23 +42,27 @@ class Outcome:
     hub_bytes: int
     complete_nodes: int
     killed_rerun_hub_bytes: int | None = None
+    exit_s: tuple[float, ...] = ()  # each node's exit, seconds after the first one's start
 
 
 def node_cmd(work: Path, rank: int, hub: FakeHub, peers: str, poll: float,
-             extra: tuple[str, ...] = ()) -> list[str]:
+             extra: tuple[str, ...] = (), peer_timeout: float = 3.0) -> list[str]:
     d = work / f"node{rank}"
     return [sys.executable, "-m", "kimi_cluster.node.fetch_weights", "--repo", REPO, "--revision", REVISION,
             "--cache-dir", str(d / "hf/hub"), "--record", str(d / "kimi/verified" / f"{REVISION}.json"),
             "--progress-file", str(d / "kimi/progress/weights.json"), "--result-file", str(d / "result"),
             "--endpoint", hub.url, "--workers", "16", "--rank", str(rank), "--peers", peers,
-            "--peer-token-file", str(work / "peer_token"), "--peer-timeout", "3", "--stall-seconds", "10",
+            "--peer-token-file", str(work / "peer_token"), "--peer-timeout", f"{peer_timeout:g}",
+            "--stall-seconds", "10",
             "--poll-seconds", str(poll), "--report-seconds", "3600", "--source-address", f"127.0.0.{2 + rank}", *extra]
 
 
 def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfway: bool,
-                 checkpoint: int, program: Path = PROJECT, extra: tuple[str, ...] = ()) -> Outcome:
+                 checkpoint: int, program: Path = PROJECT, extra: tuple[str, ...] = (),
+                 peer_timeout: float = 3.0) -> Outcome:
     """One download by `nodes` nodes; `program`: the folder whose kimi_cluster/node/fetch_weights.py runs (another
-    version's, to compare), given `extra` flags."""
+    version's, to compare), given `extra` flags; `peer_timeout`: how long a node waits for a peer that has not
+    answered yet (short here, so that the killed node's share moves on soon)."""
     work.mkdir(parents=True)
     (work / "peer_token").write_text(TOKEN + "\n")
     os.chmod(work / "peer_token", 0o600)
@@ -75,26 +79,30 @@ def run_scenario(work: Path, hub: FakeHub, nodes: int, sharded: bool, kill_halfw
     victim_before = hub.sent[victim_addr]  # the hub's counters run across scenarios
     start = time.monotonic()
     logs = [open(work / f"node{r}.log", "w") for r in range(nodes)]
-    procs = [subprocess.Popen(node_cmd(work, r, hub, peers, 0.3, extra), cwd=program, env=env, stdout=logs[r],
-                              stderr=subprocess.STDOUT) for r in range(nodes)]
+    procs = [subprocess.Popen(node_cmd(work, r, hub, peers, 0.3, extra, peer_timeout), cwd=program, env=env,
+                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(nodes)]
     killed = False
+    exits: dict[int, float] = {}
     while any(p.poll() is None for p in procs):
+        exits.update((r, time.monotonic() - start) for r, p in enumerate(procs)
+                     if r not in exits and p.poll() is not None)
         if kill_halfway and not killed and hub.sent[victim_addr] - victim_before >= share / 2:
             procs[victim].send_signal(signal.SIGKILL)
             killed = True
         time.sleep(0.05)
     wall = time.monotonic() - start
+    exits.update((r, wall) for r in range(nodes) if r not in exits)
     for fh in logs:
         fh.close()
     hub_bytes = sum(hub.sent.values()) - before
     results = [work / f"node{r}/result" for r in range(nodes)]
     done = sum(1 for p in results if p.exists() and p.read_text().startswith("ok"))
-    out = Outcome(wall, hub_bytes, done)
+    out = Outcome(wall, hub_bytes, done, exit_s=tuple(exits[r] for r in range(nodes)))
     if kill_halfway:
         # The killed node's next run: it keeps what it verified; its peers have finished and left, so the rest
         # comes from the hub.
         mark = sum(hub.sent.values())
-        rerun = subprocess.run(node_cmd(work, victim, hub, peers, 0.3, extra), cwd=program, env=env,
+        rerun = subprocess.run(node_cmd(work, victim, hub, peers, 0.3, extra, peer_timeout), cwd=program, env=env,
                                capture_output=True, text=True)
         out.killed_rerun_hub_bytes = sum(hub.sent.values()) - mark
         out.complete_nodes += 1 if rerun.returncode == 0 else 0

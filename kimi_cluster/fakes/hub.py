@@ -57,6 +57,11 @@ class Faults:
 class _QuietServer(ThreadingHTTPServer):
     """A client that goes away mid-answer (a killed node) is routine here, not a traceback on stderr."""
 
+    # socketserver's backlog is 5: past it, a new connection's handshake is left half-done and its first request
+    # waits 1 to 15 s for the SYN-ACK to be sent again (seen as ReadTimeouts by 4 benchmark nodes re-opening streams
+    # at once). A CDN accepts whatever connects; the queue holds as many as the fake's callers open at once.
+    request_queue_size = 1024
+
     def handle_error(self, request, client_address) -> None:
         import sys
 

@@ -8,13 +8,14 @@ import json
 import random
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 from kimi_cluster.fakes import tiny_model
 
 LFS_POINTER_SIZE = 134  # the size of a git-lfs pointer file, which the hub reports alongside the real size
 
 
-@dataclass
+@dataclass(frozen=True)
 class HubFile:
     """One file of the repository. LFS files are what the hub serves through its CDN with a sha256 ETag."""
 
@@ -22,11 +23,13 @@ class HubFile:
     data: bytes
     lfs: bool
 
-    @property
+    # Hashed once per file: the CDN route finds a blob by its sha256 on every request, and a range fetcher asks for
+    # a file a block at a time (hashing every shard per request cost the 4-node benchmark most of its hub's CPU).
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
-    @property
+    @cached_property
     def git_sha1(self) -> str:
         return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
 

@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="a hub stream below this share of its fastest sibling's rate (or --hub-min-rate) for a "
                          "window is re-opened on a new connection from the byte it reached")
     ap.add_argument("--hub-window", type=float, default=HUB_WINDOW_S,
-                    help="seconds: the least time a hub stream's rate is measured over before it is judged")
+                    help="seconds: the least time a hub stream's rate is measured over before it is judged (its "
+                         "window is 4%% of the time its range has left at its siblings' rate, never less)")
     ap.add_argument("--poll-seconds", type=float, default=1.0, help="peer status and progress file interval")
     ap.add_argument("--report-seconds", type=float, default=30.0, help="progress line interval in the log")
     ap.add_argument("--source-address", help="local address for hub connections (default: the system's choice)")

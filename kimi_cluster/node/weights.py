@@ -35,15 +35,17 @@ VERIFIED_DIR = "kimi/verified"
 PEER_PORT = 20100  # the default of kimi-cluster:peerPort
 
 # The floor of each hub stream (kimi_cluster/node/weights_ranges.py), the defaults of kimi-cluster:hubStreamFloor:
-# a stream below HUB_FLOOR_SHARE of its fastest sibling's rate, or below HUB_MIN_RATE, for a window of at least
-# HUB_WINDOW_S is re-opened on a new connection. The hub's CDN edges gave ~68 MB/s per connection, or 8.7 MB/s on the
-# 65-75% that were capped (huggingface/xet-core#821): 0.3 of the fastest sibling (20 MB/s) sits well between the two
-# (a capped edge gives 0.13 of a fast one) and clear of how much streams sharing one link differ, and 10 MB/s is
-# just above the cap when a stream has no sibling to compare with. 10 s is about 4% of a 16.3 GB shard at 68 MB/s,
-# so the ~2.3 windows a stream spends finding a fast edge at 70% capped edges cost about a tenth of the file.
+# a stream below HUB_FLOOR_SHARE of its fastest sibling's rate, or below HUB_MIN_RATE, for a window is re-opened on
+# a new connection. The hub's CDN edges gave ~68 MB/s per connection, or 8.7 MB/s on the 65-75% that were capped
+# (huggingface/xet-core#821): 0.3 of the fastest sibling (20 MB/s) sits well between the two (a capped edge gives
+# 0.13 of a fast one) and clear of how much streams sharing one link differ, and 10 MB/s is just above the cap when
+# a stream has no sibling to compare with. The window is measured, not set: 4% of the time the stream's range has
+# left at its siblings' rate (weights_ranges.WINDOW_SHARE; 9.6 s for a whole 16.3 GB shard at 68 MB/s), never under
+# HUB_WINDOW_S: a new connection's slow start and a busy node's scheduling settle well within 3 s, and a split-off
+# tail of 1 GB is judged after 3 s instead of the 10 a whole shard waits.
 HUB_MIN_RATE = 10e6
 HUB_FLOOR_SHARE = 0.3
-HUB_WINDOW_S = 10.0
+HUB_WINDOW_S = 3.0
 
 
 def is_shard(name: str) -> bool:

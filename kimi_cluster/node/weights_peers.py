@@ -152,6 +152,10 @@ class _PeerHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        # socketserver listens with a backlog of 5: every peer's streams connect at once when a file is whole, and a
+        # connection past a full accept queue has its handshake's last ACK dropped, so its request waits for the
+        # SYN-ACK to be sent again (1, 2, 4 s...). The queue holds as many as the server would serve.
+        self.request_queue_size = max_connections
         super().__init__(address, handler)
         self.slots = threading.BoundedSemaphore(max_connections)
         self.max_connections = max_connections

@@ -8,9 +8,11 @@ fires, and one such stream sets the tail of a node's download. So:
 
 - **A floor per stream.** Each stream's rate over its last window (waits for an answer's headers left out) is
   compared with a floor: a share of the rate its siblings (the node's other hub streams) reached over their recent
-  windows (the second fastest), never below a minimum. A stream below its floor for a whole window, with more than a
-  window's work left at its own rate, is re-opened on a new connection with a Range request from the byte it has
-  reached; what it wrote and hashed stays. Every third re-open of the same range doubles its window; after
+  windows (the second fastest), never below a minimum. Its window is measured too: WINDOW_SHARE of the time its
+  range has left at that same rate (or its own, if higher), never under a minimum (`--hub-window`). A stream below
+  its floor for a whole window, with more than a window's work left at its own rate, is re-opened on a new
+  connection with a Range request from the byte it has reached; what it wrote and hashed stays. Every third re-open
+  of the same range doubles its window; after
   MAX_REOPENS the range keeps the edge it has (it still finishes, and the tail split may still take most of it).
 - **Connections are kept.** A stream asks for its range a block at a time on its own kept-alive connection, which
   serves its next block, range and file unless it ended below its floor: a stream that found a fast edge stays on
@@ -54,12 +56,17 @@ from kimi_cluster.node.weights_transfer import MIN_SPLIT_BYTES, Range, Transfer
 # (0.7^3 = 34% of ranges get to a longer one), so a node whose every edge is slow stops re-opening soon.
 MAX_REOPENS = 8
 REOPENS_PER_DOUBLING = 3
+# A stream's window is this share of the time its range has left at the rate its siblings reach: at 70% capped
+# edges a stream spends 1/0.3 - 1 = 2.3 windows finding a fast one, under a tenth of the range's time at 0.04, and a
+# short range (the split tail) is judged as soon as its own measure allows (Floor.window).
+WINDOW_SHARE = 0.04
 # A sibling's rate stays a reference this many windows after it was measured: in the tail, the fast streams have
 # finished while the slow ones are still judged.
 REFERENCE_WINDOWS = 8
 # A stream asks for its range a block at a time, this many seconds at its rate (at most MAX_BLOCK): a split cuts at a
 # block's end, so the connection is read to the end of its answer and stays alive; fewer, longer blocks cost fewer
-# waits for an answer (1 s blocks ran the 4-node benchmark 1.5-2x slower on a loaded machine than these).
+# waits for an answer (1 s blocks once ran the 4-node benchmark 1.5-2x slower, but that was measured while the fake
+# hub hashed every shard on every request, so mostly the fake's own cost; not measured again since).
 BLOCK_S = 4.0
 MAX_BLOCK = 256 * CHUNK
 # Per stream: one connection to the hub and one to its CDN, kept while the download runs (a fast edge stays in use).
@@ -73,6 +80,13 @@ class Floor:
     min_rate: float  # bytes/s: the floor never goes below it, even when every sibling is slow
     share: float  # of the fastest sibling's recent rate
     window_s: float  # the least time a stream's rate is measured over before it is judged
+
+    def window(self, left: int, good_rate: float, reopens: int) -> float:
+        """Seconds a stream is measured over before it is judged: WINDOW_SHARE of the time its range's `left`
+        bytes take at `good_rate` (the rate its siblings reach, or its own if higher), never under window_s;
+        doubled every REOPENS_PER_DOUBLING re-opens of the range, so a node whose every edge is slow stops trying."""
+        derived = WINDOW_SHARE * left / max(good_rate, self.min_rate)
+        return max(self.window_s, derived) * 2 ** (reopens // REOPENS_PER_DOUBLING)
 
 
 class Rates:
@@ -151,7 +165,6 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
     attempt, reopens, fresh, below = 1, 0, False, False
     gauge: Gauge | None = None
     while r.pos < r.end:
-        window = floor.window_s * 2 ** (reopens // REOPENS_PER_DOUBLING)
         # The stream's connection (kept alive from its last block or range: an edge found fast stays in use), or a
         # new one after a re-open or an error: a re-open must leave the edge it was on.
         client = client_of(fresh)
@@ -183,7 +196,7 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                                                  request=resp.request, response=resp)
                 # Measured from the answer's headers: opening a connection or asking for a block is not the rate.
                 if gauge is None:
-                    gauge, r.rate = Gauge(window), 0.0
+                    gauge, r.rate = Gauge(floor.window_s), 0.0
                 else:
                     gauge.skip(time.monotonic() - asked_at)
                 buf = bytearray()
@@ -203,12 +216,13 @@ def stream_range(client_of: Callable[[bool], httpx2.Client], url: str, headers: 
                         continue
                     rates.report(stream_id, rate)
                     r.rate = rate
-                    if gauge.span() < window:
+                    reference = rates.fastest_sibling(stream_id, REFERENCE_WINDOWS * gauge.window)
+                    gauge.window = floor.window(r.end - r.pos, max(reference, rate), reopens)
+                    if gauge.span() < gauge.window:
                         continue
-                    reference = rates.fastest_sibling(stream_id, REFERENCE_WINDOWS * window)
                     limit = max(floor.min_rate, floor.share * reference)
                     below = rate < limit
-                    if below and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > window:
+                    if below and reopens < MAX_REOPENS and (r.end - r.pos) / max(rate, 1.0) > gauge.window:
                         _write(t, r, buf)
                         raise _Reopen(f"{rate / 1e6:,.2f} MB/s under its floor of {limit / 1e6:,.2f} MB/s "
                                       f"for {gauge.span():,.1f} s")
@@ -305,9 +319,10 @@ class HubStreams:
         return (t, half) if half else None
 
     def ended(self, name: str) -> bool:
-        """Whether every range of the file has ended (its last stream settled it); forgets it then."""
+        """Whether every range of the file has ended and its last stream settled it (verified and committed, or
+        gave it up); forgets it then."""
         t = self.transfers.get(name)
-        if t is not None and t.outstanding:
+        if t is not None and not t.settled:
             return False
         self.transfers.pop(name, None)
         return True
@@ -339,6 +354,7 @@ class HubStreams:
                     self.counters.drop(t.e.name)
                     if not committed and os.path.exists(t.tmp):
                         os.unlink(t.tmp)
+                    t.settled = True
 
     def summary(self) -> str:
         """What the progress line adds about re-opens and the split tail."""

@@ -52,6 +52,9 @@ class Transfer:
         self.reread = 0
         self.outstanding = 1  # ranges whose stream has not ended
         self.failed = False
+        # The last stream has verified and committed the file, or given it up: only then may the scheduler forget it
+        # (at outstanding 0 the file may still be verifying, not yet done; started again then, it was fetched twice).
+        self.settled = False
         self.cdn_url: str | None = None  # where the hub redirected this file's bytes
 
     def slowest(self, fast: float) -> tuple[float, Range] | None:
