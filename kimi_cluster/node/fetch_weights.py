@@ -40,7 +40,14 @@ from urllib.parse import quote
 import httpx2
 from huggingface_hub.utils import build_hf_headers
 
-from kimi_cluster.node.weights import HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S, is_shard, owners
+from kimi_cluster.node.weights import (
+    DOWNLOAD_WORKERS,
+    HUB_FLOOR_SHARE,
+    HUB_MIN_RATE,
+    HUB_WINDOW_S,
+    is_shard,
+    owners,
+)
 from kimi_cluster.node.weights_files import (
     HUB_ATTEMPTS,
     Cache,
@@ -79,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--result-file", help="gets 'ok <revision>' or 'failed <revision> <reason>'")
     ap.add_argument("--token-file", help="file holding the hub token (anonymous if missing or empty)")
     ap.add_argument("--endpoint", default=os.environ.get("HF_ENDPOINT") or None, help="hub endpoint")
-    ap.add_argument("--workers", type=int, default=16, help="parallel hub downloads (as many again from peers)")
+    ap.add_argument("--workers", type=int, default=DOWNLOAD_WORKERS,
+                    help="parallel hub downloads (as many again from peers)")
     ap.add_argument("--rank", type=int, default=0, help="this node's index in --peers")
     ap.add_argument("--peers", default="", help="every node's private address in rank order, host[:port],...")
     ap.add_argument("--peer-token-file", help="root-only file with the cluster's peer token (needed with peers)")

@@ -46,6 +46,8 @@ PEER_PORT = 20100  # the default of kimi-cluster:peerPort
 HUB_MIN_RATE = 10e6
 HUB_FLOOR_SHARE = 0.3
 HUB_WINDOW_S = 3.0
+# Parallel hub downloads a node runs (as many again from its peers): kimi-cluster:downloadWorkers' default.
+DOWNLOAD_WORKERS = 16
 
 
 def is_shard(name: str) -> bool:

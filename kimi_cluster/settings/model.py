@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kimi_cluster.node.weights import HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S
+from kimi_cluster.node.weights import DOWNLOAD_WORKERS, HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S
 from kimi_cluster.settings import caretaker_rules, catalog, cross_rules, node_timing, rules, sizing
 from kimi_cluster.settings.derived import DerivedValues
 from kimi_cluster.settings.errors import shown
@@ -90,7 +90,7 @@ class Settings(DerivedValues, BaseModel):
     storage_path: str = Field("/ephemeral", alias="storagePath")
     # Bounded so the scripts' shell arithmetic (64-bit) never overflows: 1 PB of margin is far beyond any disk.
     disk_margin_gb: int = Field(100, alias="diskMarginGb", ge=0, le=10**6)
-    download_workers: int = Field(16, alias="downloadWorkers", ge=1, le=128)
+    download_workers: int = Field(DOWNLOAD_WORKERS, alias="downloadWorkers", ge=1, le=128)
     download_timeout_minutes: int = Field(240, alias="downloadTimeoutMinutes", ge=1, le=7 * 24 * 60)
     # The floor of each hub stream (kimi_cluster/node/weights_ranges.py); the defaults' home is node/weights.py.
     hub_stream_min_mbps: float = Field(HUB_MIN_RATE / 1e6, alias="hubStreamMinMBps", gt=0, le=100_000,

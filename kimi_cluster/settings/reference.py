@@ -167,9 +167,10 @@ NOTES: dict[str, tuple[str, str]] = {
         "a hub stream's floor as a share of the fastest rate its sibling streams reached in their last windows "
         '(never below `hubStreamMinMBps`)'),
     'hubStreamWindowSeconds': (
-        '`10`',
-        "seconds a hub stream's rate is measured over before it is judged against its floor; doubles every third "
-        're-open of the same range'),
+        '`3`',
+        "seconds: the least window a hub stream's rate is measured over before it is judged against its floor; its "
+        "window is 4% of the time its range has left at its siblings' rate, never less; doubles every third re-open "
+        'of the same range'),
     'downloadTimeoutMinutes': (
         '`240`',
         'deadline for the weight download'),
