@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="up: with --hub-bytes-per-second, the fake hub is a CDN whose connections land on a "
                              "slow edge (1/8 of that rate) this share of the time, e.g. 0.7 (xet-core#821)")
     parser.add_argument("--quiet", action="store_true", help="up/destroy: do not echo the engine's progress")
+    parser.add_argument("--skip-preview", action="store_true",
+                        help="up: pulumi up --skip-preview (the program runs once, not twice; the update still "
+                             "names every change)")
     parser.add_argument("--no-timeline", action="store_true",
                         help="up: do not draw the bring-up as timeline.png (saves about 1.5 CPU-seconds)")
     parser.add_argument("--kernel-cache", action=argparse.BooleanOptionalAction, default=None,
@@ -75,14 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="status: print it as JSON")
     # Intermixed: `reclaim --workdir DIR NODE` as well as `reclaim NODE --workdir DIR`.
     args = parser.parse_intermixed_args(argv)
-    if (args.topology or args.config or args.no_timeline or args.kernel_cache is not None
+    if (args.topology or args.config or args.no_timeline or args.skip_preview or args.kernel_cache is not None
             or args.hub_bytes_per_second is not None) and args.command != "up":
-        parser.error("--topology, --config, --no-timeline, --[no-]kernel-cache and --hub-bytes-per-second apply to "
-                     "up only")
+        parser.error("--topology, --config, --no-timeline, --skip-preview, --[no-]kernel-cache and "
+                     "--hub-bytes-per-second apply to up only")
     if args.hub_slow_edges is not None and args.hub_bytes_per_second is None:
         parser.error("--hub-slow-edges needs --hub-bytes-per-second, the fast edges' rate")
     if args.expect_no_changes and args.command not in ("up", "refresh"):
         parser.error("--expect-no-changes applies to up and refresh only")
+    if args.expect_no_changes and args.skip_preview:
+        parser.error("--skip-preview: up --expect-no-changes reads the preview's plan, so it always previews")
     if (problem := watch_problem(args.watch)) is not None:
         parser.error(problem)
     config: dict[str, str] = {}
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return sandbox.up(args.topology, echo=not args.quiet, config=config,
                               hub_bytes_per_second=args.hub_bytes_per_second, hub_slow_edges=args.hub_slow_edges,
                               timeline=not args.no_timeline, kernel_cache=args.kernel_cache,
-                              expect_no_changes=args.expect_no_changes)
+                              expect_no_changes=args.expect_no_changes, preview=not args.skip_preview)
         if args.command == "verify":
             return sandbox.verify(echo=args.verbose)
         if args.command == "status":

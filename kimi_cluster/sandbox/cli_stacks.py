@@ -188,15 +188,15 @@ class CliStacks:
         stack.config_file.write_text(text + (f"encryptionsalt: {salt}\n" if salt else ""))
 
     def up(self, stack: Stack, base: Path | None, config: Mapping[str, str], secret_config: Mapping[str, str],
-           *, echo: bool, timeout: float, expect_no_changes: bool = False) -> dict[str, Any]:
-        """`pulumi up --yes` (with its preview) after `stack init` (once) and `config set` of every value
-        (`expect_no_changes`: PulumiCli.up's)."""
+           *, echo: bool, timeout: float, expect_no_changes: bool = False, preview: bool = True) -> dict[str, Any]:
+        """`pulumi up --yes` (with its preview unless `preview=False`) after `stack init` (once) and `config set` of
+        every value (`expect_no_changes`: PulumiCli.up's)."""
         cli = self.cli()
         self._project(stack, base)
         cli.ensure_stack(stack)
         cli.set_config(stack, config, secret_config)
         return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout,
-                                              expect_no_changes=expect_no_changes))
+                                              expect_no_changes=expect_no_changes, preview=preview))
 
     def unlock(self, stack: Stack) -> None:
         """`pulumi cancel`: a killed `pulumi` leaves the stack locked (the file backend keeps a lock file under

@@ -148,21 +148,22 @@ class Sandbox:
 
     def up(self, topology: str | None = None, echo: bool = True, config: Mapping[str, str] | None = None,
            hub_bytes_per_second: float | None = None, timeline: bool = True, kernel_cache: bool | None = None,
-           expect_no_changes: bool = False, hub_slow_edges: float | None = None) -> int:
+           expect_no_changes: bool = False, hub_slow_edges: float | None = None, preview: bool = True) -> int:
         """`config`: kimi-cluster keys (no namespace) over Pulumi.sandbox.yaml, kept for later runs of this workdir;
         `timeline`: draw timeline.png once the stack is up (matplotlib: about 1.5 CPU-seconds);
         `kernel_cache`: False deploys without the kernel-cache bucket and so without the cache steps, True with
         them; kept for later runs of this workdir (None: as recorded, with them in a new workdir);
         `expect_no_changes`: the same up of a deployed sandbox as `pulumi up --expect-no-changes`, every option
-        honoured: what changed is applied, named, and ends in exit 1 (kimi_cluster/sandbox/refresh.py)."""
+        honoured: what changed is applied, named, and ends in exit 1 (kimi_cluster/sandbox/refresh.py);
+        `preview=False`: `pulumi up --skip-preview` (the program runs once instead of twice)."""
         self.dir.claim(create=not expect_no_changes)
         with self.dir.exclusive():
             return self._up(topology, echo, config, (hub_bytes_per_second, hub_slow_edges), timeline, kernel_cache,
-                            expect_no_changes)
+                            expect_no_changes, preview)
 
     def _up(self, topology: str | None, echo: bool, config: Mapping[str, str] | None,
             hub_throttle: tuple[float | None, float | None], timeline: bool, kernel_cache: bool | None,
-            expect_no_changes: bool = False) -> int:
+            expect_no_changes: bool = False, preview: bool = True) -> int:
         started = time.monotonic()
         self._ensure_idle()
         if expect_no_changes and not (self.checkpoint_path.exists() and self.dir.record()):
@@ -212,7 +213,7 @@ class Sandbox:
             return up_expecting_no_changes(self.cli, self.say, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config,
                                            secret_config)
         result = self.cli.up(stack, REPO_ROOT / f"Pulumi.{STACK}.yaml", stack_config, secret_config, echo=echo,
-                             timeout=UP_DEADLINE_S)
+                             timeout=UP_DEADLINE_S, preview=preview)
         elapsed = time.monotonic() - started
         if result.get("interrupted"):
             self.say(f"sandbox up: stopped after {elapsed:.1f} s; what was done is in the stack's checkpoint: "
@@ -275,7 +276,9 @@ class Sandbox:
             f"{VERIFY_NS}:runId": str(time.time_ns()),
             f"{VERIFY_NS}:timeoutSeconds": str(VERIFY_REQUEST_TIMEOUT_S),
         }
-        result = self.cli.up(self.cli.verification, None, config, {}, echo=echo, timeout=VERIFY_DEADLINE_S)
+        # No preview: the new run id replaces the verification every time, and a preview would only say so first.
+        result = self.cli.up(self.cli.verification, None, config, {}, echo=echo, timeout=VERIFY_DEADLINE_S,
+                             preview=False)
         elapsed = time.monotonic() - started
         if result.get("interrupted"):
             self.say(f"sandbox verify: stopped after {elapsed:.1f} s")

@@ -237,10 +237,13 @@ class PulumiCli:
             self.run(["config", "set", key, "--secret", *common], cwd=stack.project_dir, stdin=value)
 
     def up(self, stack: Stack, *, echo: bool, timeout: float, parallel: int | None = None,
-           expect_no_changes: bool = False) -> str:
+           expect_no_changes: bool = False, preview: bool = True) -> str:
         """`pulumi up --yes`; `expect_no_changes`: with --expect-no-changes, which applies what changed and then
-        fails, and --json, whose engine events name each change."""
+        fails, and --json, whose engine events name each change; `preview=False`: --skip-preview (the program runs
+        once, not twice: the update's own diff says what it changes, the preview would only say it first)."""
         args = ["up", "--yes", "--stack", stack.name]
+        if not preview:
+            args.append("--skip-preview")
         if parallel:
             args += ["--parallel", str(parallel)]
         if expect_no_changes:

@@ -142,7 +142,7 @@ def test_up_expect_no_changes_hands_every_option_of_up_to_the_up(tmp_path, monke
     assert sandbox_cli.main(argv) == 0
     assert seen == {"topology": "b300x1-vllm", "echo": True, "config": {"replicas": "2", "apiKeyVersion": "3"},
                     "hub_bytes_per_second": 5000.0, "hub_slow_edges": None, "timeline": True, "kernel_cache": False,
-                    "expect_no_changes": True}
+                    "expect_no_changes": True, "preview": True}
 
 
 def test_up_expect_no_changes_on_nothing_deployed_is_one_line_and_makes_no_workdir(tmp_path, capsys):

@@ -22,7 +22,7 @@ import pytest
 
 from kimi_cluster.fakes import sandbox_services as services
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
-from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB, FAKE_COMPILE_SECONDS
+from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB
 from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, end_session
 from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE
 from tests.wall_times import report
@@ -34,9 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINT = "state/.pulumi/stacks/kimi-cluster/sandbox.json"
 COMMAND_TIMEOUT_S = 240
 # The fake engine compiles nothing in the flows (the sandbox's 30 s would only wait): the kernel-cache flows, which
-# are about that compile, turn it on with COMPILING.
+# are about that compile, turn it on with COMPILING. They read whether it compiled, and what, from the engine's log
+# and the cache steps' output, never how long it took: a few seconds stand for the sandbox's FAKE_COMPILE_SECONDS.
 NOT_COMPILING = {COMPILE_SECONDS_KNOB: "0"}
-COMPILING = {COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS)}
+COMPILING = {COMPILE_SECONDS_KNOB: "3"}
 
 
 @pytest.fixture(autouse=True)
@@ -132,6 +133,10 @@ class SandboxRunner:
     # the kernel-cache and re-run flows): elsewhere `up --no-kernel-cache` spares moto's server and, on every node,
     # the restore and its boto3 import (about 9 CPU-seconds an h100 up).
     kernel_cache: bool = False
+    # `up --skip-preview` unless the flow reads the preview (the h100 flow): the preview runs the whole program and
+    # every resource's diff a second time, for what the update's own output says again (about 3 CPU-seconds and,
+    # on 2 loaded cores, 9 s an up).
+    preview: bool = False
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSTACK_")}
@@ -142,6 +147,7 @@ class SandboxRunner:
         if command == "up":
             up_options += [] if self.timeline else ["--no-timeline"]
             up_options += [] if self.kernel_cache else ["--no-kernel-cache"]
+            up_options += [] if self.preview or "--expect-no-changes" in args else ["--skip-preview"]
         return [sys.executable, "-m", "kimi_cluster.cli.sandbox", command, "--workdir", str(self.workdir), *args,
                 *up_options]
 
@@ -250,15 +256,15 @@ def kill_everything(workdir: Path, record: dict) -> None:
 
 @pytest.fixture
 def sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
-    """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="") -> SandboxRunner on a fresh workdir;
-    everything it started is ended at teardown. `emulator_args`: more arguments for the sandbox's own emulator
-    (kimi_cluster.cli.emulator's --fault, --capacity), from its start."""
+    """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="", preview=False) -> SandboxRunner on a
+    fresh workdir; everything it started is ended at teardown. `emulator_args`: more arguments for the sandbox's own
+    emulator (kimi_cluster.cli.emulator's --fault, --capacity), from its start."""
     made: list[SandboxRunner] = []
 
     def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False,
-             emulator_args: str = "") -> SandboxRunner:
+             emulator_args: str = "", preview: bool = False) -> SandboxRunner:
         env = {**(env or {}), **({EMULATOR_ARGS_VARIABLE: emulator_args} if emulator_args else {})}
-        runner = SandboxRunner(tmp_path / f"work{len(made)}", env, timeline, kernel_cache)
+        runner = SandboxRunner(tmp_path / f"work{len(made)}", env, timeline, kernel_cache, preview)
         made.append(runner)
         return runner
 

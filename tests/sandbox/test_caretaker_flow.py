@@ -2,7 +2,8 @@
 so the caretaker runs on the head and deletes itself last). The sandbox's minute is a second
 (kimi_cluster/sandbox/kimi.py
 SANDBOX_MINUTE_SECONDS, kimi-cluster:caretakerTiming): idleStopMinutes 15 is 15 s, and the emulator bills the
-b300's $59.20 an hour as $0.99 a (one-second) minute.
+b300's $59.20 an hour as $0.99 a (one-second) minute. The idle flows shorten the caretaker's minute to three
+seconds only (IDLE_MINUTE_S): its idle clock starts when the endpoint first serves, before the up has returned.
 
 - traffic keeps the cluster up past its idle time; then, idle, it is stopped: the GPU VM is deleted, the
   environment and keypair stay; `up` alone (no refresh) brings it back and `verify` passes; the caretaker, killed,
@@ -18,17 +19,20 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
-from .conftest import leftover_processes, ok, report, wait_for
+from .conftest import COMMAND_TIMEOUT_S, leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(900)]
 
 HEAD = "kimi-sandbox-node0"
+IDLE_MINUTE_S = 3  # the idle flow's sandbox minute (kimi-cluster:caretakerTiming minuteSeconds)
 RATE_USD_PER_MINUTE = 59.20 / 60  # the b300's pricebook rate, billed per (sandbox) minute
 
 
@@ -70,27 +74,13 @@ def _billed(run) -> float:
                if r["attributes"]["resource_name"].startswith("kimi-sandbox-node"))
 
 
-def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
-    run = sandbox()
-    # Two-second minutes: 30 s of idle time, which a loaded CI machine's slowest request (or the kill and restart
-    # below) cannot outlast, while the real rule (at least 15 minutes) stays the one refused and reported.
-    timing = json.dumps({"pollSeconds": 1, "minuteSeconds": 2})
-    up = run("up", "--topology", "b300x1-vllm", "--config", "idleStopMinutes=15", "--config",
-             f"caretakerTiming={timing}")
-    ok(up)
-    outputs = run.outputs()
-    assert outputs["idle_stop_minutes"] == 15 and outputs.get("budget_usd") is None
-    assert "caretaker running: idle stop after 15 min" in run.step_output("kimi-caretaker")
-    ca = _ca(run, outputs)
+@contextmanager
+def _traffic(run, outputs: dict[str, Any], ca: Path) -> Iterator[tuple[list[int], list[int]]]:
+    """A request every 2 s in the background while the block runs: ([served], [failed]) so far."""
+    served, failed, stop = [0], [0], threading.Event()
 
-    # Traffic keeps it up: a request every 2 s from here until the idle phase, in the background, so that nothing
-    # the test does meanwhile (status, the kill, on a loaded machine each can take long) leaves the endpoint idle.
-    wait_for("the caretaker's idle clock", lambda: _caretaker_state(run).get("served_since"), 30)
-    base = _caretaker_state(run)["requests"]
-    served, failed, stop_traffic = [0], [0], threading.Event()
-
-    def traffic() -> None:
-        while not stop_traffic.is_set():
+    def send() -> None:
+        while not stop.is_set():
             try:
                 if _ask(run, outputs, ca) == 200:
                     served[0] += 1
@@ -98,12 +88,39 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
                     failed[0] += 1
             except requests.RequestException:
                 failed[0] += 1  # it may still have reached the proxy: counted or not
-            stop_traffic.wait(2)
+            stop.wait(2)
 
-    sender = threading.Thread(target=traffic, daemon=True)
+    sender = threading.Thread(target=send, daemon=True)
     sender.start()
     try:
-        time.sleep(45)  # half again the idle time
+        yield served, failed
+    finally:
+        stop.set()
+        sender.join(60)
+
+
+def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
+    run = sandbox()
+    # Three-second minutes: 45 s of idle time, while the real rule (at least 15 minutes) stays the one refused and
+    # reported. The idle clock starts when the endpoint first serves, and the test's first request can only follow
+    # the rest of the up and the read of its outputs: on 2 loaded cores (load average 25) that took over 30 s, and
+    # two-second minutes let the caretaker stop the cluster before the test had asked it anything.
+    timing = json.dumps({"pollSeconds": 1, "minuteSeconds": IDLE_MINUTE_S})
+    up = run("up", "--topology", "b300x1-vllm", "--config", "idleStopMinutes=15", "--config",
+             f"caretakerTiming={timing}")
+    ok(up)
+    outputs = run.outputs()
+    ca = _ca(run, outputs)
+
+    # Traffic keeps it up: a request every 2 s from here until the idle phase, in the background, so that nothing
+    # the test does meanwhile (reading the step's output, status, the kill: on a loaded machine each can take long)
+    # leaves the endpoint idle.
+    wait_for("the caretaker's idle clock", lambda: _caretaker_state(run).get("served_since"), 30)
+    base = _caretaker_state(run)["requests"]
+    with _traffic(run, outputs, ca) as (served, failed):
+        assert outputs["idle_stop_minutes"] == 15 and outputs.get("budget_usd") is None
+        assert "caretaker running: idle stop after 15 min" in run.step_output("kimi-caretaker")
+        time.sleep(1.5 * 15 * IDLE_MINUTE_S)  # half again the idle time
         assert _gpu_vms(run) == [HEAD]
         assert _caretaker_state(run)["requests"] >= base + 5
         # `status` asks the endpoint for its models and metrics (GETs): no use, so not counted (checked below).
@@ -122,9 +139,6 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
 
         wait_for("the caretaker's restart", restarted, 60)
         time.sleep(6)  # a few requests to the restarted caretaker
-    finally:
-        stop_traffic.set()
-        sender.join(60)
     last_request = time.monotonic()
     assert served[0] >= 8 and failed[0] <= 2, (served, failed)
     # Every POST that was served is counted once, across the restart, and no GET (status, the readiness wait) is.
@@ -144,12 +158,28 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     body = json.loads((head_dir / "etc/kimi-cluster/proxy/caretaker/stopped.json").read_text())
     assert body["error"]["code"] == 503 and "pulumi up" in body["error"]["message"]
 
-    # `up` alone re-creates the VM (the provider's diff sees it gone), and the endpoint answers again.
-    again = run("up")
-    out = ok(again)
-    assert "no longer exists" in out or "is DELETING" in out, out
-    assert _gpu_vms(run) == [HEAD]
-    verify = run("verify")
+    # `up` alone re-creates the VM (the provider's diff sees it gone), and the endpoint answers again. Its new head's
+    # caretaker starts the idle clock when the endpoint first serves: with two-second minutes (30 s) the rest of the
+    # up and verify's own Pulumi run once took longer than that on a loaded machine before verify's first request,
+    # and the caretaker stopped the cluster again under verify ("No route to host" at the head's new address). So
+    # requests go to the new head from the moment its VM exists, as from a user waiting on it.
+    old_head = outputs["head_public_ip"]
+    started = time.monotonic()
+    driver = run.start("up")
+    try:
+        new_head = wait_for("the re-created head", lambda: next(
+            (d.name for d in (run.workdir / "nodes").iterdir() if d.name != old_head), None), COMMAND_TIMEOUT_S)
+        back = {**outputs, "openai_base_url": outputs["openai_base_url"].replace(old_head, new_head)}
+        with _traffic(run, back, ca):
+            out, _ = driver.communicate(timeout=COMMAND_TIMEOUT_S)
+            again_s = time.monotonic() - started
+            assert driver.returncode == 0, out
+            assert "no longer exists" in out or "is DELETING" in out, out
+            assert _gpu_vms(run) == [HEAD] and run.outputs()["head_public_ip"] == new_head
+            verify = run("verify")
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
     assert "sandbox verify: PASSED" in ok(verify)
     state = _caretaker_state(run)
     assert state["action"] is None and state["requests"] >= 1
@@ -158,7 +188,7 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     assert "emulator: nothing left" in ok(destroy)
     assert leftover_processes(run.workdir) == []
     report(f"caretaker idle flow (b300x1-vllm): up {up.seconds:.1f} s; idle stop {waited:.1f} s after the last "
-           f"request (idle time 15 two-second minutes, polls every 1 s); up again {again.seconds:.1f} s; "
+           f"request (idle time 15 {IDLE_MINUTE_S}-second minutes, polls every 1 s); up again {again_s:.1f} s; "
            f"verify {verify.seconds:.1f} s")
 
 
@@ -210,7 +240,12 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
 
 def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(sandbox) -> None:
     run = sandbox()
-    up = run("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", "idleStopMinutes=15")
+    # Three-second minutes, as in the idle flow: the first request can only follow the rest of the up and the read of
+    # its outputs, and on 2 loaded cores that took longer than 15 one-second minutes (the replicas were stopped and
+    # the first request answered 503).
+    timing = json.dumps({"pollSeconds": 1, "minuteSeconds": IDLE_MINUTE_S})
+    up = run("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", "idleStopMinutes=15",
+             "--config", f"caretakerTiming={timing}")
     ok(up)
     outputs = run.outputs()
     assert outputs["caretaker_vm"] == "kimi-sandbox-front"
@@ -221,7 +256,7 @@ def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(s
     assert names == sorted(gpu + ["kimi-sandbox-front"])
     stop_began = time.monotonic()  # right after the last request
     wait_for("the idle stop of both replicas", lambda: not any(
-        v["name"] in gpu for v in run.emulator().inventory()["virtual_machines"]), 90, interval=0.5)
+        v["name"] in gpu for v in run.emulator().inventory()["virtual_machines"]), 150, interval=0.5)
     waited = time.monotonic() - stop_began
     # The front stays, and answers every path (/health too) with the 503 saying why and what brings it back.
     assert [v["name"] for v in run.emulator().inventory()["virtual_machines"]] == ["kimi-sandbox-front"]
@@ -234,12 +269,15 @@ def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(s
     status = ok(run("status"))
     assert "STOPPED (idle)" in status and "kimi-sandbox-r1-node0, kimi-sandbox-node0" in status, status
 
-    again = run("up")
-    ok(again)
-    assert sorted(n for n in (v["name"] for v in run.emulator().inventory()["virtual_machines"])) == \
-        sorted(gpu + ["kimi-sandbox-front"])
-    assert _ask(run, outputs, ca) == 200  # the 503 is gone: the caretaker step armed it again
+    # Requests from before the up returns: the replicas' idle clock starts when the front first serves again, and
+    # the rest of an up on a loaded machine can outlast it (the front keeps its address, so they can).
+    with _traffic(run, outputs, ca):
+        again = run("up")
+        ok(again)
+        assert sorted(n for n in (v["name"] for v in run.emulator().inventory()["virtual_machines"])) == \
+            sorted(gpu + ["kimi-sandbox-front"])
+        assert _ask(run, outputs, ca) == 200  # the 503 is gone: the caretaker step armed it again
     assert "last stop (idle)" in ok(run("status"))
     assert "emulator: nothing left" in ok(run("destroy"))
     report(f"caretaker replicas flow (2 x b300x1-vllm behind a front): up {up.seconds:.1f} s; both replicas deleted "
-           f"{waited:.1f} s after the last request (idle time 15 s); up again {again.seconds:.1f} s")
+           f"{waited:.1f} s after the last request (idle time {15 * IDLE_MINUTE_S} s); up again {again.seconds:.1f} s")

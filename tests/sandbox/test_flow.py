@@ -57,7 +57,7 @@ def _verified(output: str) -> None:
 
 
 def test_h100_flow_firewall_checkpoint_and_a_dead_engine(sandbox) -> None:
-    run = sandbox(timeline=True, kernel_cache=True)
+    run = sandbox(timeline=True, kernel_cache=True, preview=True)
     started = time.monotonic()
 
     up = run("up", "--topology", "h100x4-sglang")

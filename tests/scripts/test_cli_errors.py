@@ -86,7 +86,7 @@ def test_a_second_sandbox_command_in_one_workdir_is_refused(tmp_path, capsys):
     assert not (work.root / "sandbox.json").exists()  # nothing was started
 
 
-@pytest.mark.parametrize("option", ["--no-kernel-cache", "--kernel-cache", "--no-timeline"])
+@pytest.mark.parametrize("option", ["--no-kernel-cache", "--kernel-cache", "--no-timeline", "--skip-preview"])
 def test_the_sandboxs_up_options_are_refused_on_another_command(tmp_path, capsys, option):
     with pytest.raises(SystemExit) as caught:
         sandbox_cli.main(["destroy", "--workdir", str(tmp_path / "w"), option])
@@ -98,6 +98,9 @@ def test_expect_no_changes_is_for_refresh_and_up_and_a_refresh_needs_a_deployed_
     with pytest.raises(SystemExit) as caught:
         sandbox_cli.main(["verify", "--workdir", str(tmp_path / "w"), "--expect-no-changes"])
     assert caught.value.code == 2 and "applies to up and refresh only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:  # its changes are read from the preview's plan
+        sandbox_cli.main(["up", "--workdir", str(tmp_path / "w"), "--expect-no-changes", "--skip-preview"])
+    assert caught.value.code == 2 and "always previews" in capsys.readouterr().err
     for argv in (["refresh"], ["refresh", "--expect-no-changes"], ["up", "--expect-no-changes"]):
         assert sandbox_cli.main([*argv, "--workdir", str(tmp_path / "w")]) == 2
         one_error_line(capsys)  # no sandbox there: one line, no traceback
