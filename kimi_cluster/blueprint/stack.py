@@ -21,7 +21,7 @@ from kimi_cluster.plan import firewall
 from kimi_cluster.plan.client_configs import build_client_configs
 from kimi_cluster.plan.firewall import NodeRules, RuleSpec
 from kimi_cluster.plan.steps.model import CompiledSteps, VmPlan
-from kimi_cluster.plan.steps.resolve import resolve_vms
+from kimi_cluster.plan.steps.resolve import replica_prefix, resolve_vms
 from kimi_cluster.settings import NAMESPACE, Settings, tls_check
 
 
@@ -124,7 +124,7 @@ def blueprint(settings: Settings, name: str, quote: Quote | None = None) -> Blue
 
     replicas = []
     for replica in range(settings.replicas):
-        prefix = name if replica == 0 else f"{name}-r{replica}"
+        prefix = replica_prefix(name, replica)
         replicas.append(ReplicaArgs(
             index=replica, prefix=prefix,
             vms=[VmArgs(f"{prefix}-node{rank}", settings.replica_node_name(replica, rank), settings.flavor_name,

@@ -27,6 +27,10 @@ from kimi_cluster.settings.timing import Timing
 
 
 def replica_prefix(name: str, replica: int) -> str:
+    """The resource-name prefix of one replica's VMs and steps.
+
+    Replica 0 keeps the bare name, so a one-replica stack keeps the URNs it had before replicas existed.
+    """
     return name if replica == 0 else f"{name}-r{replica}"
 
 
