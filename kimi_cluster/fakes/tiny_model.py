@@ -96,6 +96,20 @@ def decode(ids: list[int]) -> str:
     return "".join(out)
 
 
+def render(messages: list[dict], tools: list | None = None, reasoning_effort: str | None = None) -> str:
+    """The prompt the chat template makes of a conversation, with the generation prompt (jinja2, as Hugging Face's
+    apply_chat_template runs it, for the fake engines' tokenize routes)."""
+    import jinja2.sandbox  # noqa: PLC0415  # only the fake engine's tokenize route renders; the hub serves files()
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    # Hugging Face's own tojson (transformers' chat template utils): no HTML escaping, keys in their order.
+    env.filters["tojson"] = lambda value, indent=None, separators=None, sort_keys=False: json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    template = env.from_string(CHAT_TEMPLATE)
+    return template.render(messages=messages, tools=tools, reasoning_effort=reasoning_effort,
+                           add_generation_prompt=True)
+
+
 def tokenizer_json() -> dict:
     """A Hugging Face fast tokenizer: byte-level BPE with no merges, the markers as special added tokens."""
     vocab = {char: b for b, char in _bytes_to_unicode().items()}
