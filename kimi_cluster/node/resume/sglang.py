@@ -73,7 +73,8 @@ class SglangDerender:
             return {"require_reasoning": bool(answer.get("require_reasoning"))}
         why = _error(answer, raw)
         log(f"stream {self.key}: not resumed after {len(output)} tokens: {why}")
-        raise Unavailable(f"the replica serving this stream was lost, and it cannot be resumed exactly: {why}")
+        raise Unavailable(f"the replica serving this stream was lost after {len(output)} tokens, and the stream cannot "
+                          f"be resumed exactly: {why}")
 
     def derender(self, item: dict[str, Any], waiting: Callable[[], None]) -> list[dict[str, Any]]:
         if not item.get("choices"):
