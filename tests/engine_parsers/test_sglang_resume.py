@@ -26,6 +26,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from kimi_cluster.checks.tools import TOOLS
 from kimi_cluster.fakes import tiny_model
@@ -40,7 +41,8 @@ from tests.engine_parsers.render_server import VENV, sglang_chat_server
 from tests.engine_parsers.test_resume_chat_layer import Recorder, assembled
 from tests.node.resume_fixtures import CutProxy
 
-pytestmark = pytest.mark.integration
+# A cut after every token of two turns: some 4 minutes on 2 loaded cores.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 _PROBE = "import sglang.srt.entrypoints.openai.serving_chat"
 if not (VENV / "bin" / "python").exists() or subprocess.run(
@@ -51,7 +53,7 @@ if not (VENV / "bin" / "python").exists() or subprocess.run(
     pytest.skip(reason, allow_module_level=True)
 
 QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=10.0, resumes=3, connect_s=2.0)
-USER = [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Oslo? Use the tool."}]
 TOOL_TURN = {"model": DEFAULT_MODEL, "stream": True, "max_tokens": 1000, "tools": TOOLS, "reasoning_effort": "low",
              "stream_options": {"include_usage": True}, "messages": USER}
 # No tools: no grammar, so every cut carries on.
