@@ -61,6 +61,7 @@ class Stream:
         self.text = ""  # the cumulative text handed to the route so far
         self.used = time.monotonic()
         self.lock = threading.Lock()
+        self.pump: asyncio.Future[None] | None = None  # the task running the route's stream, held while it runs
 
 
 class ChatLayer:
@@ -236,7 +237,7 @@ class ChatLayer:
                 stream.out.put_nowait(exc)
             stream.out.put_nowait(END)
 
-        stream.pump = asyncio.ensure_future(pump())  # type: ignore[attr-defined]  # held so it is not collected
+        stream.pump = asyncio.ensure_future(pump())
         await self._until_waiting(stream)
 
     async def _step(self, stream: Stream, content: dict[str, Any], last: bool) -> list[str]:
