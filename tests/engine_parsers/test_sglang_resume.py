@@ -292,7 +292,7 @@ def test_streams_in_flight_at_a_loss_finish_on_the_twin(front_as_deployed, mode:
     url, proxy, twin = front_as_deployed
     proxy.mode, proxy.cut_after = mode, 40
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    kinds = {"tool": {"tools": TOOLS, "messages": USER},
+    kinds: dict[str, dict[str, Any]] = {"tool": {"tools": TOOLS, "messages": USER},
              "reasoning": {"messages": [{"role": "user", "content": "Say hello."}]}}
 
     def one(kind: str) -> tuple[str, dict[str, Any], float]:
