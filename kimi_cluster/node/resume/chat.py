@@ -13,6 +13,9 @@
   answers (render.py): the calls go on to the new one with no gap. While no render server answers (a crash), a new
   stream passes through unresumed, and a stream already going waits for one, with its keep-alives, up to
   `render_timeout_s`: each derender call carries the whole stream so far, so any server picks it up.
+- On SGLang replicas (`Front.engine` "sglang") the render server is SGLang's own chat route on the front, which
+  keeps each stream's parsers and says which cuts can carry on exactly (sglang.py); the generation goes through
+  SGLang's `/generate`.
 - A request that is not streamed goes to a replica's own chat endpoint as it is (relay.py).
 - The body is checked first (request.py): a bad one gets a 4xx naming the field. What reaches a render server or an
   engine carries the front's own request id and no client-chosen multimodal cache key.
