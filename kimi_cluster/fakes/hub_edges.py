@@ -1,6 +1,6 @@
-"""The fake hub's pacing (kimi_cluster/fakes/hub.py): a cap per client address (ClientPace), and CDN edges: every connection lands on an edge that caps it, fast or
-slow, drawn from a seed at the connection's first body answer; a keep-alive connection stays on its edge, as a TCP
-connection stays with the one server it reached.
+"""The fake hub's pacing (kimi_cluster/fakes/hub.py): a cap per client address (ClientPace), and CDN edges: every
+connection lands on an edge that caps it, fast or slow, drawn from a seed at the connection's first body answer; a
+keep-alive connection stays on its edge, as a TCP connection stays with the one server it reached.
 
 What it stands for: plain HTTP downloads through the hub's bridge (CloudFront over S3) met edges capped at 8.7 MB/s
 per connection on 65 to 75% of requests, about 67 to 69 MB/s on the rest, and each request can land on another

@@ -42,6 +42,10 @@ def _progress(node: Path, done: int, total: int, updated_at: float) -> None:
     os.replace(tmp, path)
 
 
+def _sigint_as_a_terminal_leaves_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _status(run, *args: str) -> str:
     return ok(run("status", *args, timeout=120))
 
@@ -133,10 +137,12 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert direct_report["nodes"][0]["vm"]["status"] == "ACTIVE"
     assert direct_report["nodes"][0]["engine"]["restart_count"] == 7 and direct_report["advice"]
 
-    # --watch refreshes until interrupted.
+    # --watch refreshes until interrupted: by a terminal's Ctrl-C, so SIGINT as a terminal leaves it. A suite started
+    # in the background (a shell's `&` ignores SIGINT in what it starts) would hand its children the ignore, and
+    # the watch would rightly go on, as a background job does.
     watcher = subprocess.Popen(run.argv("status", "--watch", "1"), cwd=Path(__file__).resolve().parents[2],
                                env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_sigint_as_a_terminal_leaves_it)
     lines: list[str] = []
     assert watcher.stdout is not None
     for line in watcher.stdout:  # until the second screen has begun
