@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import yaml
 
 from .pulumi_cli import PulumiCli, PulumiError, Stack, toolchain_bin
+from .stack_secrets import KeptSecrets, ciphertexts, restore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFICATION_DIR = REPO_ROOT / "verification"
@@ -115,6 +116,10 @@ class CliStacks:
                 handle.write(secrets.token_urlsafe(32) + "\n")
         return path
 
+    @property
+    def kept_secrets(self) -> KeptSecrets:
+        return KeptSecrets(self.secrets_dir, self.passphrase_file)
+
     def cli(self) -> PulumiCli:
         if self._cli is None:
             cli = PulumiCli(self.root, toolchain_bin(), self.passphrase_file, self.out)
@@ -192,9 +197,15 @@ class CliStacks:
         """`pulumi up --yes` (with its preview unless `preview=False`) after `stack init` (once) and `config set` of
         every value (`expect_no_changes`: PulumiCli.up's)."""
         cli = self.cli()
+        previous = ciphertexts(stack.config_file)
         self._project(stack, base)
         cli.ensure_stack(stack)
-        cli.set_config(stack, config, secret_config)
+        # A secret set before with the same value gets its ciphertext back (kimi_cluster/sandbox/stack_secrets.py).
+        project = stack.project_dir.name
+        kept = self.kept_secrets.unchanged(project, previous, secret_config) if previous else {}
+        restore(stack.config_file, kept)
+        cli.set_config(stack, config, {k: v for k, v in secret_config.items() if k not in kept})
+        self.kept_secrets.remember(project, secret_config)
         return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout,
                                               expect_no_changes=expect_no_changes, preview=preview))
 
