@@ -5,6 +5,7 @@ the config file is written anew, a changed value is set again, and nothing the r
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 from pathlib import Path
@@ -79,3 +80,31 @@ def test_a_kept_secret_decrypts_a_changed_one_is_set_again_and_login_is_once(
     other = tmp_path / "other-passphrase"
     other.write_text("another\n")
     assert KeptSecrets(tmp_path / "secrets", other).unchanged("p", previous, values) == {}
+
+
+def test_the_secret_outputs_are_named_from_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`outputs` asks the CLI once (with --show-secrets) and reads which outputs are secrets from the checkpoint,
+    where the CLI keeps each as a value signed as a secret (sdk/go/common/resource/sig/sig.go)."""
+    from kimi_cluster.sandbox.cli_stacks import SECRET_SIGNATURE, SIGNATURE_KEY, STACK_TYPE, CliStacks
+
+    stacks = CliStacks(tmp_path, tmp_path / "secrets", io.StringIO())
+    path = stacks.checkpoint_path(stacks.cluster)
+    path.parent.mkdir(parents=True)
+    outputs = {"api_key": {SIGNATURE_KEY: SECRET_SIGNATURE, "ciphertext": "v1:abc"}, "endpoint_url": "https://x",
+               "client_configs": {"api_key": "[secret]"}, "replicas": 1}
+    path.write_text(json.dumps({"checkpoint": {"latest": {"resources": [
+        {"type": STACK_TYPE, "urn": "urn:pulumi:sandbox::kimi-cluster::pulumi:pulumi:Stack::x", "outputs": outputs},
+        {"type": "command:remote:Command", "urn": "urn:x", "outputs": {"stdout": {SIGNATURE_KEY: SECRET_SIGNATURE}}},
+    ]}}}))
+    shown = {"api_key": "sk-plain", "endpoint_url": "https://x", "client_configs": {"api_key": "sk-plain"},
+             "replicas": 1}
+    asked: list[list[str]] = []
+
+    class OneAnswer:
+        def run(self, args: list[str], **_: Any) -> str:
+            asked.append(args)
+            return json.dumps(shown)
+
+    monkeypatch.setattr(stacks, "_cli", OneAnswer())  # a stand-in CLI: this test is about the checkpoint
+    assert stacks.outputs(stacks.cluster) == (shown, frozenset({"api_key"}))
+    assert len(asked) == 1 and "--show-secrets" in asked[0]
