@@ -213,7 +213,7 @@ class CliStacks:
         kept = self.kept_secrets.unchanged(project, previous, secret_config) if previous else {}
         restore(stack.config_file, kept)
         cli.set_config(stack, config, {k: v for k, v in secret_config.items() if k not in kept})
-        self.kept_secrets.remember(project, secret_config)
+        self.kept_secrets.remember(project, secret_config, stack.config_file)
         return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout,
                                               expect_no_changes=expect_no_changes, preview=preview))
 

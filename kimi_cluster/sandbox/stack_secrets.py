@@ -5,8 +5,8 @@ the secrets that `pulumi config set --secret` put in it; setting them again cost
 key derivation each (four an up of the cluster stack, some 0.4 CPU-s apiece). A secret whose value is what was set
 last time gets its ciphertext back instead: it was encrypted under the same passphrase and the same salt, which the
 rewrite keeps. Whether a value changed is told by a keyed digest (HMAC-SHA256, keyed with the workdir's Pulumi
-passphrase), kept in the secrets folder beside the passphrase, so no value and nothing that reveals one is kept
-anywhere else.
+passphrase), kept in the secrets folder beside the passphrase with the ciphertext it was set as, so no value and
+nothing that reveals one is kept anywhere else.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def ciphertexts(config_file: Path) -> dict[str, str]:
 
 
 class KeptSecrets:
-    """The digests of the secrets last set on each project's stack, in `secrets_dir` (0600)."""
+    """What each project's stack was last given, in `secrets_dir` (0600): per secret, its value's digest and the
+    ciphertext `pulumi config set --secret` made of it. A ciphertext is kept only if the file still holds that very
+    one (anything else, e.g. an older release's sandbox or a user's `pulumi config set`, may have written another)."""
 
     def __init__(self, secrets_dir: Path, passphrase_file: Path) -> None:
         self.path = secrets_dir / RECORD_NAME
@@ -42,22 +44,30 @@ class KeptSecrets:
     def _digest(self, value: str) -> str:
         return hmac.new(self.passphrase_file.read_bytes(), value.encode(), hashlib.sha256).hexdigest()
 
-    def _record(self) -> dict[str, dict[str, str]]:
+    def _record(self) -> dict[str, dict[str, dict[str, str]]]:
         try:
             return dict(json.loads(self.path.read_text()))
         except (OSError, ValueError):
             return {}
 
     def unchanged(self, project: str, previous: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str]:
-        """{key: its ciphertext from `previous`} of the secrets in `wanted` whose value is the one last set."""
-        digests = self._record().get(project) or {}
-        return {key: previous[key] for key, value in wanted.items()
-                if key in previous and hmac.compare_digest(digests.get(key, ""), self._digest(value))}
+        """{key: its ciphertext from `previous`} of the secrets in `wanted` whose value is the one last set, still
+        in the file as it was set."""
+        given = self._record().get(project) or {}
+        kept = {}
+        for key, value in wanted.items():
+            last = given.get(key) or {}
+            if key in previous and previous[key] == last.get("ciphertext") \
+                    and hmac.compare_digest(str(last.get("digest", "")), self._digest(value)):
+                kept[key] = previous[key]
+        return kept
 
-    def remember(self, project: str, wanted: Mapping[str, str]) -> None:
-        """After they were set: the digests of `wanted`, the project's secrets now."""
+    def remember(self, project: str, wanted: Mapping[str, str], config_file: Path) -> None:
+        """After they were set: `wanted`, the project's secrets now, and their ciphertexts in `config_file`."""
+        now = ciphertexts(config_file)
         record = self._record()
-        record[project] = {key: self._digest(value) for key, value in wanted.items()}
+        record[project] = {key: {"digest": self._digest(value), "ciphertext": now[key]}
+                           for key, value in wanted.items() if key in now}
         temporary = self.path.with_suffix(".tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:

@@ -56,7 +56,7 @@ def test_a_kept_secret_decrypts_a_changed_one_is_set_again_and_login_is_once(
     values = {"p:token": "first-token", "p:key": "first-key"}
     cli.set_config(stack, {"p:plain": "1"}, values)
     kept = KeptSecrets(tmp_path / "secrets", cli.passphrase_file)
-    kept.remember("p", values)
+    kept.remember("p", values, stack.config_file)
     previous = ciphertexts(stack.config_file)
     assert set(previous) == set(values)
 
@@ -76,10 +76,14 @@ def test_a_kept_secret_decrypts_a_changed_one_is_set_again_and_login_is_once(
     record = tmp_path / "secrets" / RECORD_NAME
     assert oct(record.stat().st_mode & 0o777) == "0o600"
     assert not any(v in record.read_text() for v in (*values.values(), *wanted.values()))
-    # Another passphrase (a new workdir's) never takes a digest for the same value.
+    # Another passphrase (a new workdir's) never takes a digest for the same value, and a ciphertext someone else
+    # wrote (another release, a user's `pulumi config set`) is never kept, even for the value last set.
     other = tmp_path / "other-passphrase"
     other.write_text("another\n")
     assert KeptSecrets(tmp_path / "secrets", other).unchanged("p", previous, values) == {}
+    kept.remember("p", wanted, stack.config_file)
+    rewritten = {**ciphertexts(stack.config_file), "p:token": previous["p:token"] + "0"}
+    assert kept.unchanged("p", rewritten, wanted) == {"p:key": rewritten["p:key"]}
 
 
 def test_the_secret_outputs_are_named_from_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
