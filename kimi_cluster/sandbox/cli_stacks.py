@@ -202,7 +202,7 @@ class CliStacks:
     def up(self, stack: Stack, base: Path | None, config: Mapping[str, str], secret_config: Mapping[str, str],
            *, echo: bool, timeout: float, expect_no_changes: bool = False, preview: bool = True) -> dict[str, Any]:
         """`pulumi up --yes` (with its preview unless `preview=False`) after `stack init` (once) and `config set` of
-        every value (`expect_no_changes`: PulumiCli.up's)."""
+        every plain value and of each secret that changed (`expect_no_changes`: PulumiCli.up's)."""
         cli = self.cli()
         previous = ciphertexts(stack.config_file)
         self._project(stack, base)
