@@ -1,6 +1,7 @@
 """The fake SGLang's multi-node group behaves as SGLang 0.5.23's (kimi_cluster/fakes/inference/group.py): the head
 serves only once every rank has joined; a lost rank leaves the others running and hung, the head's /health 503
-after SGLANG_HEALTH_CHECK_TIMEOUT, its generations stalled; a formed group takes no one new."""
+after SGLANG_HEALTH_CHECK_TIMEOUT, its generations stalled, a worker's dummy /health 200; a formed group takes no
+one new."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class Group:
         self.dist, port = _free_port(), _free_port()
         self.api = f"http://127.0.0.1:{port}"
         self.port, self.tmp = port, tmp_path
+        self.worker_ports = {r: _free_port() for r in (1, 2)}  # each worker's dummy /health
         self.ranks: list[Rank] = []
         self.env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", "FAKE_ENGINE_PEER_LOSS_SECONDS": "1"}
 
@@ -77,7 +79,7 @@ class Group:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kimi_cluster.fakes.inference_server", "--engine", "sglang", "--model-path",
                  MODEL, "--nnodes", "3", "--node-rank", str(rank), "--dist-init-addr", f"127.0.0.1:{self.dist}",
-                 "--port", str(self.port), "--dist-timeout", "60"],
+                 "--port", str(self.port if rank == 0 else self.worker_ports[rank]), "--dist-timeout", "60"],
                 env=self.env, stdout=subprocess.DEVNULL, stderr=err)
         self.ranks.append(Rank(proc, log))
         return self.ranks[-1]
@@ -109,8 +111,9 @@ def test_the_head_serves_once_every_rank_joined_and_a_lost_rank_hangs_the_rest(g
     # A generation never returns: the collective it needs waits for the lost rank.
     chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     assert _status(f"{api}/v1/chat/completions", timeout=2, body=chat) == 0
-    # Neither survivor exits on its own.
+    # Neither survivor exits on its own, and the worker's /health (a dummy, as SGLang's) still says 200.
     assert head.alive() and first.alive()
+    assert _status(f"http://127.0.0.1:{group.worker_ports[1]}/health", timeout=5) == 200
 
 
 def test_a_formed_group_takes_no_new_rank(group) -> None:

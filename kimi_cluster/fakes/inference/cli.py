@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from .group import Group
+from .group import Group, serve_dummy_health
 from .server import FakeInferenceServer
 from .settings import DEFAULT_MODEL, ENGINES, FAULTS, FakeSettings
 from .warmup import warm_up
@@ -117,9 +117,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         group = Group(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout)
         group.start(stop)
     if args.node_rank > 0:
-        print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang); idling", file=sys.stderr)
+        print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang), only its dummy /health; "
+              "idling", file=sys.stderr)
+        try:
+            dummies = serve_dummy_health([_address(a) for a in args.listen] or [(args.host, args.port)])
+        except (OSError, ValueError) as exc:
+            print(f"fake-inference: cannot listen: {exc}", file=sys.stderr)
+            return 1
         while not stop.wait(1.0):
             pass
+        for dummy in dummies:
+            dummy.shutdown()
+            dummy.server_close()
         return 0
     if group is not None:
         # SGLang's head serves HTTP only once every rank has joined and the model is loaded.

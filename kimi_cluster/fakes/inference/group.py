@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 HEARTBEAT_S = 0.5
 # Silence after which a peer counts as lost (the fake's own detection: the real ranks only find out by hanging).
@@ -165,3 +166,28 @@ class Group:
                 why = str(exc)
                 break
         return why
+
+
+class _DummyHealth(BaseHTTPRequestHandler):
+    """A worker's /health, /health_generate and /ping: 200 whatever its ranks do, as SGLang's dummy server."""
+
+    def do_GET(self) -> None:
+        known = self.path.split("?", 1)[0] in ("/health", "/health_generate", "/ping")
+        self.send_response(200 if known else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def serve_dummy_health(addresses: list[tuple[str, int]]) -> list[ThreadingHTTPServer]:
+    """SGLang's worker nodes answer health checks on the API's address with a dummy server (started beside the
+    schedulers), which says nothing about the ranks."""
+    servers = []
+    for host, port in addresses:
+        server = ThreadingHTTPServer((host, port), _DummyHealth)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        servers.append(server)
+    return servers
