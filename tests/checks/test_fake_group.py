@@ -1,7 +1,7 @@
 """The fake SGLang's multi-node group behaves as SGLang 0.5.23's (kimi_cluster/fakes/inference/group.py): the head
 serves only once every rank has joined; a lost rank leaves the others running and hung, the head's /health 503
-after SGLANG_HEALTH_CHECK_TIMEOUT, its generations stalled, a worker's dummy /health 200; a formed group takes no
-one new."""
+after SGLANG_HEALTH_CHECK_TIMEOUT, its generations stalled until the watchdog ends its engine, a worker's dummy
+/health 200; a formed group takes no one new."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class Group:
         self.port, self.tmp = port, tmp_path
         self.worker_ports = {r: _free_port() for r in (1, 2)}  # each worker's dummy /health
         self.ranks: list[Rank] = []
-        self.env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", "FAKE_ENGINE_PEER_LOSS_SECONDS": "1"}
+        self.env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", "FAKE_ENGINE_PEER_LOSS_SECONDS": "1",
+                    "FAKE_ENGINE_WATCHDOG_SECONDS": "2"}
 
     def __call__(self, rank: int) -> Rank:
         log = self.tmp / f"rank{rank}-{len(self.ranks)}.log"
@@ -108,12 +109,16 @@ def test_the_head_serves_once_every_rank_joined_and_a_lost_rank_hangs_the_rest(g
     second.proc.kill()
     # The head finds the rank lost; its /health then waits SGLANG_HEALTH_CHECK_TIMEOUT (1 s here) and says 503.
     _wait("the head's /health to turn 503", lambda: _status(f"{api}/health", timeout=10) == 503)
+    assert head.alive()  # an idle hung head is not watched: only a forward trips the watchdog
     # A generation never returns: the collective it needs waits for the lost rank.
     chat = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     assert _status(f"{api}/v1/chat/completions", timeout=2, body=chat) == 0
-    # Neither survivor exits on its own, and the worker's /health (a dummy, as SGLang's) still says 200.
-    assert head.alive() and first.alive()
+    # The worker does not exit on its own, and its /health (a dummy, as SGLang's) still says 200.
+    assert first.alive()
     assert _status(f"http://127.0.0.1:{group.worker_ports[1]}/health", timeout=5) == 200
+    # The stuck forward trips the head's watchdog (2 s here, 300 s by default), 5 s on it ends the head's engine.
+    _wait("the head's watchdog", lambda: not head.alive(), 60)
+    assert head.said("watchdog timeout") and first.alive()
 
 
 def test_a_formed_group_takes_no_new_rank(group) -> None:

@@ -35,6 +35,9 @@ LOSS_S = float(os.environ.get("FAKE_ENGINE_PEER_LOSS_SECONDS") or 3.0)
 # shortens it with its FAKE_* knob, which reaches the fake nodes' engines).
 HEALTH_TIMEOUT_S = float(os.environ.get("FAKE_ENGINE_HEALTH_CHECK_TIMEOUT")
                          or os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT") or 20)
+# A forward that never returns trips SGLang's scheduler watchdog (--watchdog-timeout, 300 s, checked every half of
+# it), which kills every SGLang process of the node 5 s later (python/sglang/srt/utils/watchdog.py).
+WATCHDOG_S = float(os.environ.get("FAKE_ENGINE_WATCHDOG_SECONDS") or 300)
 _HELLO_MAX = 64  # bytes of a joining rank's hello line: anything longer is not a rank of this group
 
 
@@ -56,10 +59,27 @@ class Group:
         self._lost_at: float | None = None
         self._lock = threading.Lock()
         self._peers: dict[int, socket.socket] = {}  # on the head: each worker's connection, by rank
+        self._watchdog = False
 
     # what the server asks
     def hung(self) -> bool:
         return self._lost_at is not None
+
+    def stall(self, stop: threading.Event) -> None:
+        """A generation on a hung group: it never returns, and the watchdog ends the whole engine after WATCHDOG_S
+        (only while the group works is the watchdog quiet: an idle scheduler is not watched)."""
+        with self._lock:
+            arm = not self._watchdog
+            self._watchdog = True
+        if arm:
+            threading.Thread(target=self._bite, args=(stop,), daemon=True).start()
+        stop.wait()
+
+    def _bite(self, stop: threading.Event) -> None:
+        if stop.wait(WATCHDOG_S + 5):
+            return
+        _log(f"rank {self.rank}: watchdog timeout: a forward batch took over {WATCHDOG_S:g} s; killing the engine")
+        os._exit(1)
 
     def _lose(self, who: str, why: str) -> None:
         with self._lock:

@@ -157,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
         if model not in self.settings.model_ids:
             raise HttpError(404, f"The model `{model}` does not exist.")
         if self.server.group is not None and self.server.group.hung():
-            self.server.stop_event.wait()  # the forward never returns: the lost rank's collective hangs
+            self.server.group.stall(self.server.stop_event)  # the forward waits for the lost rank's collective
         if "slow" in self.settings.faults:
             self.server.stop_event.wait(self.settings.slow_seconds)
         if "server_error" in self.settings.faults:
