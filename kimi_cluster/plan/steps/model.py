@@ -106,7 +106,8 @@ class Step:
 
     `after`: step names on the same VM (a step that is off is skipped), or `step@head` (this replica's head),
     `step@every-node` (every node of this replica), `step@previous-replica` (the previous replica's head),
-    `step@every-replica` (every replica's head), `@rules` (this VM's firewall rules).
+    `step@every-replica` (every replica's head), `step@every-peer` (every GPU node the download's fan-out spans:
+    every node of every replica), `@rules` (this VM's firewall rules).
     `inputs`: the frozen type the blueprint fills for it (kimi_cluster/blueprint/inputs.py), which `build` and
     `suffix` read. `reads`: the VmSpot fields its script reads (the program waits for those alone, so a step that
     reads less depends on less).

@@ -64,9 +64,10 @@ TABLE: tuple[Step, ...] = (
                     "hashed as it streams, in a systemd unit that survives a dropped SSH session, and follow it",
          weights_download.WeightsInputs, weights_download.weights_values,
          weights_download.weights_deadline_s, NODE, CHAIN,
-         # After every node's storage step: a node re-created after a loss is about to ask its peers when they
-         # run this step again to serve it, so they wait --peer-timeout for its first answer, not its boot.
-         after=("storage", "storage@every-node"), stdin=("hf_token", "peer_token"),
+         # After the storage step of every node it shares the download with (a twin replica's too): a node
+         # re-created after a loss is about to ask its peers when they run this step again to serve it, so they
+         # wait --peer-timeout for its first answer, not for its boot.
+         after=("storage", "storage@every-peer"), stdin=("hf_token", "peer_token"),
          timing_keys="peerTimeoutS, deadlineSlackS"),
     # Beside the pull and the download; it never fails (its transfer deadline, kernelCache.*TimeoutMinutes, ends it
     # first with a warning, so this one must outlast it), so the launch only ever waits for it.
