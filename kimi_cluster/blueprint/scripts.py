@@ -43,12 +43,14 @@ def render_front_step(settings: Settings, step: str, head_private_ips: Sequence[
 def render_node_scripts(settings: Settings, rank: int, private_ip: str, head_private_ip: str,
                         timing: Timing | None = None, tls: ProxyTls = PLAN_TLS,
                         public_ip: str = PLAN_PUBLIC_IP, peer_ips: Sequence[str] | None = None,
-                        peer_rank: int | None = None, replica: int = 0) -> dict[str, str]:
-    """Every script node `rank` of `replica` runs, by step, in order (render_vm_scripts with this spot)."""
+                        peer_rank: int | None = None, replica: int = 0,
+                        group_vm_ids: str | None = None) -> dict[str, str]:
+    """Every script node `rank` of `replica` runs, by step, in order (render_vm_scripts with this spot;
+    `group_vm_ids`: its engine group's VM ids)."""
     steps = every_step(settings, timing)
     vm = next(v for v in resolve_vms(steps.shape, steps.timing, "kimi") if v.replica == replica and v.rank == rank)
     if peer_rank is not None:
         vm = dataclasses.replace(vm, peer_rank=peer_rank)
     spot = VmSpot(private_ip=private_ip, head_private_ip=head_private_ip, public_ip=public_ip, tls=tls,
-                  peer_ips=peer_ips)
+                  peer_ips=peer_ips, group_vm_ids=group_vm_ids)
     return render_vm_scripts(steps, vm, spot)

@@ -103,9 +103,9 @@ class InferenceCluster(pulumi.ComponentResource):
         # Where each VM stands once its addresses are known; the scripts are rendered from that alone.
         public_tls = endpoint.public_tls()
         head_ips = [g.head_private_ip for g in built]
-        gpu_vm_ids = pulumi.Output.all(*[vm.vm_id for g in built for vm in g.vms]).apply(
-            # A number may come back from the state as a float (1000.0): the id is its whole part.
-            lambda a: " ".join(str(int(i)) if isinstance(i, float) else str(i) for i in a))
+        gpu_vm_ids = _vm_ids([vm for g in built for vm in g.vms])
+        # Each replica's own VMs: a new one among them (a lost node re-created) runs its group's steps again.
+        group_ids = [_vm_ids(g.vms) for g in built]
         sharing = bp.fan_out > 1 and peer_token is not None
         peers = pulumi.Output.all(*fan_out_ips).apply(lambda a: list(a) if sharing else None)
         scripts: dict[str, pulumi.Output[str]] = {}
@@ -116,7 +116,7 @@ class InferenceCluster(pulumi.ComponentResource):
                          "gpu_vm_ids": gpu_vm_ids, "front_upstreams": pulumi.Output.all(*head_ips).apply(list)}
             else:
                 known = {"private_ip": vm.private_ip, "head_private_ip": built[plan.replica].head_private_ip,
-                         "public_ip": vm.public_ip, "peer_ips": peers}
+                         "public_ip": vm.public_ip, "peer_ips": peers, "group_vm_ids": group_ids[plan.replica]}
                 if door is None and plan.replica == 0 and plan.rank == 0:  # it holds the endpoint
                     known.update(tls=public_tls, gpu_vm_ids=gpu_vm_ids)
             for step in plan.steps:
@@ -172,3 +172,10 @@ class InferenceCluster(pulumi.ComponentResource):
         reads = [f for f in BY_NAME[step].reads if f in known]
         return pulumi.Output.all(*[known[f] for f in reads]).apply(lambda a: render_vm_scripts(
             steps, plan, VmSpot(**dict(zip(reads, a, strict=True))), only=(step,))[step])
+
+
+def _vm_ids(vms: list[VirtualMachine]) -> pulumi.Output[str]:
+    """The VMs' ids in order, space-separated."""
+    return pulumi.Output.all(*[vm.vm_id for vm in vms]).apply(
+        # A number may come back from the state as a float (1000.0): the id is its whole part.
+        lambda a: " ".join(str(int(i)) if isinstance(i, float) else str(i) for i in a))

@@ -4,7 +4,8 @@ The real huggingface_hub (snapshot_download, HfApi.model_info) works against it 
 headers and redirects (LFS files go through a "CDN" on the other loopback name, as on the real hub) and no Xet; knobs
 inject the faults a node must survive: a private repo, a missing repo, a file served short, a dropped connection.
 For the weights benchmark it also caps the bandwidth per client address (a hub serves each client at a bounded
-rate), serves a synthetic repository of any size, and logs every answer as one JSON line.
+rate), serves a synthetic repository of any size, and logs every answer as one JSON line; a test holds every body
+at its middle and releases it (kimi_cluster/fakes/hub_hold.py: `--hold`, POST HOLD_PATH, POST RELEASE_PATH).
 
     python -m kimi_cluster.fakes.hub --port 8123 --repo moonshotai/Kimi-K3.1-Pro --revision
     6d0a0202956796543364d666ab19c6ad1a494ee1
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-from kimi_cluster.fakes.hub_edges import ConnectionPace, Edges
+from kimi_cluster.fakes.hub_edges import ClientPace, ConnectionPace, Edges
+from kimi_cluster.fakes.hub_hold import HOLD_PATH, RELEASE_PATH, Hold, pieces
 from kimi_cluster.fakes.hub_repo import (
     LFS_POINTER_SIZE,
     HubFile,
@@ -36,8 +38,8 @@ from kimi_cluster.fakes.hub_repo import (
 )
 
 # The repository's files live in kimi_cluster/fakes/hub_repo.py; their names stay importable from here.
-__all__ = ["LFS_POINTER_SIZE", "STATS_PATH", "Edges", "FakeHub", "Faults", "HubFile", "main", "safetensors_bytes",
-           "synthetic_repo", "tiny_repo"]
+__all__ = ["HOLD_PATH", "LFS_POINTER_SIZE", "RELEASE_PATH", "STATS_PATH", "Edges", "FakeHub", "Faults", "HubFile",
+           "main", "safetensors_bytes", "synthetic_repo", "tiny_repo"]
 
 
 @dataclass
@@ -89,7 +91,8 @@ class FakeHub:
         self.log_file = log_file
         self.sent: Counter = Counter()  # client address -> body bytes sent
         self.answers: list[tuple[str, str, str, int, int]] = []  # (client, method, path, status, body bytes)
-        self._next_slot: dict[str, float] = {}
+        self.client_pace = ClientPace()
+        self.hold = Hold()  # every file body stops at its middle while held (kimi_cluster/fakes/hub_hold.py)
         self.server = _QuietServer((host, port), _handler(self))
         self.server.daemon_threads = True
         # (certificate file, key file): https, as a real mirror on another host serves the token's requests.
@@ -120,6 +123,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.hold.release()  # a held body's thread would otherwise wait past the server
         self.server.shutdown()
         self.server.server_close()
 
@@ -154,22 +158,6 @@ class FakeHub:
                         "status": status, "bytes": nbytes}
                 with open(self.log_file, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(line) + "\n")
-
-    def pace(self, client: str, nbytes: int) -> None:
-        """Hold a chunk for `client` until its share of the per-client rate allows it: all of one address's
-        connections draw on one budget, as a hub's per-client limit does."""
-        rate = self.faults.client_bytes_per_second
-        if not rate:
-            return
-        with self.lock:
-            now = time.monotonic()
-            # A quarter second of unused budget may be spent late, so a thread that wakes up late on a busy machine
-            # does not lower the long-run rate below the cap (nor raise it above).
-            start = max(now - 0.25, self._next_slot.get(client, 0.0))
-            self._next_slot[client] = start + nbytes / rate
-        delay = start + nbytes / rate - now
-        if delay > 0:
-            time.sleep(delay)
 
     def take(self, counter: Counter, path: str) -> bool:
         with self.lock:
@@ -267,13 +255,22 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def do_HEAD(self) -> None:
             self.do_GET()
 
+        def do_POST(self) -> None:  # the fake's own controls (kimi_cluster/fakes/hub_hold.py), not hub routes
+            control = {HOLD_PATH: hub.hold.hold, RELEASE_PATH: hub.hold.release}.get(urlsplit(self.path).path)
+            if control is None:
+                self._send(404, b"not a hub route")
+                return
+            control()
+            self._json({"holding": hub.hold.holding})
+
         def do_GET(self) -> None:
             url = urlsplit(self.path)
             if url.path == STATS_PATH:
                 # The fake's own counters (not a hub route): what a test reads of a hub running as a service.
                 with hub.lock:
                     stats = {"requests": len(hub.requests), "body_bytes": hub.body_bytes,
-                             "body_bytes_by_client": dict(hub.body_bytes_by_client)}
+                             "body_bytes_by_client": dict(hub.body_bytes_by_client),
+                             "holding": hub.hold.holding, "held": hub.hold.waiting}
                 self._json(stats)  # outside the lock: answering logs the answer, which takes it
                 return
             with hub.lock:
@@ -359,10 +356,13 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 step = min(step, max(4096, int(edge.rate / 20)))
             client, sent = self.client_address[0], 0
             try:
-                for i in range(0, limit, step):
-                    chunk = data[i:min(i + step, limit)]
+                for i, end in pieces(limit, step):
+                    if i == limit // 2 and i:
+                        self.wfile.flush()  # the first half reaches the client while the rest is held
+                        hub.hold.at_middle()
+                    chunk = data[i:end]
                     edge.wait(len(chunk))
-                    hub.pace(client, len(chunk))
+                    hub.client_pace.wait(client, len(chunk), hub.faults.client_bytes_per_second)
                     self.wfile.write(chunk)
                     sent += len(chunk)
                     with hub.lock:
@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chat-model", action="store_true",
                     help="serve the tiny chat model's config, tokenizer and chat template beside the weights "
                          "(kimi_cluster/fakes/tiny_model.py), which a front's vLLM render server reads")
+    ap.add_argument("--hold", action="store_true",
+                    help=f"start held: every file body stops at its middle until a POST to {RELEASE_PATH} "
+                         f"(POST {HOLD_PATH} holds them again)")
     ap.add_argument("--log-file", help="append one JSON line per answer: path, status, bytes sent, client address")
     ap.add_argument("--tls-cert", help="serve https with this certificate (PEM; with --tls-key)")
     ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -432,6 +435,8 @@ def main(argv: list[str] | None = None) -> None:
     hub = FakeHub(args.repo, args.revision, files, token=token, faults=faults, host=args.host, port=args.port,
                   log_file=args.log_file, cdn_host=args.cdn_host,
                   tls=(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None)
+    if args.hold:
+        hub.hold.hold()
     print(f"fake hub serving {args.repo}@{args.revision} at {hub.scheme}://{args.host}:{hub.port}", flush=True)
     try:
         hub.server.serve_forever()

@@ -1,6 +1,6 @@
-"""The fake hub's CDN edges (kimi_cluster/fakes/hub.py): every connection lands on an edge that caps it, fast or
-slow, drawn from a seed at the connection's first body answer; a keep-alive connection stays on its edge, as a TCP
-connection stays with the one server it reached.
+"""The fake hub's pacing (kimi_cluster/fakes/hub.py): a cap per client address (ClientPace), and CDN edges: every
+connection lands on an edge that caps it, fast or slow, drawn from a seed at the connection's first body answer; a
+keep-alive connection stays on its edge, as a TCP connection stays with the one server it reached.
 
 What it stands for: plain HTTP downloads through the hub's bridge (CloudFront over S3) met edges capped at 8.7 MB/s
 per connection on 65 to 75% of requests, about 67 to 69 MB/s on the rest, and each request can land on another
@@ -70,3 +70,25 @@ class ConnectionPace:
         self.next_slot = start + nbytes / self.rate
         if self.next_slot > now:
             time.sleep(self.next_slot - now)
+
+
+class ClientPace:
+    """Holds a chunk for a client until its share of the per-client rate allows it: all of one address's connections
+    draw on one budget, as a hub's per-client limit does."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_slot: dict[str, float] = {}
+
+    def wait(self, client: str, nbytes: int, rate: float | None) -> None:
+        if not rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            # A quarter second of unused budget may be spent late, so a thread that wakes up late on a busy machine
+            # does not lower the long-run rate below the cap (nor raise it above).
+            start = max(now - 0.25, self._next_slot.get(client, 0.0))
+            self._next_slot[client] = start + nbytes / rate
+        delay = start + nbytes / rate - now
+        if delay > 0:
+            time.sleep(delay)

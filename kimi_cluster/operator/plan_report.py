@@ -425,8 +425,8 @@ def placeholder_spots(settings: Settings) -> dict[str, VmSpot]:
         holds = not settings.has_front and vm.replica == 0 and vm.rank == 0
         spots[vm.resource] = VmSpot(private_ip=ip(vm.name), head_private_ip=ip(head.name),
                                     public_ip="<head-public-ip>" if holds else f"<{vm.name}-public-ip>",
-                                    peer_ips=peers,
-                                    gpu_vm_ids=ids if holds else None)
+                                    peer_ips=peers, gpu_vm_ids=ids if holds else None,
+                                    group_vm_ids=" ".join(f"{g.name}-id" for g in gpu if g.replica == vm.replica))
     return spots
 
 

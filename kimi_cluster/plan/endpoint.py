@@ -37,6 +37,15 @@ def readiness_identity(inputs: ReadinessInputs, tls: ProxyTls = PLAN_TLS) -> str
     return hashlib.sha256(" ".join(prints).encode()).hexdigest()[:16]
 
 
+def group_identity(inputs: ReadinessInputs, spot: VmSpot, tls: ProxyTls = PLAN_TLS) -> str:
+    """The readiness identity of a replica's head: with several nodes it changes too when a VM of its group is new,
+    whose relaunch of every rank the wait must then see through."""
+    identity = readiness_identity(inputs, tls)
+    if inputs.engine.nodes < 2 or not spot.group_vm_ids:
+        return identity
+    return identity + "-" + hashlib.sha256(spot.group_vm_ids.encode()).hexdigest()[:16]
+
+
 def front_identity(inputs: ReadinessInputs, head_private_ips: Sequence[str]) -> str:
     """The front's readiness identity: runs its wait again when a launch or a replica's address changes."""
     return readiness_identity(inputs) + "-" + hashlib.sha256(" ".join(head_private_ips).encode()).hexdigest()[:16]
@@ -61,7 +70,7 @@ def readiness_values(inputs: ReadinessInputs, spot: VmSpot, timing: Timing, _dea
     # runs the wait again when a launch or a replica's address changes.
     front = spot.front_upstreams is not None
     container = proxy.CONTAINER_NAME if front else launch.CONTAINER_NAME
-    identity = front_identity(inputs, spot.front_upstreams or ()) if front else readiness_identity(inputs, spot.tls)
+    identity = front_identity(inputs, spot.front_upstreams or ()) if front else group_identity(inputs, spot, spot.tls)
     return {"container": container, "container_role": "proxy" if front else "engine",
             "served_name": inputs.engine.served_name, "api_port": inputs.endpoint.api_port,
             "readiness_timeout_s": timing.readiness_s, "log_tail": timing.log_tail,
@@ -76,5 +85,5 @@ def engine_ready_values(inputs: ReadinessInputs, spot: VmSpot, timing: Timing, _
     return {"container": launch.CONTAINER_NAME, "served_name": inputs.engine.served_name,
             "engine_url": f"http://{spot.private_ip}:{inputs.engine.engine_port}",
             "readiness_timeout_s": timing.readiness_s, "log_tail": timing.log_tail,
-            "launch_identity": readiness_identity(inputs, spot.tls),
+            "launch_identity": group_identity(inputs, spot, spot.tls),
             "readmit_checks": DEFAULT_TUNING.readmit_checks, "readmit_interval_s": DEFAULT_TUNING.health_interval_s}

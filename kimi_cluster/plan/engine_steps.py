@@ -17,6 +17,9 @@ from kimi_cluster.plan.steps.model import VmSpot
 from kimi_cluster.settings import WARMUP_ENGINE_PORT
 from kimi_cluster.settings.timing import Timing
 
+# On a node of a multi-node engine: the group its running engine was launched for (templates/launch.sh.j2).
+GROUP_FILE = "engine.group"
+
 
 @dataclass(frozen=True)
 class LaunchInputs:
@@ -51,7 +54,10 @@ def launch_values(inputs: LaunchInputs, spot: VmSpot, timing: Timing, _deadline_
     return {**_engine_values(engine, inputs.gpus_per_node, spot), "container": launch.CONTAINER_NAME,
             "fingerprint": launch.launch_fingerprint(engine, spot.rank, spot.private_ip, spot.head_private_ip),
             "fingerprint_label": launch.FINGERPRINT_LABEL, "docker_argv": argv,
-            "settle_seconds": timing.settle_seconds, "warmup": inputs.warmup}
+            "settle_seconds": timing.settle_seconds, "warmup": inputs.warmup,
+            # Several nodes make one process group, which a rank cannot rejoin: a new VM in it relaunches every rank.
+            "group_vm_ids": (spot.group_vm_ids or "") if engine.nodes > 1 else "",
+            "group_file": GROUP_FILE}
 
 
 def warmup_values(inputs: WarmupInputs, spot: VmSpot, timing: Timing, deadline_s: int,

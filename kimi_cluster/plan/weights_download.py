@@ -37,7 +37,6 @@ class WeightsInputs:
     hf_endpoint: str
     fan_out: int
     peer_port: int
-    has_front: bool  # behind a front a node serves every file it has, to the other replicas' nodes too
     hub_stream_min_mbps: float
     hub_stream_floor_share: float
     hub_stream_window_seconds: float
@@ -60,15 +59,31 @@ def peer_list(inputs: WeightsInputs, peer_ips: Sequence[str] | None) -> str:
     return ",".join(f"{ip}:{inputs.peer_port}" for ip in peer_ips)
 
 
+def wait_timeout_s(timing: Timing, sharing: bool) -> int:
+    """How long the step follows its download: the download's own time, plus, when the nodes share it, the
+    --peer-timeout a node may wait for a peer's first answer before it takes that peer's share from the hub."""
+    return timing.download_s + (timing.peer_timeout_s if sharing else 0)
+
+
+def weights_deadline_s(timing: Timing) -> int:
+    """The step's deadline: its longest wait (wait_timeout_s with peers) and the slack of installing pip and
+    huggingface_hub, shipping the program and printing the log, never less than six slacks."""
+    return timing.download_s + max(6 * timing.deadline_slack_s, timing.peer_timeout_s + 5 * timing.deadline_slack_s)
+
+
 def weights_values(inputs: WeightsInputs, spot: VmSpot, timing: Timing, _deadline_s: int,
                    _step: str) -> dict[str, Any]:
+    peers = peer_list(inputs, spot.peer_ips)
     return {"repo": inputs.model, "revision": inputs.model_revision, "unit": WEIGHTS_UNIT,
             "repo_folder": repo_folder(inputs.model), "checkpoint_bytes": inputs.checkpoint_bytes,
             "hf_hub_version": HF_HUB_VERSION, "download_workers": inputs.download_workers,
-            "hf_endpoint": inputs.hf_endpoint, "download_timeout_s": timing.download_s,
-            "peers": peer_list(inputs, spot.peer_ips),
+            "hf_endpoint": inputs.hf_endpoint,
+            "peers": peers,
             "peer_rank": spot.rank if spot.peer_rank is None else spot.peer_rank,
-            "serve_complete": inputs.has_front, "peer_timeout_s": timing.peer_timeout_s,
+            # A node that holds every file still serves them when its step runs again: it runs again when a VM of
+            # its group is new (`group_vm_ids`), and that node then takes every file from its peers, not the hub.
+            "serve_complete": bool(peers), "group_vm_ids": spot.group_vm_ids or "",
+            "peer_timeout_s": timing.peer_timeout_s, "wait_timeout_s": wait_timeout_s(timing, bool(peers)),
             "stall_seconds": timing.stall_seconds, "progress_file": weights.PROGRESS_FILE,
             "hub_min_rate": f"{inputs.hub_stream_min_mbps * 1e6:.0f}",
             "hub_floor_share": f"{inputs.hub_stream_floor_share:g}",

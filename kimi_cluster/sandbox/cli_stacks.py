@@ -23,11 +23,16 @@ from typing import Any, TextIO
 import yaml
 
 from .pulumi_cli import PulumiCli, PulumiError, Stack, toolchain_bin
+from .stack_secrets import KeptSecrets, ciphertexts, restore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERIFICATION_DIR = REPO_ROOT / "verification"
 STACK_NAME = "sandbox"
 STACK_TYPE = "pulumi:pulumi:Stack"
+# A secret in a checkpoint's values: {SIGNATURE_KEY: SECRET_SIGNATURE, "ciphertext": ...} (`Key` and `Secret` of
+# sdk/go/common/resource/sig/sig.go in github.com/pulumi/pulumi, v3.259.0).
+SIGNATURE_KEY = "4dabf18193072939515e22adb298388d"
+SECRET_SIGNATURE = "1b47061264138c4ac30d75fd1eb44270"
 # The CLI's summary lines: "    + 65 created", "    65 unchanged", "    - 65 deleted".
 _COUNT = re.compile(r"^\s+[+~\-]?\s*(\d+) (created|updated|deleted|unchanged|replaced)\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -115,6 +120,10 @@ class CliStacks:
                 handle.write(secrets.token_urlsafe(32) + "\n")
         return path
 
+    @property
+    def kept_secrets(self) -> KeptSecrets:
+        return KeptSecrets(self.secrets_dir, self.passphrase_file)
+
     def cli(self) -> PulumiCli:
         if self._cli is None:
             cli = PulumiCli(self.root, toolchain_bin(), self.passphrase_file, self.out)
@@ -149,9 +158,12 @@ class CliStacks:
         cli = self.cli()
         shown = json.loads(cli.run(["stack", "output", "--json", "--show-secrets", "--stack", stack.name],
                                    cwd=stack.project_dir) or "{}")
-        masked = json.loads(cli.run(["stack", "output", "--json", "--stack", stack.name],
-                                    cwd=stack.project_dir) or "{}")
-        secret_names = frozenset(k for k, v in masked.items() if v == "[secret]" and shown.get(k) != "[secret]")
+        # Which are secrets, from the checkpoint (no second CLI start for the masked outputs): the CLI keeps a secret
+        # output there as an object signed as a secret.
+        stack_resource: dict[str, Any] = next(
+            (r for r in self._latest(stack).get("resources") or [] if r.get("type") == STACK_TYPE), {})
+        secret_names = frozenset(name for name, value in (stack_resource.get("outputs") or {}).items()
+                                 if isinstance(value, dict) and value.get(SIGNATURE_KEY) == SECRET_SIGNATURE)
         return shown, secret_names
 
     @contextmanager
@@ -190,11 +202,18 @@ class CliStacks:
     def up(self, stack: Stack, base: Path | None, config: Mapping[str, str], secret_config: Mapping[str, str],
            *, echo: bool, timeout: float, expect_no_changes: bool = False, preview: bool = True) -> dict[str, Any]:
         """`pulumi up --yes` (with its preview unless `preview=False`) after `stack init` (once) and `config set` of
-        every value (`expect_no_changes`: PulumiCli.up's)."""
+        every plain value and of each secret that changed (`expect_no_changes`: PulumiCli.up's)."""
         cli = self.cli()
+        previous = ciphertexts(stack.config_file)
         self._project(stack, base)
-        cli.ensure_stack(stack)
-        cli.set_config(stack, config, secret_config)
+        if not self.checkpoint_path(stack).exists():  # the file backend writes it at `stack init`
+            cli.ensure_stack(stack)
+        # A secret set before with the same value gets its ciphertext back (kimi_cluster/sandbox/stack_secrets.py).
+        project = stack.project_dir.name
+        kept = self.kept_secrets.unchanged(project, previous, secret_config) if previous else {}
+        restore(stack.config_file, kept)
+        cli.set_config(stack, config, {k: v for k, v in secret_config.items() if k not in kept})
+        self.kept_secrets.remember(project, secret_config, stack.config_file)
         return self._operation(lambda: cli.up(stack, echo=echo, timeout=timeout,
                                               expect_no_changes=expect_no_changes, preview=preview))
 

@@ -145,7 +145,16 @@ class PulumiCli:
         if not plugins.exists() and not plugins.is_symlink():
             machine_plugins.mkdir(parents=True, exist_ok=True)
             plugins.symlink_to(machine_plugins)
-        self.run(["login", self.backend])
+        if not self.logged_in():  # once a workdir, not once a command: each `pulumi` run is a CLI start
+            self.run(["login", self.backend])
+
+    def logged_in(self) -> bool:
+        """This Pulumi home's current backend is the workdir's (`pulumi login` wrote it to credentials.json)."""
+        try:
+            credentials = json.loads((self.home / "credentials.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(credentials, dict) and credentials.get("current") == self.backend
 
     # -- commands --
 

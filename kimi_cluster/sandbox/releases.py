@@ -29,8 +29,8 @@ from kimi_cluster.sandbox.nodes import parsers_vllm
 from kimi_cluster.sandbox.refresh import json_documents
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# The release before this checkout's (docs/CHANGELOG.md names each release's commit): 0.3.1.
-PREVIOUS_RELEASE = "5be8451"
+# The release before this checkout's (docs/CHANGELOG.md names each release's commit): 0.3.2.
+PREVIOUS_RELEASE = "c132b7e"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kimi-cluster" / "releases"
 INSTALL_TIMEOUT_S = 1200
 # What an upgrade must never replace (nor delete or create anew): each bills, holds the cluster's identity or is

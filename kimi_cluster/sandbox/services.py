@@ -27,6 +27,8 @@ SANDBOX_MINUTE_SECONDS = 1.0
 CARETAKER_TIMING = json.dumps({"pollSeconds": 1, "minuteSeconds": SANDBOX_MINUTE_SECONDS})
 # More arguments for the sandbox's own emulator, e.g. "--fault vm-error:kimi-sandbox-node0" (tests/sandbox/).
 EMULATOR_ARGS_VARIABLE = "KIMI_SANDBOX_EMULATOR_ARGS"
+# The same for the sandbox's own hub, e.g. "--hold" (kimi_cluster/fakes/hub_hold.py), from its start.
+HUB_ARGS_VARIABLE = "KIMI_SANDBOX_HUB_ARGS"
 # The kernel-cache bucket (an S3 API, moto).
 KERNEL_BUCKET = "kimi-sandbox-kernels"
 # The hub's flag that adds the tiny chat model's tokenizer and template, which a front's render server reads.
@@ -133,7 +135,7 @@ class SandboxServices:
                     "--token-file", str(self.dir.secret_path("hf_token")), "--host", host,
                     "--cdn-host", CDN_NAME, "--tls-cert", str(cert), "--tls-key", str(key), *throttle,
                     # The tokenizer and chat template a front's render server reads (replicas with vLLM).
-                    CHAT_MODEL_FLAG),
+                    CHAT_MODEL_FLAG, *shlex.split(os.environ.get(HUB_ARGS_VARIABLE, ""))),
                 host=host, port=port, marker="kimi_cluster.fakes.hub", log_dir=self.dir.logs,
             )
             record.setdefault("services", {})["hub"] = service.to_json()

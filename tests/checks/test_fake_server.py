@@ -189,7 +189,7 @@ def test_engine_flag_spellings(tmp_path):
         "--tool-call-parser", "kimi_k3", "--host", "0.0.0.0", "--port", "8000", "--api-key-file", str(key_file),
     ])
     assert (sglang.engine, sglang.served_model_names, sglang.max_model_len) == ("sglang", (MODEL,), 262144)
-    assert sglang.api_key == KEY and "--nnodes" in ignored and KEY not in repr(sglang)
+    assert sglang.api_key == KEY and "--trust-remote-code" in ignored and KEY not in repr(sglang)
 
     vllm, _, ignored = settings_from_args([
         MODEL, "--trust-remote-code", "--tensor-parallel-size", "8", "--load-format", "fastsafetensors",

@@ -218,6 +218,12 @@ def test_the_weight_fan_out_spans_every_replica(two, two_b300):
     b300 = two_b300.by_name["kimi-r1-node0-weights"].script()
     assert "--rank 1 --peers 10.0.0.10:20100,10.0.1.10:20100" in b300
     assert two_b300.by_name["kimi-r1-node0-weights"].values()["stdin"].count("\n") == 2  # hub token, peer token
+    # Each download starts once every node it shares with has its disk ready, a twin replica's nodes too: a node
+    # re-created after a loss then asks peers that are already serving it.
+    storages = {f"kimi-{g}node{n}-storage" for g in ("", "r1-") for n in range(4)}
+    assert storages <= {d.rsplit("::", 1)[-1] for d in two.by_name["kimi-r1-node2-weights"].deps}
+    # Its text names its own replica's VMs: a new one there runs it again.
+    assert "This node's engine group: 1100 1101 1102 1103." in script
 
 
 def test_behind_a_front_the_api_hostname_is_what_clients_dial_and_what_the_ca_may_name():

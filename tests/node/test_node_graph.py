@@ -92,7 +92,10 @@ def test_each_node_has_the_chain_in_order_under_its_component():
         deps = {s: set(res[f"kimi-node{rank}-{s}"].deps) for s in STEPS}
         p = f"kimi-node{rank}-"
         assert deps["storage"] == {p + "ready"}
-        assert deps["image"] == {p + "storage"} and deps["weights"] == {p + "storage"}  # side by side
+        assert deps["image"] == {p + "storage"}  # side by side with the download
+        # The download starts once every node's disk is ready: a node re-created after a loss is then about to ask
+        # the peers that serve it.
+        assert deps["weights"] == {f"kimi-node{r}-storage" for r in range(4)}
         assert deps["check"] == {p + "weights"}
         expected_launch = {p + "check", p + "image"} | ({"kimi-node0-launch"} if rank else set())
         assert deps["launch"] == expected_launch

@@ -137,17 +137,24 @@ def test_a_client_that_stops_reading_holds_its_replica_back_and_is_ended(tmp_pat
                          % (len(body), body))
             started = time.monotonic()
             other = post(front.port, CHAT, chat("tell me"))
-            deadline = started + 60
+            # How long the sockets' buffers take to fill is the machine's (some 40,000 tokens: 10 s idle, past 60 s
+            # on 2 loaded cores); the layer's bound starts when they are full, which is when it stops taking tokens
+            # from the replica: from then, its write timeout must end the request.
+            taken, held_since = replica.sent, time.monotonic()
+            deadline = started + 240
             while replica.cut == 0 and time.monotonic() < deadline:
+                if replica.sent != taken:
+                    taken, held_since = replica.sent, time.monotonic()
                 time.sleep(0.05)
-            ended_s = time.monotonic() - started
+            ended_s, held_s = time.monotonic() - started, time.monotonic() - held_since
             peak = front.peak_rss_mb()
             sock.close()
             log = front.log.read_text()
     print(f"never-reading client: {replica.sent} tokens taken from the replica of 200000, ended after "
-          f"{ended_s:.1f} s; layer RSS {before:.1f} MiB before, peak {peak:.1f} MiB")
+          f"{ended_s:.1f} s, {held_s:.1f} s after it last took one; layer RSS {before:.1f} MiB before, peak "
+          f"{peak:.1f} MiB")
     assert replica.cut == 1, "the replica never saw the generation aborted"
-    assert ended_s < 30
+    assert held_s < 30, f"the request was ended {held_s:.1f} s after the layer stopped taking tokens (timeout 2 s)"
     assert replica.sent < 50_000  # held back: without backpressure the layer would read all 200,000
     assert peak - before < 50
     assert other[0] == 200 and tokens_of(other[2]) == REPLY

@@ -240,6 +240,31 @@ def test_the_head_engine_listens_on_loopback_only_and_never_reads_a_key(node):
     assert API_KEY not in json.dumps(c) and not any("API_KEY" in e for e in c["env"])
 
 
+def test_a_new_vm_in_the_group_relaunches_this_rank_and_an_upgrade_leaves_the_engine_alone(node):
+    _weights_on_disk(node)
+
+    def launch(group):
+        settings = make_settings("h100x4-sglang", nodeRoot=str(node.root))
+        return node.run(render_node_scripts(settings, 1, "10.0.0.5", "10.0.0.10", FAST,
+                                            group_vm_ids=group)["launch"])
+
+    def runs():
+        return sum(1 for c in node.calls("docker") if c[0] == "run")
+
+    ok(launch("11 12 13 14"))
+    assert (node.root / "var/lib/kimi-cluster/engine.group").read_text() == "11 12 13 14\n"
+    assert "configuration and group; leaving it running" in ok(launch("11 12 13 14")) and runs() == 1
+    # Node 3's VM was re-created: this rank cannot rejoin the old group, so its engine starts again.
+    out = ok(launch("11 12 13 20"))
+    assert "a VM of this engine group is new (the engine ran for VMs 11 12 13 14, the group is now 11 12 13 20)" in out
+    assert "removing any earlier engine container" in out and runs() == 2
+    assert (node.root / "var/lib/kimi-cluster/engine.group").read_text() == "11 12 13 20\n"
+    # An engine launched by a release that kept no group file (0.3.2) is this group's: an upgrade keeps it serving.
+    (node.root / "var/lib/kimi-cluster/engine.group").unlink()
+    assert "leaving it running" in ok(launch("11 12 13 20")) and runs() == 2
+    assert (node.root / "var/lib/kimi-cluster/engine.group").read_text() == "11 12 13 20\n"
+
+
 def test_launch_refuses_before_the_weights_are_there(node):
     failed(node.run(scripts_for(node)["launch"]), "no snapshot at")
 

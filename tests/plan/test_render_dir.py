@@ -45,7 +45,9 @@ def mock_spots(settings: Settings) -> dict[str, VmSpot]:
         holds = not settings.has_front and vm.replica == 0 and vm.rank == 0
         spots[vm.resource] = VmSpot(private_ip=mine["private_ip"], head_private_ip=heads[vm.replica],
                                     public_ip=mine["public_ip"], tls=tls if holds else None,
-                                    gpu_vm_ids=ids if holds else None, peer_ips=peers)
+                                    gpu_vm_ids=ids if holds else None, peer_ips=peers,
+                                    group_vm_ids=" ".join(str(at[g.resource]["vm_id"]) for g in gpu
+                                                          if g.replica == vm.replica))
     return spots
 
 

@@ -37,3 +37,29 @@ def test_admission_refuses_node_timing_that_makes_a_default_deadline_past_a_week
     with pytest.raises(SettingsError, match="nodeTiming makes the image step's deadline .* past the week"):
         admit(make_settings(nodeTiming=timing))
     admit(make_settings(nodeTiming=timing, stepDeadlineMinutes={"image": 600}))  # its own deadline bounds it
+
+
+@pytest.mark.parametrize("stack, timing", [("dev", {}), ("sandbox", {}), ("dev", {"peerTimeoutS": 7200}),
+                                           ("dev", {"peerTimeoutS": 60, "deadlineSlackS": 30})])
+def test_the_weights_step_outlasts_its_download_and_the_peer_timeout_on_every_shared_stack(stack, timing):
+    """The step follows its download for the download's time plus the peer timeout (a node may wait that long for
+    a peer's first answer before it takes that share from the hub), and its deadline leaves slack past both: the
+    sandbox's 5-minute download with the 300 s peer timeout once ran out of the follow loop's own 300 s."""
+    import re
+
+    from kimi_cluster.blueprint import render_step
+    from kimi_cluster.blueprint.inputs import resolved_timing
+    from kimi_cluster.plan.steps.clocks import deadline_s
+    from kimi_cluster.plan.weights_download import wait_timeout_s
+
+    extra = {"nodeTiming": json.dumps(timing)} if timing else {}
+    if stack == "sandbox":
+        from kimi_cluster.sandbox.nodes import stack_settings
+        settings = stack_settings("h100x4-sglang", extra)
+    else:
+        settings = make_settings("h100x4-sglang", **extra)
+    t = resolved_timing(settings, None)
+    script = render_step(settings, "weights", 1, "10.0.0.6", "10.0.0.5", peer_ips=[f"10.0.0.{5 + r}" for r in range(4)])
+    waited = int(re.search(r"deadline=\$\(\( SECONDS \+ (\d+) \)\)", script).group(1))
+    assert waited == wait_timeout_s(t, True) == t.download_s + t.peer_timeout_s
+    assert deadline_s("weights", t) >= waited + 5 * t.deadline_slack_s

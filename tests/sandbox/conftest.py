@@ -24,7 +24,7 @@ from kimi_cluster.fakes import sandbox_services as services
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
 from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB
 from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, end_session
-from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE
+from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE, HUB_ARGS_VARIABLE
 from tests.wall_times import report
 
 __all__ = ["report"]  # the flows import report from here; tests/conftest.py prints what it collected
@@ -213,15 +213,17 @@ class SandboxRunner:
                               timeout=timeout)
 
 
-def hub_stats(workdir: Path) -> dict[str, Any]:
-    """The fake hub's counters (kimi_cluster/fakes/hub.py STATS_PATH), over its https with the sandbox's hub CA."""
+def hub_stats(workdir: Path, control: str | None = None) -> dict[str, Any]:
+    """The fake hub's counters (kimi_cluster/fakes/hub.py STATS_PATH), over its https with the sandbox's hub CA; with
+    `control` (HOLD_PATH, RELEASE_PATH), that control's answer."""
     import ssl
 
     from kimi_cluster.fakes.hub import STATS_PATH
 
     url = json.loads((workdir / "sandbox.json").read_text())["hub_url"]
     context = ssl.create_default_context(cafile=str(next((workdir / "secrets" / "hub-tls").glob("*-ca.crt"))))
-    with urllib.request.urlopen(url + STATS_PATH, timeout=10, context=context) as answer:
+    request = urllib.request.Request(url + control, data=b"", method="POST") if control else url + STATS_PATH
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
         return dict(json.loads(answer.read()))
 
 
@@ -256,14 +258,16 @@ def kill_everything(workdir: Path, record: dict) -> None:
 
 @pytest.fixture
 def sandbox(tmp_path: Path, real_engine_ready: None) -> Iterator:
-    """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="", preview=False) -> SandboxRunner on a
-    fresh workdir; everything it started is ended at teardown. `emulator_args`: more arguments for the sandbox's own
-    emulator (kimi_cluster.cli.emulator's --fault, --capacity), from its start."""
+    """sandbox(env=None, timeline=False, kernel_cache=False, emulator_args="", preview=False, hub_args="") ->
+    SandboxRunner on a fresh workdir; everything it started is ended at teardown. `emulator_args`: more arguments for
+    the sandbox's own emulator (kimi_cluster.cli.emulator's --fault, --capacity), from its start; `hub_args` the same
+    for its hub (kimi_cluster.fakes.hub's --hold)."""
     made: list[SandboxRunner] = []
 
     def make(env: dict[str, str] | None = None, timeline: bool = False, kernel_cache: bool = False,
-             emulator_args: str = "", preview: bool = False) -> SandboxRunner:
-        env = {**(env or {}), **({EMULATOR_ARGS_VARIABLE: emulator_args} if emulator_args else {})}
+             emulator_args: str = "", preview: bool = False, hub_args: str = "") -> SandboxRunner:
+        env = {**(env or {}), **({EMULATOR_ARGS_VARIABLE: emulator_args} if emulator_args else {}),
+               **({HUB_ARGS_VARIABLE: hub_args} if hub_args else {})}
         runner = SandboxRunner(tmp_path / f"work{len(made)}", env, timeline, kernel_cache, preview)
         made.append(runner)
         return runner

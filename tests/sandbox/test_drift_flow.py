@@ -22,8 +22,7 @@ from .conftest import EMPTY, leftover_processes, ok, report
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(1200)]
 
 # An up that replaces a node runs its whole chain: a few minutes on a loaded 2-core machine. (The VM replacements
-# run on the 1-node b300x1-vllm: in a multi-node stack of one replica a re-created node waits out the weights step's
-# peer timeout, 300 s, because its complete peers do not serve again; see the report.)
+# here run on the 1-node b300x1-vllm; a lost node of the 4-node stack: tests/sandbox/test_lost_node_flow.py.)
 REPLACING_UP_S = 900
 # The emulator's pricebook: $7.40 per B300 GPU-hour, 8 GPUs a node.
 NODE_USD_PER_HOUR = 59.20

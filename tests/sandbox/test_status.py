@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from kimi_cluster.fakes.hub import RELEASE_PATH
 from kimi_cluster.node.weights import PROGRESS_FILE
 from kimi_cluster.sandbox.kimi import Sandbox
 
-from .conftest import ok, report, wait_for
+from .conftest import hub_stats, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(400)]
 
@@ -41,20 +42,28 @@ def _progress(node: Path, done: int, total: int, updated_at: float) -> None:
     os.replace(tmp, path)
 
 
+def _sigint_as_a_terminal_leaves_it() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _status(run, *args: str) -> str:
     return ok(run("status", *args, timeout=120))
 
 
 def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
-    run = sandbox()
+    # The hub holds every file body at its middle (kimi_cluster/fakes/hub_hold.py) until this test has seen the
+    # weights step mid-way, then releases them: a condition, where a slow hub's rate was a guess at how long a loaded
+    # machine takes to look (the download ended first, and "step" named the step after it).
+    run = sandbox(hub_args="--hold")
     started = time.monotonic()
-    # A slow hub keeps the weights step running for a while: the moment to look.
-    driver = run.start("up", "--topology", "b300x1-vllm", "--quiet", "--hub-bytes-per-second", "1500")
+    driver = run.start("up", "--topology", "b300x1-vllm", "--quiet")
     try:
         node = wait_for("the weights step on the node", lambda: (run.workdir / "nodes").exists() and any(
             (d / ".kimi-cluster" / "weights.sh").exists() for d in (run.workdir / "nodes").iterdir())
             and _node_dir(run.workdir), 120)
         wait_for("the download to start", lambda: (node / "ephemeral/hf/hub").exists(), 60)
+        wait_for("a download held at its middle by the hub", lambda: hub_stats(run.workdir)["held"] > 0, 120,
+                 interval=0.5)
         def mid_up() -> tuple[dict[str, Any], str] | None:
             # The node's own weights program rewrites the same progress file as it goes, so on a loaded machine it
             # can overwrite this one before status reads it: write it again until a status sees it (a condition,
@@ -74,6 +83,7 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
         assert 0 <= vm["weights"]["percent"] <= 100
         assert mid["endpoint"]["ready_output"] is False and mid["hourly_cost_usd"] == 59.2
         assert "%" in text and "readiness not passed yet" in text
+        assert hub_stats(run.workdir, RELEASE_PATH) == {"holding": False}
         out, _ = driver.communicate(timeout=300)
         assert driver.returncode == 0, out
     finally:
@@ -127,10 +137,12 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
     assert direct_report["nodes"][0]["vm"]["status"] == "ACTIVE"
     assert direct_report["nodes"][0]["engine"]["restart_count"] == 7 and direct_report["advice"]
 
-    # --watch refreshes until interrupted.
+    # --watch refreshes until interrupted: by a terminal's Ctrl-C, so SIGINT as a terminal leaves it. A suite started
+    # in the background (a shell's `&` ignores SIGINT in what it starts) would hand its children the ignore, and
+    # the watch would rightly go on, as a background job does.
     watcher = subprocess.Popen(run.argv("status", "--watch", "1"), cwd=Path(__file__).resolve().parents[2],
                                env=run.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=_sigint_as_a_terminal_leaves_it)
     lines: list[str] = []
     assert watcher.stdout is not None
     for line in watcher.stdout:  # until the second screen has begun
@@ -146,4 +158,4 @@ def test_status_mid_up_after_up_and_when_stuck(sandbox) -> None:
         for secret in secrets:
             assert secret not in text
     ok(run("destroy", "--quiet"))
-    report(f"status test (b300x1-vllm, throttled hub): {time.monotonic() - started:.1f} s")
+    report(f"status test (b300x1-vllm, hub held mid-download): {time.monotonic() - started:.1f} s")

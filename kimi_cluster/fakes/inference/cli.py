@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from .group import Group, serve_dummy_health
 from .server import FakeInferenceServer
 from .settings import DEFAULT_MODEL, ENGINES, FAULTS, FakeSettings
 from .warmup import warm_up
@@ -38,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, help="vLLM's context length")
     parser.add_argument("--node-rank", type=int, default=0,
                         help="SGLang rank; ranks above 0 serve no HTTP API, so the fake only idles")
+    parser.add_argument("--nnodes", type=int, default=1, help="SGLang's node count: above 1, the ranks form a group")
+    parser.add_argument("--dist-init-addr", help="SGLang's rendezvous HOST:PORT, the head's store")
+    parser.add_argument("--dist-timeout", type=float, default=600.0,
+                        help="seconds a rank tries to reach the head's store (torch's NCCL default: 10 min)")
     parser.add_argument("--tp-size", "--tp", "--tensor-parallel-size", dest="tp", type=int,
                         help="ignored; declared so its value is not taken for the positional model")
     parser.add_argument("--prometheus-host", default="0.0.0.0", help="TokenSpeed's (smg's) metrics listener")
@@ -107,11 +112,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + signal.SIGTERM  # as a process ended by SIGTERM reports it
         print("fake-inference: kernels compiled; exiting (compile only)", file=sys.stderr, flush=True)
         return 0
+    group = None
+    if settings.engine == "sglang" and args.nnodes > 1 and args.dist_init_addr:
+        group = Group(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout)
+        group.start(stop)
     if args.node_rank > 0:
-        print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang); idling", file=sys.stderr)
+        print(f"fake-inference: rank {args.node_rank} serves no HTTP API (as SGLang), only its dummy /health; "
+              "idling", file=sys.stderr)
+        try:
+            dummies = serve_dummy_health([_address(a) for a in args.listen] or [(args.host, args.port)])
+        except (OSError, ValueError) as exc:
+            print(f"fake-inference: cannot listen: {exc}", file=sys.stderr)
+            return 1
         while not stop.wait(1.0):
             pass
+        for dummy in dummies:
+            dummy.shutdown()
+            dummy.server_close()
         return 0
+    if group is not None:
+        # SGLang's head serves HTTP only once every rank has joined and the model is loaded.
+        while not group.formed.wait(0.5):
+            if stop.is_set():
+                return 128 + signal.SIGTERM
     try:
         addresses = [_address(a) for a in args.listen] or [(args.host, args.port)]
         # One metrics listener for the gateway (TokenSpeed), beside its first API address.
@@ -132,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     for server in servers:
+        server.httpd.group = group
         server.start()
     try:
         while not stop.wait(0.5):

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import generate, sglang_door
 from .compose import compose_reply, text_of, words
+from .group import HEALTH_TIMEOUT_S, Group
 from .settings import DEFAULT_EFFORT, FakeSettings, HttpError
 from .wire import anthropic_events, anthropic_to_openai, message_payload, stream_chunks, then_done, token_usage
 
@@ -31,6 +32,7 @@ class Server(ThreadingHTTPServer):
     verbose: bool = False
     tls: ssl.SSLContext | None = None
     metrics_only: bool = False  # TokenSpeed's Prometheus listener: /metrics and nothing else
+    group: Group | None = None  # SGLang's multi-node process group (group.py): hung once a rank is lost
 
     def get_request(self) -> Any:
         sock, address = super().get_request()
@@ -154,6 +156,8 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model")
         if model not in self.settings.model_ids:
             raise HttpError(404, f"The model `{model}` does not exist.")
+        if self.server.group is not None and self.server.group.hung():
+            self.server.group.stall(self.server.stop_event)  # the forward waits for the lost rank's collective
         if "slow" in self.settings.faults:
             self.server.stop_event.wait(self.settings.slow_seconds)
         if "server_error" in self.settings.faults:
@@ -168,7 +172,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"detail": "Not Found"})
         if path in ("/health", "/health_generate", "/ping") or (self.settings.engine == "tokenspeed"
                                                                 and path in ("/readiness", "/liveness")):
-            self.send_response(200)
+            hung = self.server.group is not None and self.server.group.hung()
+            if hung:
+                # SGLang's head sends a one-token generate and gives up after SGLANG_HEALTH_CHECK_TIMEOUT.
+                self.server.stop_event.wait(HEALTH_TIMEOUT_S)
+            self.send_response(503 if hung else 200)
             self.send_header("Content-Length", "0")
             self.send_header("Connection", "close")
             self.end_headers()

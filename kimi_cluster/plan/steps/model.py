@@ -106,7 +106,8 @@ class Step:
 
     `after`: step names on the same VM (a step that is off is skipped), or `step@head` (this replica's head),
     `step@every-node` (every node of this replica), `step@previous-replica` (the previous replica's head),
-    `step@every-replica` (every replica's head), `@rules` (this VM's firewall rules).
+    `step@every-replica` (every replica's head), `step@every-peer` (every GPU node the download's fan-out spans:
+    every node of every replica), `@rules` (this VM's firewall rules).
     `inputs`: the frozen type the blueprint fills for it (kimi_cluster/blueprint/inputs.py), which `build` and
     `suffix` read. `reads`: the VmSpot fields its script reads (the program waits for those alone, so a step that
     reads less depends on less).
@@ -193,7 +194,8 @@ class VmSpot:
     node's private address when the download is shared (`peer_rank` is this node's place among them: behind a front
     the fan-out spans every replica; None: its rank); `front_upstreams`: the replica heads' private addresses, on the
     front (it makes the proxy and readiness steps the front's); `gpu_vm_ids`: the GPU VMs' ids, on the endpoint's VM
-    (the caretaker)."""
+    (the caretaker); `group_vm_ids`: the VM ids of this node's engine group (its replica), in rank order: a VM
+    that is new there runs the group's weights, launch and readiness steps again."""
 
     rank: int = 0
     peer_rank: int | None = None
@@ -204,3 +206,4 @@ class VmSpot:
     peer_ips: Sequence[str] | None = None
     front_upstreams: Sequence[str] | None = None
     gpu_vm_ids: str | None = None
+    group_vm_ids: str | None = None

@@ -79,6 +79,8 @@ def _after(step: Step, vm: _Vm, replicas: list[list[_Vm]]) -> tuple[str, ...]:
             out += [n for v in replicas[p.replica] for n in [v.names.get(name)] if n]
         elif scope == "previous-replica" and p.rank == 0 and p.replica > 0:
             out += [n for n in [replicas[p.replica - 1][0].names.get(name)] if n]
+        elif scope == "every-peer" and not p.front:
+            out += [n for r in replicas for v in r for n in [v.names.get(name)] if n]
         elif scope == "every-replica":
             out += [n for r in replicas for n in [r[0].names.get(name)] if n]
     return tuple(out)

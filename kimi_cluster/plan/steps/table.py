@@ -31,8 +31,8 @@ from kimi_cluster.settings.work_model import engine_start_s, image_pull_s, rende
 
 CACHE_STEP_NAMES = ("cache-restore", "cache-save")  # their deadline must leave room for pip (admission.py)
 # What a GPU node's own chain reads of its spot: its addresses, its peers, the endpoint's certificate if it holds
-# it; on the front, the replica heads it balances over.
-CHAIN = ("private_ip", "head_private_ip", "public_ip", "tls", "peer_ips", "front_upstreams")
+# it; on the front, the replica heads it balances over. `group_vm_ids`: the VMs of its engine group.
+CHAIN = ("private_ip", "head_private_ip", "public_ip", "tls", "peer_ips", "front_upstreams", "group_vm_ids")
 
 
 def _serving_floor(shape: StackShape) -> float:
@@ -63,8 +63,12 @@ TABLE: tuple[Step, ...] = (
     Step("weights", "download the pinned checkpoint (this node's share from the hub, the rest from its peers), "
                     "hashed as it streams, in a systemd unit that survives a dropped SSH session, and follow it",
          weights_download.WeightsInputs, weights_download.weights_values,
-         lambda t: t.download_s + 6 * t.deadline_slack_s, NODE, CHAIN,
-         after=("storage",), stdin=("hf_token", "peer_token"), timing_keys="deadlineSlackS"),
+         weights_download.weights_deadline_s, NODE, CHAIN,
+         # After the storage step of every node it shares the download with (a twin replica's too): a node
+         # re-created after a loss is about to ask its peers when they run this step again to serve it, so they
+         # wait --peer-timeout for its first answer, not for its boot.
+         after=("storage", "storage@every-peer"), stdin=("hf_token", "peer_token"),
+         timing_keys="peerTimeoutS, deadlineSlackS"),
     # Beside the pull and the download; it never fails (its transfer deadline, kernelCache.*TimeoutMinutes, ends it
     # first with a warning, so this one must outlast it), so the launch only ever waits for it.
     Step("cache-restore", "fetch the compiled-kernel cache saved for this key, or say why the engine starts cold",
@@ -114,7 +118,7 @@ TABLE: tuple[Step, ...] = (
     Step("readiness", "wait until the head serves the model on /v1/models through the proxy over TLS with the key, "
                       "or print the engine log and fail",
          endpoint.ReadinessInputs, endpoint.readiness_values, lambda t: t.readiness_s + t.deadline_slack_s,
-         ENDPOINT, ("public_ip", "tls", "front_upstreams"),
+         ENDPOINT, ("public_ip", "tls", "front_upstreams", "group_vm_ids"),
          after=("launch@every-node", "proxy", "engine-ready@every-replica"), stdin=("api_key",),
          parent={"node": "cluster", "front": "vm"}, wrap=Wrap(READINESS_TYPE, "{group}-ready", "{group}-ready-wait"),
          names_vm=False, timing_keys="deadlineSlackS",
@@ -125,7 +129,7 @@ TABLE: tuple[Step, ...] = (
     Step("engine-ready", "wait until this replica's engine serves the model on its private address, where the "
                          "front asks it, or print the engine log and fail",
          endpoint.ReadinessInputs, endpoint.engine_ready_values, lambda t: t.readiness_s + t.deadline_slack_s,
-         HEAD, ("private_ip",),
+         HEAD, ("private_ip", "group_vm_ids"),
          when=lambda s, _p: s.has_front, after=("launch@every-node",), resource="{group}-engine-ready",
          parent={"node": "cluster"}, floor=SERVING_FLOOR),
     # Every replica compiles the same kernels for the same key: replica 0's head saves them once it serves. Nothing
