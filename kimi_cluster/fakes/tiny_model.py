@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import jinja2.sandbox
 
 SPECIALS = ("<|open|>", "<|close|>", "<|sep|>", "[BOS]", "[EOS]")
 SPECIAL_IDS = {text: 256 + i for i, text in enumerate(SPECIALS)}
@@ -94,6 +98,19 @@ def decode(ids: list[int]) -> str:
         out.append(SPECIALS[i - 256])
     out.append(pending.decode("utf-8", "replace"))
     return "".join(out)
+
+
+def render(messages: Sequence[Mapping[str, Any]] | Sequence[Any], tools: list | None = None,
+           reasoning_effort: str | None = None) -> str:
+    """The prompt the chat template makes of a conversation, with the generation prompt (jinja2, as Hugging Face's
+    apply_chat_template runs it, for the fake engines' tokenize routes)."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    # Hugging Face's own tojson (transformers' chat template utils): no HTML escaping, keys in their order.
+    env.filters["tojson"] = lambda value, indent=None, separators=None, sort_keys=False: json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+    template = env.from_string(CHAT_TEMPLATE)
+    return template.render(messages=messages, tools=tools, reasoning_effort=reasoning_effort,
+                           add_generation_prompt=True)
 
 
 def tokenizer_json() -> dict:

@@ -58,6 +58,7 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
            "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
            "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/relay.py",
+           "kimi_cluster/node/resume/sglang.py",
            "kimi_cluster/node/resume/server.py")
 
 
@@ -89,9 +90,13 @@ def streams(layer: ResumeInputs) -> dict[str, object]:
         why = (f"one replica ({NAMESPACE}:replicas {layer.replicas}): no front, and no twin to carry a stream on "
                "to")
     elif engine != "vllm":
-        door = {"sglang": "SGLang's /generate has no render and derender routes",
-                "tokenspeed": "TokenSpeed's smg gateway has no token-level route"}.get(engine, f"{engine} has none")
-        why = (f"not yet on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
+        door = {"sglang": "SGLang's own chat layer and its /generate door are built "
+                          "(kimi_cluster/node/sglang_chat.py, node/resume/sglang.py) but the front does not run them "
+                          "yet",
+                "tokenspeed": "TokenSpeed renders and parses Kimi K3 inside its smg gateway, compiled (smg_rs): no "
+                              "chat layer on the front can give what TokenSpeed gives token for token, and its "
+                              "parse endpoints do not stream"}.get(engine, f"{engine} has none")
+        why = (f"not on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
                "to the other replicas")
     elif not layer.resume_streams:
         why = f"off ({NAMESPACE}:resumeStreams false): a stream whose replica is lost ends with an error"

@@ -251,9 +251,10 @@ class DerivedValues:
 
     @property
     def resumes_streams(self) -> bool:
-        """Whether the front carries a stream on to the twin when its replica is lost: behind a front, with vLLM, the
-        one pinned engine with a token-level door (SGLang's /generate has no render and derender; TokenSpeed's smg
-        gateway none), unless resumeStreams is false."""
+        """Whether the front carries a stream on to the twin when its replica is lost: behind a front, with vLLM,
+        unless resumeStreams is false. SGLang's chat layer for the front is built (kimi_cluster/node/sglang_chat.py)
+        but no step runs it yet; TokenSpeed's chat layer is compiled into its gateway (kimi_cluster/plan/resume.py,
+        streams)."""
         return self.has_front and self.engine_name == "vllm" and self.resume_streams
 
     @property

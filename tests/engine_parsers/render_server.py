@@ -33,12 +33,32 @@ def render_server(folder: Path) -> Iterator[str]:
     """The render server's base URL, serving the tiny model written into `folder`; stopped on exit."""
     model = tiny_model.write_model(folder / "model")
     port = _free_port()
-    log = open(folder / "render.log", "wb")  # closed below, after the process
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([str(VENV / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1",
-                             "--port", str(port), "--served-model-name", DEFAULT_MODEL, "--enable-auto-tool-choice",
-                             "--tool-call-parser", "kimi_k3", "--reasoning-parser", "kimi_k3"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    argv = [str(VENV / "bin" / "vllm"), "launch", "render", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", DEFAULT_MODEL, "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",
+            "--reasoning-parser", "kimi_k3"]
+    with _serving(folder, argv, env, port) as url:
+        yield url
+
+
+@contextmanager
+def sglang_chat_server(folder: Path) -> Iterator[str]:
+    """SGLang's chat layer on the front (kimi_cluster/node/sglang_chat.py) with the parsers venv's SGLang 0.5.23,
+    serving the tiny model written into `folder`; stopped on exit."""
+    model = tiny_model.write_model(folder / "model")
+    port = _free_port()
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    argv = [str(VENV / "bin" / "python"), "-m", "kimi_cluster.node.sglang_chat", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", DEFAULT_MODEL]
+    with _serving(folder, argv, env, port) as url:
+        yield url
+
+
+@contextmanager
+def _serving(folder: Path, argv: list[str], env: dict[str, str], port: int) -> Iterator[str]:
+    log = open(folder / "render.log", "wb")  # closed below, after the process
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_DEADLINE_S

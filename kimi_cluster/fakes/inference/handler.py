@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from . import generate
+from . import generate, sglang_door
 from .compose import compose_reply, text_of, words
 from .group import HEALTH_TIMEOUT_S, Group
 from .settings import DEFAULT_EFFORT, FakeSettings, HttpError
@@ -228,6 +228,8 @@ class Handler(BaseHTTPRequestHandler):
                     raise HttpError(403, "Scale-out endpoints are disabled. Restart vllm serve with "
                                          "--enable-scale-out to enable them.")
                 return self._generate(body)
+            if self.settings.engine == "sglang" and path in (sglang_door.PATH, *sglang_door.TOKENIZE_PATHS):
+                return self._sglang_door(path, body)
             if self.settings.engine == "vllm" and path == "/invocations":
                 # SageMaker's route: a chat completion body is served as one, with no key.
                 return self._chat(body)
@@ -237,6 +239,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, {"count": len(tokens), "max_model_len": self.settings.max_model_len,
                                              "tokens": tokens})
             raise HttpError(404, "Not Found")
+        except sglang_door.ContractError as exc:
+            self._send_json(400, {"error": exc.message})
         except HttpError as exc:
             try:
                 self._send_error(exc.status, exc.message)
@@ -290,6 +294,23 @@ class Handler(BaseHTTPRequestHandler):
         self.server.count(len(body["token_ids"]), made)
         events = (self._paced(b"data: " + json.dumps(c).encode() + b"\n\n") for c in chunks)
         return self._send_sse(then_done(events))
+
+    def _sglang_door(self, path: str, body: dict[str, Any]) -> None:
+        """SGLang's token door (sglang_door.py): /generate, streamed or whole, and /v1/tokenize."""
+        if path != sglang_door.PATH:
+            return self._send_json(200, sglang_door.tokenize(body, self.settings))
+        if "server_error" in self.settings.faults:
+            raise HttpError(500, "Internal server error: CUDA error: an illegal memory access was encountered")
+        _, _, stream, _ = sglang_door.request_fields(body)
+        if not stream:
+            answer = sglang_door.whole(body, self.settings)
+            made = answer["meta_info"]["completion_tokens"]
+            self.server.count(answer["meta_info"]["prompt_tokens"], made, False)
+            self._decode(self.settings.token_seconds * made)
+            return self._send_json(200, answer)
+        events = list(sglang_door.stream_events(body, self.settings))
+        self.server.count(len(body["input_ids"]), len(events))
+        return self._send_sse(then_done(self._paced(b"data: " + json.dumps(e).encode() + b"\n\n") for e in events))
 
     def _paced(self, event: bytes) -> bytes:
         """One SSE event, after one token's decode time."""

@@ -51,6 +51,8 @@ class FakeSettings:
     # vLLM's scale-out endpoints (the token API `/inference/v1/generate`): `vllm serve` answers them 403 unless
     # started with --enable-scale-out (vLLM 0.33.0, vllm/entrypoints/scale_out/factories.py).
     scale_out: bool = False
+    # SGLang's --incremental-streaming-output: /generate streams disjoint deltas, not the cumulative output.
+    incremental_streaming_output: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -13,6 +13,9 @@
   answers (render.py): the calls go on to the new one with no gap. While no render server answers (a crash), a new
   stream passes through unresumed, and a stream already going waits for one, with its keep-alives, up to
   `render_timeout_s`: each derender call carries the whole stream so far, so any server picks it up.
+- On SGLang replicas (`Front.engine` "sglang") the render server is SGLang's own chat route on the front, which
+  keeps each stream's parsers and says which cuts can carry on exactly (sglang.py); the generation goes through
+  SGLang's `/generate`.
 - A request that is not streamed goes to a replica's own chat endpoint as it is (relay.py).
 - The body is checked first (request.py): a bad one gets a 4xx naming the field. What reaches a render server or an
   engine carries the front's own request id and no client-chosen multimodal cache key.
@@ -31,9 +34,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from . import messages, relay, request, wire
+from . import messages, relay, request, sglang, wire
 from .generation import Generation, Limits, NoTokenApi, Unavailable, UpstreamError
 from .pool import Pool, log
 from .relay import Client
@@ -54,6 +57,7 @@ class Front:
     render: RenderServers  # on the front's loopback
     limits: Limits = Limits()
     render_timeout_s: float = 60.0
+    engine: str = "vllm"  # or "sglang": `render` is then SGLang's chat layer on the front (sglang.py)
 
 
 def not_resumable(body: dict[str, Any]) -> str | None:
@@ -196,22 +200,25 @@ def handle(front: Front, path: str, raw: bytes, client: Client) -> None:
     if not stream:
         del body  # held no longer than it is needed: a body of tiny objects takes many times its size parsed
         return relay.whole(front.pool, front.limits, path, forward, client)
-    reason = route.refuses(body)
+    on_sglang = front.engine == "sglang"
+    reason = sglang.not_resumable(body, path) if on_sglang else route.refuses(body)
     if reason is None:
         # No render server answering (one died; both are away) still serves the stream, unresumed.
-        status, rendered, answer = front.render.call(route.render_path, forward, front.render_timeout_s)
+        render_path = sglang.RENDER_PATH if on_sglang else route.render_path
+        status, rendered, answer = front.render.call(render_path, forward, front.render_timeout_s)
         if 400 <= status < 500 and status != 429:
             return client.whole(status, answer)  # the request's own fault, as the replica would have said it
         if status != 200 or not isinstance(rendered, dict):
             reason = f"the render server answers {status}: {answer[:200].decode('utf-8', 'replace')}"
         else:
-            reason = not_resumable_rendered(rendered)
+            reason = rendered.get("not_resumable") if on_sglang else not_resumable_rendered(rendered)
         if reason is None:
             rendered["request_id"] = own_id
-            framing = route.framing(body, rendered)
+            layer = sglang.SglangDerender(front.render, rendered, front.render_timeout_s) if on_sglang else None
+            framing = route.framing(body, {"model": body.get("model")} if on_sglang else rendered)
             del body
             try:
-                return resumed(front, framing, rendered, client)
+                return resumed(front, framing, rendered, client, layer)
             except NoTokenApi as exc:  # raised only before the stream's first byte
                 reason = f"a replica answers {exc.status} to the token API (started without --enable-scale-out?)"
     log(f"a stream not resumed: {reason}")
@@ -224,7 +231,8 @@ LARGE_BODY = 1 << 20
 PARSING = threading.BoundedSemaphore(2)
 
 
-def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client) -> None:
+def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any], client: Client,
+            layer: Derender | None = None) -> None:
     """Generate across replicas and derender, carrying the stream state. vLLM's streaming derender is stateless: it
     replays every earlier chunk through the parsers on each call (vllm/renderers/online_derenderer.py), so a call
     costs more the longer the stream. The generation runs on a thread of its own; once a call takes MERGE_AFTER_S or
@@ -232,8 +240,7 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     with the replica whatever a call costs (vLLM's parsers take multi-token chunks, as under speculative decoding),
     and a cheap stream still goes out a chunk per token. A stream that costly also leaves the render server to the
     others between its calls (DERENDER_SHARE)."""
-    rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
-    prompt_ids = list(rendered["token_ids"])
+    layer = layer or VllmDerender(front, framing, rendered)
     arrived: queue.Queue[Any] = queue.Queue(maxsize=QUEUED)
     gone = threading.Event()  # the client went away: the generation stops, and its replica aborts the request
 
@@ -250,7 +257,7 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
     def waiting(_quiet_s: float) -> None:
         put(KEEP_ALIVE)
 
-    generation = Generation(front.pool, rendered, front.limits, waiting)
+    generation = layer.generation(front, waiting)
 
     def produce() -> None:
         chunks = generation.chunks()  # a generator: close() ends it where it waits
@@ -270,7 +277,6 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
 
     threading.Thread(target=produce, name="generation", daemon=True).start()
     started = False
-    state: Any = None
     slow = [False]  # the last derender call took MERGE_AFTER_S or more
 
     def keep_alive() -> None:
@@ -283,16 +289,10 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
                     keep_alive()
                 continue
             called = time.monotonic()
-            finishing = any(choice.get("finish_reason") == "stop" for choice in item.get("choices") or ())
-            answer = _derender(front, {
-                "stream": True, "model": rendered.get("model"), "generate_chunk": item, "stream_state": state,
-                "prompt_tokens": len(prompt_ids), "prompt_token_ids": prompt_ids,
-                "chat_request": framing.chat_request(finishing),
-            }, keep_alive if started else _nothing)
+            chunks = layer.derender(item, keep_alive if started else _nothing)
             took = time.monotonic() - called
             slow[0] = took >= MERGE_AFTER_S
-            state = answer["stream_state"]
-            frames = framing.frames(answer["chunk"])
+            frames = [frame for chunk in chunks for frame in framing.frames(chunk)]
             if frames and not started:
                 client.start_stream()
                 started = True
@@ -316,6 +316,35 @@ def resumed(front: Front, framing: ChatFraming | MessagesFraming, rendered: dict
         client.start_stream()
     client.write(framing.done())
     client.end()
+
+
+class Derender(Protocol):
+    """The chat layer a resumed stream is turned back into chat chunks by: the generation it makes, and the chat
+    chunks of each of its token chunks (waiting() told every tick while no chat layer answers)."""
+
+    def generation(self, front: Front, waiting: Callable[[float], None]) -> Generation: ...
+    def derender(self, item: dict[str, Any], waiting: Callable[[], None]) -> list[dict[str, Any]]: ...
+
+
+class VllmDerender:
+    """vLLM's render server: each call carries the stream state (vLLM's streaming derender is stateless)."""
+
+    def __init__(self, front: Front, framing: ChatFraming | MessagesFraming, rendered: dict[str, Any]) -> None:
+        self.front, self.framing, self.state = front, framing, None
+        self.rendered = dict(rendered, stream=True, stream_options={"include_usage": True})
+        self.prompt_ids = list(rendered["token_ids"])
+
+    def generation(self, front: Front, waiting: Callable[[float], None]) -> Generation:
+        return Generation(front.pool, self.rendered, front.limits, waiting)
+
+    def derender(self, item: dict[str, Any], waiting: Callable[[], None]) -> list[dict[str, Any]]:
+        finishing = any(choice.get("finish_reason") == "stop" for choice in item.get("choices") or ())
+        answer = _derender(self.front, {
+            "stream": True, "model": self.rendered.get("model"), "generate_chunk": item, "stream_state": self.state,
+            "prompt_tokens": len(self.prompt_ids), "prompt_token_ids": self.prompt_ids,
+            "chat_request": self.framing.chat_request(finishing)}, waiting)
+        self.state = answer["stream_state"]
+        return [answer["chunk"]]
 
 
 KEEP_ALIVE, END = object(), object()
@@ -383,7 +412,8 @@ def _merged(arrived: queue.Queue[Any], behind: Callable[[], bool]) -> Iterator[A
                 held = dict(held, choices=[dict(first, token_ids=(first.get("token_ids") or [])
                                                 + (choice.get("token_ids") or []),
                                                 finish_reason=choice.get("finish_reason"),
-                                                stop_reason=choice.get("stop_reason"))])
+                                                stop_reason=choice.get("stop_reason"),
+                                                **{k: choice[k] for k in ("sglang_finish",) if k in choice})])
             continue
         if held is not None:
             yield held

@@ -31,6 +31,70 @@ from . import wire
 from .pool import Pool, Replica, log
 
 GENERATE_PATH = "/inference/v1/generate"
+SGLANG_GENERATE_PATH = "/generate"
+
+
+class Door:
+    """vLLM's token door: GenerateRequest in (`token_ids`, `sampling_params.max_tokens`), token chunks out, the usage
+    chunk from the engine."""
+
+    path = GENERATE_PATH
+    usage_from_engine = True
+
+    def prompt(self, request: dict[str, Any]) -> list[int]:
+        return list(request["token_ids"])
+
+    def max_tokens(self, request: dict[str, Any]) -> int | None:
+        return request["sampling_params"].get("max_tokens")
+
+    def carry_on(self, body: dict[str, Any], prompt: list[int], made: int) -> None:
+        """Make `body` (a copy of the request) carry on after `made` tokens, `prompt` holding them."""
+        body["token_ids"] = prompt
+        params = body["sampling_params"]
+        if params.get("max_tokens") is not None:
+            params["max_tokens"] -= made
+        if params.get("min_tokens"):
+            params["min_tokens"] = max(0, params["min_tokens"] - made)
+
+    def chunk(self, chunk: dict[str, Any], _from_here: int) -> dict[str, Any]:
+        return chunk
+
+
+class SglangDoor(Door):
+    """SGLang 0.5.23's `/generate` (sglang/api/v1/api_types.py GenerateRequest, GenerateResponse): `input_ids` and
+    `sampling_params.max_new_tokens` in; `output_ids` out, cumulative by default and disjoint deltas under
+    `--incremental-streaming-output`, the finish in `meta_info.finish_reason` (`{"type": "stop", "matched": ...}`),
+    no usage chunk. Chunks are handed on in vLLM's shape, with SGLang's finish beside it (`sglang_finish`)."""
+
+    path = SGLANG_GENERATE_PATH
+    usage_from_engine = False
+
+    def prompt(self, request: dict[str, Any]) -> list[int]:
+        return list(request["input_ids"])
+
+    def max_tokens(self, request: dict[str, Any]) -> int | None:
+        return request["sampling_params"].get("max_new_tokens")
+
+    def carry_on(self, body: dict[str, Any], prompt: list[int], made: int) -> None:
+        body["input_ids"] = prompt
+        params = body["sampling_params"]
+        if params.get("max_new_tokens") is not None:
+            params["max_new_tokens"] -= made
+        if params.get("min_new_tokens"):
+            params["min_new_tokens"] = max(0, params["min_new_tokens"] - made)
+
+    def chunk(self, chunk: dict[str, Any], from_here: int) -> dict[str, Any]:
+        meta = chunk.get("meta_info") or {}
+        ids = chunk.get("output_ids") or []
+        if meta.get("completion_tokens") == len(ids):  # cumulative (the first chunk reads the same either way)
+            ids = ids[from_here:]
+        finish = meta.get("finish_reason")
+        kind = finish.get("type") if isinstance(finish, dict) else None
+        return {"request_id": meta.get("id", ""), "choices": [{"index": 0, "token_ids": ids, "finish_reason": kind,
+                                                               "sglang_finish": finish}]}
+
+
+VLLM_DOOR, SGLANG_DOOR = Door(), SglangDoor()
 
 
 @dataclass(frozen=True)
@@ -86,23 +150,25 @@ class Generation:
     resumes: list[Resume] = field(default_factory=list)
     finished: str | None = None
     lost_at: float = 0.0
+    door: Door = VLLM_DOOR
+    # Asked before a lost generation carries on, with every token so far: what the continuation must change besides
+    # its prompt and its budget (SGLang's `require_reasoning`), or Unavailable when it cannot carry on exactly.
+    before_resume: Callable[[list[int]], dict[str, Any]] = lambda _output: {}
 
     def __post_init__(self) -> None:
-        self.prompt = list(self.request["token_ids"])
-        self.max_tokens = self.request["sampling_params"].get("max_tokens")
+        self.prompt = self.door.prompt(self.request)
+        self.max_tokens = self.door.max_tokens(self.request)
 
     def continuation(self) -> dict[str, Any]:
         """The request that carries on from what was generated so far."""
         body = copy.deepcopy(self.request)
         if not self.output:
             return body
-        body["token_ids"] = self.prompt + self.output
-        params = body["sampling_params"]
-        if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens - len(self.output)
-        if params.get("min_tokens"):
-            params["min_tokens"] = max(0, params["min_tokens"] - len(self.output))
+        self.door.carry_on(body, self.prompt + self.output, len(self.output))
+        body.update(self.before_resume(self.output))
         body["request_id"] = f"{self.request.get('request_id', 'kimi')}-resume{len(self.resumes)}"
+        if "rid" in body:  # SGLang's id: a resumed request is a new one on its engine
+            body["rid"] = f"{self.request['rid']}-resume{len(self.resumes)}"
         return body
 
     def chunks(self) -> Generator[dict[str, Any], None, None]:
@@ -154,7 +220,8 @@ class Generation:
 
     def _stream(self, replica: Replica) -> Iterator[dict[str, Any]]:
         body = json.dumps(self.continuation()).encode()
-        up = wire.send(replica.host, replica.port, "POST", GENERATE_PATH, body,
+        from_here = 0  # tokens this replica has given (SGLang's cumulative output_ids start at its own first)
+        up = wire.send(replica.host, replica.port, "POST", self.door.path, body,
                        {"Content-Type": "application/json", "Accept": "text/event-stream"}, self.limits.connect_s)
         try:
             self._wait(up, replica, up.read_head)
@@ -167,6 +234,8 @@ class Generation:
                 if data is None or data == "[DONE]":
                     if self.finished is None:
                         raise wire.Lost("the stream ended before a finish")
+                    if not self.door.usage_from_engine:
+                        yield self._usage()
                     return
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -176,6 +245,8 @@ class Generation:
                     if code >= 500 and not self.pool.passes_check(replica):
                         raise wire.Lost(f"an error event and a failed health check: {str(error.get('message'))[:200]}")
                     raise UpstreamError(code, data.encode())
+                chunk = self.door.chunk(chunk, from_here)
+                from_here += len(chunk["choices"][0]["token_ids"]) if chunk.get("choices") else 0
                 yield from self._take(chunk, replica)
         finally:
             up.close()

@@ -251,8 +251,11 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m kimi_cluster.node.resume", description=__doc__.splitlines()[0])
     ap.add_argument("--listen", default="127.0.0.1:8100", help="HOST:PORT to serve on (the front's loopback)")
     ap.add_argument("--render", action="append", required=True,
-                    help="vLLM's render server, http://HOST:PORT; twice for the two ports a new one starts on "
-                         "beside the old (the one that answered last is called first)")
+                    help="vLLM's render server (or, with --engine sglang, SGLang's chat layer: "
+                         "kimi_cluster/node/sglang_chat.py), http://HOST:PORT; twice for the two ports a new one "
+                         "starts on beside the old (the one that answered last is called first)")
+    ap.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                    help="the replicas' engine: which token door they serve and which chat layer --render is")
     ap.add_argument("--replica", action="append", default=[], help="a replica's engine, http://HOST:PORT")
     ap.add_argument("--replicas-file", help="a file of replica URLs, one a line, read again whenever it changes "
                     "(a replica re-created at a new address), so the list changes with no restart")
@@ -320,7 +323,7 @@ def build(args: argparse.Namespace) -> Server:
     server = Server((host, port), Handler)
     server.max_body, server.client_timeout_s = args.max_body_bytes, args.client_timeout_s
     server.front = chat.Front(pool, RenderServers([wire.address(url) for url in args.render]),
-                              Limits(args.silence_s, args.tick_s, args.pick_s, args.resumes))
+                              Limits(args.silence_s, args.tick_s, args.pick_s, args.resumes), engine=args.engine)
     return server
 
 
