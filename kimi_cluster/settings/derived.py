@@ -232,8 +232,8 @@ class DerivedValues:
 
     @property
     def guarded(self) -> bool:
-        """Whether the caretaker runs: a guard is set."""
-        return self.idle_stop_minutes is not None or self.budget_usd is not None
+        """Whether the caretaker runs: a guard or working hours are set."""
+        return self.idle_stop_minutes is not None or self.budget_usd is not None or self.schedule is not None
 
     @property
     def caretaker(self) -> caretaker_rules.CaretakerTiming:
