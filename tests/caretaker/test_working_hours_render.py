@@ -83,3 +83,32 @@ def test_caddy_answers_the_hours_503_with_its_retry_after():
         (flags / caretaker.STOPPED_FILE).unlink()
         back = HTTP.get(head.url + "/health", verify=head.ca_file, timeout=10)
         assert back.status_code == 200 and "Retry-After" not in back.headers
+
+
+def test_the_plan_prices_a_week_with_the_hours_against_all_week():
+    from kimi_cluster.operator.caretaker_report import format_guards, guards
+    from kimi_cluster.operator.hours_report import hours
+
+    s = _settings(topology="h100x4-sglang", schedule=SCHEDULE)
+    h = hours(s)
+    assert h is not None and h["scheduled_hours_a_week"] == 55 and h["openings_a_week"] == 5
+    assert h["all_week_usd"] == pytest.approx(83.20 * 168)
+    lead = h["bringup_minutes_ahead"]
+    assert 10 < lead < 60  # the model's later bring-up, the scheduler's lead before one is measured
+    assert h["bringup_usd"] == pytest.approx(83.20 * lead / 60 * 5, abs=0.01)
+    assert h["week_usd"] == pytest.approx(83.20 * 55 + h["bringup_usd"], abs=0.01)
+    be = h["break_even_per_scheduled_hour"]
+    assert be["cluster_usd_per_scheduled_hour"] == pytest.approx(h["week_usd"] / 55, abs=0.01)
+    text = "\n".join(format_guards(guards(s, None)))
+    assert "55 of 168 hours a week, in Europe/Berlin" in text and "mon-fri 08:00-19:00: 1 replica" in text
+    assert f"${h['week_usd']:,.2f} with the schedule against $13,977.60 all week" in text
+    # Two windows that meet are one opening (one bring-up), and a front bills all week.
+    front = _settings(topology="h100x4-sglang", replicas="3", schedule=json.dumps({"timeZone": "UTC", "windows": [
+        {"days": ["mon"], "start": "08:00", "end": "12:00", "replicas": 2},
+        {"days": ["mon"], "start": "12:00", "end": "18:00"}]}))
+    hf = hours(front)
+    assert hf["openings_a_week"] == 1 and hf["scheduled_hours_a_week"] == 10
+    assert hf["week_usd"] == pytest.approx(83.20 * (4 * 2 + 6 * 3) + front.front_usd_per_hour * 168
+                                           + hf["bringup_usd"], abs=0.02)
+    assert hours(_settings(idleStopMinutes="30")) is None
+    assert "Hours" not in "\n".join(format_guards(guards(_settings(idleStopMinutes="30"), None)))
