@@ -6,6 +6,7 @@ kimi_cluster/plan/caretaker.py; its node side kimi_cluster/node/caretaker*.py.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kimi_cluster.plan.caretaker import CaretakerInputs
 from kimi_cluster.settings import Settings, schedule_rules, sizing
@@ -47,7 +48,7 @@ def config(settings: Settings) -> dict[str, object]:
     } | ({"schedule": schedule_of(settings)} if settings.schedule is not None else {})
 
 
-def schedule_of(settings: Settings) -> dict[str, object] | None:
+def schedule_of(settings: Settings) -> dict[str, Any] | None:
     """The working hours' compiled form (kimi_cluster/node/working_hours.py), each window's replicas filled in."""
     if settings.schedule is None:
         return None

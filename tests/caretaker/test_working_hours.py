@@ -50,8 +50,9 @@ def test_a_schedule_is_compiled_and_each_window_gets_the_stacks_replicas_by_defa
     assert s.guarded and s.schedule == {"time_zone": "Europe/Berlin", "windows": [
         {"days": [0, 1, 2, 3, 4], "start": "08:00", "end": "19:00", "replicas": None},
         {"days": [5], "start": "10:00", "end": "24:00", "replicas": 2}]}
-    from kimi_cluster.blueprint.caretaker import config
-    assert [w["replicas"] for w in config(s)["schedule"]["windows"]] == [3, 2]
+    from kimi_cluster.blueprint.caretaker import schedule_of
+    compiled = schedule_of(s)
+    assert compiled is not None and [w["replicas"] for w in compiled["windows"]] == [3, 2]
 
 
 @pytest.mark.parametrize(("schedule", "extra", "named"), [
