@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_kind:
         print(_schedule_lines(command, max(1, round(args.poll_seconds / 60)), args.stack, folder)[args.print_kind])
         return 0
-    state_dir = Path(args.state_dir or Path.home() / ".local/state/kimi-cluster/schedule" / args.stack)
+    state_dir = Path(args.state_dir) if args.state_dir else scheduler.default_state_dir(args.stack)
     record = scheduler.Record(state_dir)
     timing = scheduler.Timing(args.poll_seconds, args.margin, args.attempts, args.retry_seconds)
     from kimi_cluster.operator.hours_report import modelled_bringup_minutes

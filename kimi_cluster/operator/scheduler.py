@@ -35,6 +35,11 @@ class SchedulerError(Exception):
     pass
 
 
+def default_state_dir(stack: str) -> Path:
+    """The scheduler's record and lock on its host, unless --state-dir says otherwise."""
+    return Path.home() / ".local/state/kimi-cluster/schedule" / stack
+
+
 class Driver(Protocol):
     """What the scheduler does to the stack: the Automation API's (kimi_cluster/operator/scheduler_driver.py)."""
 
