@@ -52,7 +52,7 @@ def schedule_of(settings: Settings) -> dict[str, Any] | None:
     """The working hours' compiled form (kimi_cluster/node/working_hours.py), each window's replicas filled in."""
     if settings.schedule is None:
         return None
-    return schedule_rules.with_replicas(settings.schedule, settings.replicas)
+    return schedule_rules.with_stack(settings.schedule, settings.replicas, settings.caretaker.minute_seconds)
 
 
 def caretaker_inputs(settings: Settings) -> CaretakerInputs:

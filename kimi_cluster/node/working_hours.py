@@ -45,18 +45,42 @@ def _on(day: date, text: str, zone: ZoneInfo) -> datetime:
     return datetime.combine(day + timedelta(days=minutes // 1440), time(minutes % 1440 // 60, minutes % 60), zone)
 
 
+def _scaled(schedule: dict[str, Any]) -> tuple[float, float] | None:
+    """The sandbox's test clock: (epoch, scale), schedule time running `scale` times faster than real time from
+    `epoch` (kimi_cluster/settings/schedule_rules.py allows it only with a shortened caretaker minute)."""
+    clock = schedule.get("clock")
+    return (float(clock["epoch"]), float(clock["scale"])) if clock else None
+
+
+def _to_schedule(schedule: dict[str, Any], moment: datetime) -> datetime:
+    scaled = _scaled(schedule)
+    if scaled is None:
+        return moment
+    epoch, scale = scaled
+    return datetime.fromtimestamp(epoch + (moment.timestamp() - epoch) * scale, moment.tzinfo)
+
+
+def _to_real(schedule: dict[str, Any], moment: datetime) -> datetime:
+    scaled = _scaled(schedule)
+    if scaled is None:
+        return moment
+    epoch, scale = scaled
+    return datetime.fromtimestamp(epoch + (moment.timestamp() - epoch) / scale, moment.tzinfo)
+
+
 def openings(schedule: dict[str, Any], around: datetime) -> list[Opening]:
-    """Every window's occurrences from a week and a day before `around` to a week and a day after, by start."""
+    """Every window's occurrences from a week and a day before `around` to a week and a day after, by start, as
+    real moments (on a test clock, mapped back from its schedule time)."""
     zone = ZoneInfo(schedule["time_zone"])
-    local_day = around.astimezone(zone).date()
+    local_day = _to_schedule(schedule, around).astimezone(zone).date()
     out = []
     for offset in range(-_LOOK_DAYS, _LOOK_DAYS + 1):
         day: date = local_day + timedelta(days=offset)
         for index, window in enumerate(schedule["windows"]):
             if day.weekday() not in window["days"]:
                 continue
-            out.append(Opening(_on(day, window["start"], zone), _on(day, window["end"], zone),
-                               int(window["replicas"]), index))
+            out.append(Opening(_to_real(schedule, _on(day, window["start"], zone)),
+                               _to_real(schedule, _on(day, window["end"], zone)), int(window["replicas"]), index))
     return sorted(out, key=lambda o: o.start)
 
 

@@ -414,7 +414,8 @@ class Settings(DerivedValues, BaseModel):
                                        api_url_value=self.caretaker_api_url,
                                        minute_seconds=self.caretaker.minute_seconds,
                                        usd_per_hour=self._gpu_usd_per_hour(), flavor=self.flavor_name) \
-            + schedule_rules.problems(self.schedule, self.replicas, self.caretaker_api_key_set)
+            + schedule_rules.problems(self.schedule, self.replicas, self.caretaker_api_key_set,
+                                      self.caretaker.minute_seconds)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

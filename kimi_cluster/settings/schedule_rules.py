@@ -60,6 +60,9 @@ class Schedule(BaseModel):
 
     time_zone: str = Field(alias="timeZone")
     windows: list[Window] = Field(min_length=1, max_length=WINDOWS_MAX)
+    # The sandbox's clock: from this Unix time on, the schedule's minutes are caretakerTiming's shortened minutes;
+    # allowed only with that test clock (problems).
+    test_clock_epoch: float | None = Field(None, alias="testClockEpoch", gt=0)
 
     @field_validator("time_zone")
     @classmethod
@@ -123,21 +126,32 @@ def schedule(v: Any) -> dict[str, Any] | None:
         raise ValueError("; ".join(overlaps[:5]))
     return {"time_zone": parsed.time_zone,
             "windows": [{"days": [DAYS.index(d) for d in w.days], "start": _clock(w.start),
-                         "end": _clock(w.end), "replicas": w.replicas} for w in parsed.windows]}
+                         "end": _clock(w.end), "replicas": w.replicas} for w in parsed.windows]} \
+        | ({"test_clock_epoch": parsed.test_clock_epoch} if parsed.test_clock_epoch else {})
 
 
-def with_replicas(compiled: dict[str, Any], stack_replicas: int) -> dict[str, Any]:
-    """A window without `replicas` wants the stack's."""
-    return {**compiled, "windows": [{**w, "replicas": w["replicas"] or stack_replicas} for w in compiled["windows"]]}
+def with_stack(compiled: dict[str, Any], stack_replicas: int, minute_seconds: float) -> dict[str, Any]:
+    """The form the caretaker and the scheduler read: a window without `replicas` wants the stack's; a test clock's
+    minutes are the caretaker's."""
+    out = {"time_zone": compiled["time_zone"],
+           "windows": [{**w, "replicas": w["replicas"] or stack_replicas} for w in compiled["windows"]]}
+    if compiled.get("test_clock_epoch"):
+        out["clock"] = {"epoch": compiled["test_clock_epoch"], "scale": 60 / minute_seconds}
+    return out
 
 
-def problems(compiled: dict[str, Any] | None, stack_replicas: int, key_set: bool) -> list[str]:
+def problems(compiled: dict[str, Any] | None, stack_replicas: int, key_set: bool,
+             minute_seconds: float = 60.0) -> list[str]:
     """A window may ask fewer replicas than the stack's `replicas` (what its front, quota and names were sized for),
     never more; one replica has no front, so a stack with one cannot be scaled to two by a window, nor the reverse.
     The stop is the caretaker's, with its own key."""
     if compiled is None:
         return []
     out = []
+    if compiled.get("test_clock_epoch") and minute_seconds >= 60:
+        out.append(f"{NAMESPACE}:{KEY}.testClockEpoch runs the schedule on the sandbox's shortened minutes; it needs "
+                   f"that test clock ({NAMESPACE}:caretakerTiming.minuteSeconds below 60, with an emulator as "
+                   "caretakerApiUrl), and a real stack keeps the wall clock")
     if not key_set:
         out.append(f"{NAMESPACE}:caretakerApiKey is required with {NAMESPACE}:{KEY}: at a window's end the caretaker "
                    "deletes the GPU VMs with a Hyperstack API key of its own; set it with: pulumi config set "

@@ -193,3 +193,24 @@ def test_an_idle_stop_inside_a_window_stays_an_idle_stop_without_retry_after(tmp
     action = _poll(config)["action"]
     assert action["reason"] == "idle" and action["done_at"]
     assert not (tmp_path / "flags" / caretaker_hours.RETRY_AFTER_FILE).exists()
+
+
+def test_the_sandboxs_clock_runs_the_schedule_on_its_short_minutes():
+    epoch = datetime(2026, 3, 30, 0, 0, tzinfo=UTC)  # a Monday
+    fast = {"time_zone": "UTC", "clock": {"epoch": epoch.timestamp(), "scale": 60.0},
+            "windows": [{"days": [0], "start": "10:00", "end": "11:00", "replicas": 1}]}
+    following = working_hours.next_opening(fast, epoch)
+    assert following is not None and following.start == epoch + timedelta(seconds=600)  # 10 hours of 1-s minutes
+    assert following.end == epoch + timedelta(seconds=660)
+    assert working_hours.open_now(fast, epoch + timedelta(seconds=630)) is not None
+    assert working_hours.last_close(fast, epoch + timedelta(seconds=661)) == following.end
+    # Only with the sandbox's test clock: a real stack keeps the wall clock.
+    window = {"timeZone": "UTC", "testClockEpoch": epoch.timestamp(),
+              "windows": [{"days": ["mon"], "start": "10:00", "end": "11:00"}]}
+    assert "kimi-cluster:schedule.testClockEpoch runs the schedule on the sandbox's shortened minutes" in _refused(
+        json.dumps(window))
+    s = _settings(json.dumps(window), caretakerTiming='{"pollSeconds": 1, "minuteSeconds": 1}',
+                  caretakerApiUrl="http://127.0.0.1:8700/v1")
+    from kimi_cluster.blueprint.caretaker import schedule_of
+    compiled = schedule_of(s)
+    assert compiled is not None and compiled["clock"] == {"epoch": epoch.timestamp(), "scale": 60.0}
