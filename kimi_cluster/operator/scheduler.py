@@ -43,7 +43,7 @@ def default_state_dir(stack: str) -> Path:
 class Driver(Protocol):
     """What the scheduler does to the stack: the Automation API's (kimi_cluster/operator/scheduler_driver.py)."""
 
-    def up(self, replicas: int) -> None: ...
+    def up(self, replicas: int) -> int: ...
 
     def verify(self) -> tuple[bool, str]: ...
 
@@ -108,7 +108,9 @@ class Record:
         return any(u.get("opening") == key for u in self.data["ups"])
 
     def measured_seconds(self) -> float | None:
-        done = [u for u in self.data["ups"] if u.get("outcome") == "ok" and u.get("seconds")]
+        """The last up that brought the cluster up (created something) and passed verify: an up of a stack that
+        was up already is no bring-up."""
+        done = [u for u in self.data["ups"] if u.get("outcome") == "ok" and u.get("seconds") and u.get("created")]
         return float(done[-1]["seconds"]) if done else None
 
 
@@ -182,7 +184,7 @@ def bring_up(driver: Driver, record: Record, decision: Decision, timing: Timing,
         record.save()
         say(f"up, attempt {attempt} of {timing.attempts}: {decision.line()}")
         try:
-            driver.up(decision.opening.replicas)
+            entry["created"] = driver.up(decision.opening.replicas)
             break
         except Exception as err:  # noqa: BLE001  # any failure of the up is retried, and reported with its text
             entry["errors"] = (entry["errors"] + [f"attempt {attempt}: {str(err)[-600:]}"])[-timing.attempts:]

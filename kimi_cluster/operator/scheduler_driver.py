@@ -22,15 +22,17 @@ class AutomationDriver:
         workspace = auto.LocalWorkspace(work_dir=work_dir, env_vars=env or None)
         self.stack = auto.Stack.select(stack, workspace)
 
-    def up(self, replicas: int) -> None:
-        """`pulumi up` of the stack, with `replicas` the window's (set in the stack's config first when it differs)."""
+    def up(self, replicas: int) -> int:
+        """`pulumi up` of the stack, with `replicas` the window's (set in the stack's config first when it differs);
+        how many resources it created (none: the stack was up already, and the time is no bring-up's)."""
         key = f"{NAMESPACE}:replicas"
         config = self.stack.get_all_config()
         now = int(config[key].value) if key in config else 1
         if replicas != now:
             self.say(f"the window wants {replicas} replica(s), the stack has {now}: setting {key}")
             self.stack.set_config(key, auto.ConfigValue(str(replicas)))
-        self.stack.up(on_output=self._output, color="never", suppress_progress=True)
+        result = self.stack.up(on_output=self._output, color="never", suppress_progress=True)
+        return int((result.summary.resource_changes or {}).get(auto.OpType.CREATE) or 0)
 
     def _output(self, line: str) -> None:
         text = line.rstrip()
@@ -55,8 +57,9 @@ class AutomationDriver:
                             + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "all passed"))
 
     def recover(self, interrupted: dict[str, Any]) -> str:
-        """After a scheduler killed mid-up: end the pulumi it left (its process group, when it led one), then take
-        away the stack lock that pulumi held (`pulumi cancel`, which a DIY backend answers by removing it)."""
+        """After a scheduler killed mid-up: end the pulumi it left (its process group, when it led one), take away
+        the stack lock that pulumi held (`pulumi cancel`, which a DIY backend answers by removing it), and refresh
+        with the pending creates cleared."""
         said = []
         pgid = interrupted.get("pgid")
         if pgid and pgid == interrupted.get("pid") and pgid != os.getpgrp():
@@ -70,4 +73,8 @@ class AutomationDriver:
             said.append("cleared the stack's lock")
         except auto.CommandError as err:
             said.append(f"no lock to clear ({str(err).strip().splitlines()[-1][:200]})")
+        # As after any interrupted up (the sandbox's own recovery, kimi_cluster/sandbox/cli_stacks.py): each provider
+        # is asked whether what the cut-off up began exists; the up that follows makes the rest.
+        self.stack.refresh(clear_pending_creates=True, color="never", on_output=self._output, suppress_progress=True)
+        said.append("refreshed the state (pending creates cleared)")
         return "; ".join(said) + "; running the up again (a VM whose create was cut off is found by its name)"

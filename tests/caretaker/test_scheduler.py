@@ -30,10 +30,11 @@ class Driver:
         self.ups: list[int] = []
         self.recovered: list[dict[str, Any]] = []
 
-    def up(self, replicas: int) -> None:
+    def up(self, replicas: int) -> int:
         self.ups.append(replicas)
         if len(self.ups) <= self.fail_times:
             raise RuntimeError(f"error: update failed\nthe API answered 503 (attempt {len(self.ups)})")
+        return 3
 
     def verify(self) -> tuple[bool, str]:
         return self.verified, "12 checks: all passed" if self.verified else "1 failed: chat"
@@ -49,8 +50,9 @@ def test_the_lead_is_the_last_measured_up_else_the_timeline_else_the_model(tmp_p
     assert seconds == 1800 * 1.25 + 60 and "the model's bring-up, 30.0 min (none measured yet)" in source
     seconds, source = scheduler.lead(record, 1200, 1800, TIMING)
     assert seconds == 1200 * 1.25 + 60 and "timeline, 20.0 min" in source
-    record.data["ups"] = [{"opening": "x", "outcome": "ok", "seconds": 600}, {"opening": "y", "outcome": "failed",
-                                                                              "seconds": 5}]
+    record.data["ups"] = [{"opening": "x", "outcome": "ok", "seconds": 600, "created": 3},
+                          {"opening": "y", "outcome": "failed", "seconds": 5},
+                          {"opening": "z", "outcome": "ok", "seconds": 20, "created": 0}]  # up already: no bring-up
     seconds, source = scheduler.lead(record, 1200, 1800, TIMING)
     assert seconds == 600 * 1.25 + 60 and "last scheduled up and verify, 10.0 min" in source
 
@@ -100,7 +102,7 @@ def test_an_up_cut_off_by_a_kill_is_run_again_after_the_restart(tmp_path):
     decision = scheduler.decide(BERLIN, MONDAY_0500_UTC + timedelta(minutes=59), record, 600, "m")
 
     class Killed(Driver):
-        def up(self, replicas: int) -> None:
+        def up(self, replicas: int) -> int:
             raise KeyboardInterrupt  # the process ends here; only what was saved before remains
 
     with pytest.raises(KeyboardInterrupt):
