@@ -5,8 +5,10 @@ logged in to), and the endpoint's verification (kimi_cluster/checks, what `kimi-
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,11 +65,7 @@ class AutomationDriver:
         said = []
         pgid = interrupted.get("pgid")
         if pgid and pgid == interrupted.get("pid") and pgid != os.getpgrp():
-            try:
-                os.killpg(int(pgid), signal.SIGTERM)
-                said.append(f"ended the pulumi left in process group {pgid}")
-            except ProcessLookupError:
-                said.append("no process of it was left")
+            said.append(_end_group(int(pgid)))
         try:
             self.stack.cancel()
             said.append("cleared the stack's lock")
@@ -78,3 +76,22 @@ class AutomationDriver:
         self.stack.refresh(clear_pending_creates=True, color="never", on_output=self._output, suppress_progress=True)
         said.append("refreshed the state (pending creates cleared)")
         return "; ".join(said) + "; running the up again (a VM whose create was cut off is found by its name)"
+
+
+def _end_group(pgid: int, grace_s: float = 30.0) -> str:
+    """SIGTERM to what the killed scheduler left (pulumi ends its update and lets go of the lock), SIGKILL after
+    `grace_s`; waited for, so no second up starts beside it."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "no process of it was left"
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return f"ended the pulumi left in process group {pgid}"
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return f"killed the pulumi left in process group {pgid} ({grace_s:g} s after SIGTERM)"
