@@ -188,11 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     driver = AutomationDriver(args.stack, folder, say)
     say(f"schedule for stack {args.stack} in {schedule['time_zone']}: {len(schedule['windows'])} window(s); "
         f"record {record.path}")
+    # The timeline is read from the stack's export (a pulumi run): once, and again after each up it may change.
+    timeline: dict[int, float | None] = {}
+
+    def lead_now() -> tuple[float, str]:
+        ups = len(record.data["ups"])
+        if record.measured_seconds() is None and ups not in timeline:
+            timeline[ups] = _timeline_seconds(driver)
+        return scheduler.lead(record, timeline.get(ups), modelled, timing)
+
     with lock:
-        return scheduler.run(schedule, driver, record, timing,
-                             lambda: scheduler.lead(record, None if record.measured_seconds() else
-                                                    _timeline_seconds(driver), modelled, timing), say,
-                             once=args.once)
+        return scheduler.run(schedule, driver, record, timing, lead_now, say, once=args.once)
 
 
 if __name__ == "__main__":

@@ -218,6 +218,7 @@ def run(schedule: dict[str, Any], driver: Driver, record: Record, timing: Timing
         float, str]], say: Callable[[str], None], once: bool = False,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> int:
     """Look every poll: an up when one is due, else wait. `once`: one look (a timer's run), then exit."""
+    said = ""
     while True:
         lead_seconds, lead_from = lead_of()
         decision = decide(schedule, clock(), record, lead_seconds, lead_from)
@@ -229,8 +230,9 @@ def run(schedule: dict[str, Any], driver: Driver, record: Record, timing: Timing
             interrupted = None
         if decision.action == "up" or interrupted:
             bring_up(driver, record, decision, timing, say)
-        elif once:
-            say(decision.line())
+        elif once or decision.line() != said:
+            said = decision.line()  # said once, not at every look
+            say(said)
         if once:
             return 0
         time.sleep(timing.poll_seconds)

@@ -81,8 +81,9 @@ def _record(run) -> dict[str, Any]:
         return {}
 
 
-def _up_for(run, opening: datetime) -> dict[str, Any] | None:
-    key = opening.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _up_for(run, opens: float) -> dict[str, Any] | None:
+    """The scheduler's record of the up for the window opening at `opens` (real time)."""
+    key = datetime.fromtimestamp(opens, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return next((u for u in _record(run).get("ups") or [] if u.get("opening") == key), None)
 
 
@@ -122,7 +123,7 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
     scheduler = _scheduler(run, log)
     try:
         # The first window: the scheduler's up (nothing to create) and verify, before it opens.
-        entry = wait_for("the first window's scheduled up", lambda: _up_for(run, first[0]), opens[0] - time.time())
+        entry = wait_for("the first window's scheduled up", lambda: _up_for(run, opens[0]), opens[0] - time.time())
         assert entry["outcome"] == "ok" and entry["verified"] and entry["ready_before_open"], (entry, log.read_text())
         wait_for("the first window to open", lambda: time.time() >= opens[0], 120)
         assert _ask(outputs, ca).status_code == 200
@@ -150,7 +151,7 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
         scheduler.wait(30)
         killed_at = time.time()
         scheduler = _scheduler(run, log)
-        entry = wait_for("the second window's scheduled up", lambda: _up_for(run, second[0]),
+        entry = wait_for("the second window's scheduled up", lambda: _up_for(run, opens[1]),
                          opens[1] - time.time() + 60)
         assert entry["outcome"] == "ok" and entry["verified"] and entry["resumed_after"], (entry, log.read_text())
         assert entry["ready_before_open"] and entry["created"] > 0, (entry, log.read_text())
@@ -169,9 +170,9 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
     assert "emulator: nothing left" in ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
     report(f"working hours flow (2 x b300x1-vllm, 1-s minutes): up {up.seconds:.1f} s; first window's up done "
-           f"{opens[0] - _ts(_up_for(run, first[0])['ended']):.1f} s before it opened; replicas deleted "
+           f"{opens[0] - _ts(_up_for(run, opens[0])['ended']):.1f} s before it opened; replicas deleted "
            f"{stopped_after:.1f} s after it closed; second window's up (killed once at {killed_at - opens[1]:+.1f} s, "
-           f"restarted) done {opens[1] - _ts(_up_for(run, second[0])['ended']):.1f} s before it opened")
+           f"restarted) done {opens[1] - _ts(_up_for(run, opens[1])['ended']):.1f} s before it opened")
 
 
 def _ts(text: str) -> float:
