@@ -84,7 +84,7 @@ _IP = (str, type(None))  # a VM without a floating IP has none
 OUTPUT_SHAPES: dict[str, Any] = {
     "endpoint_url": str, "api_key": str, "ca_certificate": str, "topology": str, "region": str,
     "hourly_cost_usd": (int, float), "hourly_cost_source": str, "served_model_name": str,
-    "caretaker_vm": str, "idle_stop_minutes": (int, float), "budget_usd": (int, float), "schedule": dict,
+    "caretaker_vm": str, "idle_stop_minutes": (int, float), "budget_usd": (int, float),
     "kimi_cluster_version": str, "environment_name": str, "head_public_ip": _IP,
     "node_names": [str], "node_public_ips": [_IP], "node_private_ips": [_IP],
     # replicas >= 2
