@@ -6,9 +6,10 @@ kimi_cluster/plan/caretaker.py; its node side kimi_cluster/node/caretaker*.py.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from kimi_cluster.plan.caretaker import CaretakerInputs
-from kimi_cluster.settings import Settings, sizing
+from kimi_cluster.settings import Settings, schedule_rules, sizing
 
 
 def gpu_vm_names(settings: Settings) -> list[str]:
@@ -44,12 +45,19 @@ def config(settings: Settings) -> dict[str, object]:
         "poll_seconds": timing.poll_seconds,
         "minute_seconds": timing.minute_seconds,
         "health_url": f"https://127.0.0.1:{settings.api_port}/health",
-    }
+    } | ({"schedule": schedule_of(settings)} if settings.schedule is not None else {})
+
+
+def schedule_of(settings: Settings) -> dict[str, Any] | None:
+    """The working hours' compiled form (kimi_cluster/node/working_hours.py), each window's replicas filled in."""
+    if settings.schedule is None:
+        return None
+    return schedule_rules.with_stack(settings.schedule, settings.replicas, settings.caretaker.minute_seconds)
 
 
 def caretaker_inputs(settings: Settings) -> CaretakerInputs:
     return CaretakerInputs(json.dumps(config(settings), sort_keys=True), settings.idle_stop_minutes,
-                           settings.budget_usd)
+                           settings.budget_usd, settings.schedule is not None)
 
 
 def guard_outputs(settings: Settings) -> dict[str, object]:
@@ -57,4 +65,4 @@ def guard_outputs(settings: Settings) -> dict[str, object]:
     if not settings.guarded:
         return {}
     return {"idle_stop_minutes": settings.idle_stop_minutes, "budget_usd": settings.budget_usd,
-            "caretaker_vm": home_name(settings)}
+            "caretaker_vm": home_name(settings)} | ({"schedule": schedule_of(settings)} if settings.schedule else {})

@@ -75,7 +75,7 @@ def engine_inputs(settings: Settings) -> EngineInputs:
 
 
 def endpoint_inputs(settings: Settings) -> EndpointInputs:
-    return _same_names(EndpointInputs, settings)
+    return _same_names(EndpointInputs, settings, hours=settings.schedule is not None)
 
 
 def firewall_inputs(settings: Settings) -> FirewallInputs:

@@ -1,6 +1,6 @@
 """The `kimi-cluster` command: one door per tool, each a module of this package with its own `main(argv)`.
 
-    kimi-cluster plan | status | timeline | verify | sandbox | emulator | config-reference [ARGS...]
+    kimi-cluster plan | status | timeline | schedule | verify | sandbox | emulator | config-reference [ARGS...]
 
 Each door keeps the arguments it had as `python -m scripts.<name>`; `kimi-cluster DOOR --help` lists them. A door's
 module is imported only when it is asked for, so `kimi-cluster plan` never loads the sandbox or the fakes.
@@ -17,6 +17,7 @@ DOORS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "what a stack will build and cost, offline (no account, no resource)"),
     "status": ("status", "what a running stack is doing, node by node"),
     "timeline": ("timeline", "draw a bring-up from a stack export"),
+    "schedule": ("schedule", "working hours: bring the stack up ahead of each window (an always-on host)"),
     "verify": ("verify", "check a live endpoint: models, chat, reasoning, tools, images, clients"),
     "sandbox": ("sandbox", "the whole flow on this machine: up | verify | status | reclaim | destroy"),
     "emulator": ("emulator", "run the local Hyperstack API emulator on loopback"),

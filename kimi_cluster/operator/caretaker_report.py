@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour, home_name
+from kimi_cluster.operator.hours_report import format_hours, hours
 from kimi_cluster.settings import NAMESPACE, Settings
 
 
@@ -21,7 +22,7 @@ def guards(settings: Settings, break_even: dict[str, Any] | None) -> dict[str, A
         "idle_stop_minutes": settings.idle_stop_minutes, "budget_usd": settings.budget_usd,
         "runs_on": home_name(settings) if settings.guarded else None,
         "poll_seconds": timing.poll_seconds, "minute_seconds": timing.minute_seconds,
-        "gpu_usd_per_hour": gpu_usd_per_hour(settings),
+        "gpu_usd_per_hour": gpu_usd_per_hour(settings), "hours": hours(settings),
     }
     if settings.budget_usd is not None and out["gpu_usd_per_hour"]:
         out["budget_hours"] = round(settings.budget_usd / out["gpu_usd_per_hour"], 2)
@@ -42,7 +43,9 @@ def format_guards(g: dict[str, Any]) -> list[str]:
                                  f"idle stop off ({NAMESPACE}:idleStopMinutes)")]
     budget = g["budget_usd"]
     if budget is None:
-        lines.append(f"             budget off ({NAMESPACE}:budgetUsd): only `pulumi destroy` stops the bill")
+        lines.append(f"             budget off ({NAMESPACE}:budgetUsd): " + (
+            "outside the working hours below the bill stops" if g.get("hours") else
+            "only `pulumi destroy` stops the bill"))
     elif "budget_hours" in g:
         lines.append(f"             budget ${budget:,.2f}: {g['budget_hours']:,.1f} hours of the GPU VMs at "
                      f"${g['gpu_usd_per_hour']:,.2f}/h; warns at ${g['warn_at_usd']:,.2f} (80 %), deletes them at "
@@ -57,4 +60,4 @@ def format_guards(g: dict[str, Any]) -> list[str]:
     if g["runs_on"]:
         lines.append(f"             kept by the caretaker on {g['runs_on']}, every {g['poll_seconds']:g} s, with "
                      f"{NAMESPACE}:caretakerApiKey (a key on that VM: whoever gets root there holds the account)")
-    return lines
+    return lines + format_hours(g.get("hours"))

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from datetime import UTC, datetime
 from typing import Any
 
+from kimi_cluster.blueprint.caretaker import schedule_of
+from kimi_cluster.operator.hours_status import format_hours_status, hours_view, last_up
 from kimi_cluster.operator.node_exec import NodeRunner
 from kimi_cluster.operator.stack_state import StackState
 from kimi_cluster.plan.caretaker import STATE_DIR, STATE_FILE
@@ -44,7 +47,10 @@ def checked_state(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
     history = raw.get("history")
-    return {"idle_minutes": _num(raw.get("idle_minutes")), "requests": _num(raw.get("requests")),
+    stops = [a for a in (history[-50:] if isinstance(history, list) else []) + [raw.get("action")]
+             if isinstance(a, dict) and a.get("reason") == "hours"]
+    return {"last_hours_stop": _action(stops[-1]) if stops else None,
+            "idle_minutes": _num(raw.get("idle_minutes")), "requests": _num(raw.get("requests")),
             "spend_usd": _num(raw.get("spend_usd")), "spend_source": _text(raw.get("spend_source")),
             "served_since": _num(raw.get("served_since")), "warning": _text(raw.get("warning")),
             "action": _action(raw.get("action")),
@@ -61,6 +67,7 @@ def caretaker_view(state: StackState, settings: Settings, runner: NodeRunner) ->
     node = next((n for n in state.nodes if n.name == name), None)
     if node is None or node.connection is None:
         view["error"] = f"{name} is not in the stack's state (deleted by the caretaker? `pulumi up` brings it back)"
+        view["hours"] = hours_view(schedule_of(settings), datetime.now(UTC), None, last_up(state.stack))
         return view
     path = f"var/lib/kimi-cluster/{STATE_DIR}/{STATE_FILE}"
     command = f"cd {shlex.quote(settings.node_root)} && sudo -n head -c {STATE_MAX_BYTES} {path}"
@@ -72,6 +79,8 @@ def caretaker_view(state: StackState, settings: Settings, runner: NodeRunner) ->
         view.update(checked_state(json.loads(out)))
     except (ValueError, RecursionError) as exc:
         view["error"] = f"its state on {name} is not readable: {exc}"
+    view["hours"] = hours_view(schedule_of(settings), datetime.now(UTC), view.get("last_hours_stop"),
+                               last_up(state.stack))
     return view
 
 
@@ -79,7 +88,7 @@ def format_caretaker(view: dict[str, Any]) -> list[str]:
     idle, budget = view.get("idle_stop_minutes"), view.get("budget_usd")
     head = f"caretaker on {view['vm']}:"
     if view.get("error"):
-        return [f"{head} {view['error']}"]
+        return [f"{head} {view['error']}"] + format_hours_status(view.get("hours"))
     parts = []
     if idle:
         quiet = view.get("idle_minutes")
@@ -98,4 +107,4 @@ def format_caretaker(view: dict[str, Any]) -> list[str]:
             done = f"done {act['done_at']}" if act.get("done_at") else "deleting"
             lines.append(f"  {label} ({act.get('reason')}) at {act.get('started_at')}, {done}: {act.get('why')}; "
                          f"deleted {', '.join(act.get('deleted') or []) or 'nothing yet'}")
-    return lines
+    return lines + format_hours_status(view.get("hours"))

@@ -29,6 +29,12 @@ CARETAKER_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker.py"
 # The billing history's reading and the caretaker's Hyperstack calls, shipped beside it.
 SPEND_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker_spend.py"
 CARETAKER_API_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker_api.py"
+# With working hours (kimi-cluster:schedule) the unit runs caretaker_hours.py, which wraps the caretaker's poll with
+# the stop at a window's end; without, neither file ships and the step's text is what it was.
+# Each lands at its path under the program's folder; caretaker.py also as a module, for caretaker_hours.py to import.
+HOURS_SOURCES = (("kimi_cluster/node/working_hours.py", _ROOT / "kimi_cluster" / "node" / "working_hours.py"),
+                 ("kimi_cluster/node/caretaker.py", CARETAKER_SOURCE),
+                 ("caretaker_hours.py", _ROOT / "kimi_cluster" / "node" / "caretaker_hours.py"))
 
 
 @dataclass(frozen=True)
@@ -39,16 +45,20 @@ class CaretakerInputs:
     config_json: str
     idle_stop_minutes: int | None
     budget_usd: float | None
+    hours: bool = False  # kimi-cluster:schedule: the stop at a window's end
 
 
 def caretaker_values(inputs: CaretakerInputs, spot: VmSpot, _timing: Timing, _deadline_s: int,
                      _step: str) -> dict[str, Any]:
     # spot.gpu_vm_ids: the GPU VMs' ids, so that the step arms the caretaker again when an up re-creates one.
     guards = [f"idle stop after {inputs.idle_stop_minutes} min" if inputs.idle_stop_minutes else "",
-              f"budget {inputs.budget_usd:,.2f} USD" if inputs.budget_usd else ""]
+              f"budget {inputs.budget_usd:,.2f} USD" if inputs.budget_usd else "",
+              "stop at the end of each working window" if inputs.hours else ""]
     return {"unit": UNIT, "state_dir": STATE_DIR, "state_file": STATE_FILE,
             "key_file": KEY_FILE, "caretaker_dir": CARETAKER_DIR, "ca_file": CA_FILE,
             "config_b64": base64.b64encode(inputs.config_json.encode()).decode(),
             "restart_seconds": RESTART_SECONDS, "gpu_vm_ids": spot.gpu_vm_ids or "<the GPU VMs' ids>",
             "guards": ", ".join(g for g in guards if g), "program_source": source(CARETAKER_SOURCE),
-            "spend_source": source(SPEND_SOURCE), "api_source": source(CARETAKER_API_SOURCE)}
+            "spend_source": source(SPEND_SOURCE), "api_source": source(CARETAKER_API_SOURCE),
+            "hours_sources": [(at, source(path)) for at, path in HOURS_SOURCES] if inputs.hours else [],
+            "program": "caretaker_hours.py" if inputs.hours else "caretaker.py"}

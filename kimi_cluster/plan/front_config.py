@@ -36,7 +36,7 @@ def caddyfile(endpoint: EndpointInputs, head_private_ips: Sequence[str], tuning:
                   upstreams=upstreams(endpoint, head_private_ips), key_file=proxy.KEY_FILE,
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
                   unauthorized_body=proxy.UNAUTHORIZED_BODY, not_found_body=proxy.NOT_FOUND_BODY,
-                  public_paths=proxy.PUBLIC_PATHS, caretaker=endpoint.guarded,
+                  public_paths=proxy.PUBLIC_PATHS, caretaker=endpoint.guarded, hours=endpoint.hours,
                   resume_to=resume.resume_address() if endpoint.resumes_streams else "", **tuning.__dict__)
 
 

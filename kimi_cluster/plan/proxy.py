@@ -61,6 +61,7 @@ class EndpointInputs:
     guarded: bool  # the caretaker runs: the proxy logs what it counts and answers its 503
     proxy_container_image: str
     resumes_streams: bool  # the front hands the chat requests to its resuming layer
+    hours: bool = False  # kimi-cluster:schedule: the caretaker's 503 outside the hours carries a Retry-After
 
 
 def upstream(endpoint: EndpointInputs) -> str:
@@ -77,18 +78,19 @@ def metrics_upstream(endpoint: EndpointInputs) -> str | None:
 
 def render_config(endpoint: EndpointInputs) -> str:
     """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
-    return caddyfile(endpoint.api_port, upstream(endpoint), metrics_upstream(endpoint), caretaker=endpoint.guarded)
+    return caddyfile(endpoint.api_port, upstream(endpoint), metrics_upstream(endpoint), caretaker=endpoint.guarded,
+                     hours=endpoint.hours)
 
 
 def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None,
-              caretaker: bool = False) -> str:
+              caretaker: bool = False, hours: bool = False) -> str:
     """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT), with /metrics sent to
     `metrics_address` when the engine serves it elsewhere; `caretaker`: its access log, 503 and budget warning
     (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2)."""
     return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
                   upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
                   unauthorized_body=UNAUTHORIZED_BODY, not_found_body=NOT_FOUND_BODY, public_paths=PUBLIC_PATHS,
-                  metrics_upstream=metrics_address or "", caretaker=caretaker)
+                  metrics_upstream=metrics_address or "", caretaker=caretaker, hours=hours)
 
 
 def docker_run_argv(endpoint: EndpointInputs, proxy_dir: str | ShellExpr,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kimi_cluster.settings import caretaker_rules, catalog, sizing, tls_check
 from kimi_cluster.settings.errors import SettingsError
@@ -37,6 +37,7 @@ class DerivedValues:
         budget_usd: float | None
         caretaker_timing: dict[str, float]
         idle_stop_minutes: int | None
+        schedule: dict[str, Any] | None
         context_window: int
         engine: Literal["sglang", "vllm", "tokenspeed"] | None
         engine_layout: Literal["tp8", "dp8-ep", "tp8-dcp8"] | None
@@ -232,8 +233,8 @@ class DerivedValues:
 
     @property
     def guarded(self) -> bool:
-        """Whether the caretaker runs: a guard is set."""
-        return self.idle_stop_minutes is not None or self.budget_usd is not None
+        """Whether the caretaker runs: a guard or working hours are set."""
+        return self.idle_stop_minutes is not None or self.budget_usd is not None or self.schedule is not None
 
     @property
     def caretaker(self) -> caretaker_rules.CaretakerTiming:

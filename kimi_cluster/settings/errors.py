@@ -49,6 +49,8 @@ EXAMPLES: dict[str, str] = {
     "extraEngineArgs": '\'["--enable-metrics"]\'',
     "kernelCache": '\'{"backend": "s3", "bucket": "my-team-kimi-kernels", "region": "eu-central-1"}\'',
     "kernelCacheCredentials": "--secret ACCESS_KEY_ID:SECRET_ACCESS_KEY",
+    "schedule": ('\'{"timeZone": "Europe/Berlin", "windows": [{"days": ["mon", "fri"], "start": "08:00", '
+                 '"end": "19:00"}]}\''),
     "apiAllowedCidrs": '\'["203.0.113.7/32", "198.51.100.0/24"]\'',
     "apiKeyVersion": "2",
     "enginePort": "30000",

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kimi_cluster.node.weights import DOWNLOAD_WORKERS, HUB_FLOOR_SHARE, HUB_MIN_RATE, HUB_WINDOW_S
-from kimi_cluster.settings import caretaker_rules, catalog, cross_rules, node_timing, rules, sizing
+from kimi_cluster.settings import caretaker_rules, catalog, cross_rules, node_timing, rules, schedule_rules, sizing
 from kimi_cluster.settings.derived import DerivedValues
 from kimi_cluster.settings.errors import shown
 from kimi_cluster.settings.kernel_cache_store import KernelCacheSettings
@@ -138,6 +138,9 @@ class Settings(DerivedValues, BaseModel):
     caretaker_api_url: str = Field(caretaker_rules.DEFAULT_API_URL, alias="caretakerApiUrl")
     caretaker_timing: dict[str, float] = Field(default_factory=dict, alias="caretakerTiming")
     caretaker_api_key_set: bool = False
+    # Working hours (docs/caretaker.md): windows outside which the caretaker deletes the GPU VMs; the compiled form of
+    # schedule_rules.py, None when unset.
+    schedule: dict[str, Any] | None = Field(None, alias="schedule")
 
     # secrets: presence only, the values stay in Pulumi's secret config
     hf_token_set: bool = False
@@ -304,6 +307,11 @@ class Settings(DerivedValues, BaseModel):
     def _caretaker_url(cls, v: str) -> str:
         return caretaker_rules.api_url(v)
 
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _schedule(cls, v: Any) -> Any:
+        return schedule_rules.schedule(v)
+
     @field_validator("caretaker_timing", mode="before")
     @classmethod
     def _caretaker_timing(cls, v: Any) -> Any:
@@ -405,7 +413,9 @@ class Settings(DerivedValues, BaseModel):
             + caretaker_rules.problems(self.idle_stop_minutes, self.budget_usd, self.caretaker_api_key_set,
                                        api_url_value=self.caretaker_api_url,
                                        minute_seconds=self.caretaker.minute_seconds,
-                                       usd_per_hour=self._gpu_usd_per_hour(), flavor=self.flavor_name)
+                                       usd_per_hour=self._gpu_usd_per_hour(), flavor=self.flavor_name) \
+            + schedule_rules.problems(self.schedule, self.replicas, self.caretaker_api_key_set,
+                                      self.caretaker.minute_seconds)
         if problems:
             raise ValueError("\n  ".join(problems))
         return self

@@ -247,6 +247,12 @@ NOTES: dict[str, tuple[str, str]] = {
         "a hard limit in US dollars for the stack's GPU VMs since their first `up`, as Hyperstack bills them: the "
         'caretaker warns at 80 % and deletes the GPU VMs at 100 %; `up` refuses a budget already spent; needs '
         '`caretakerApiKey` and a priced GPU (the catalog\'s, or `gpuHourlyPriceUsd`)'),
+    'schedule': (
+        '(off)',
+        'working hours, a JSON object: `timeZone` (an IANA name) and `windows`, each with `days` (mon..sun), `start` '
+        'and `end` (HH:MM, end up to 24:00) and `replicas` (up to `replicas`); outside every window the caretaker '
+        'deletes the GPU VMs and `kimi-cluster schedule` brings them back before the next; needs `caretakerApiKey`; '
+        'see [the caretaker](caretaker.md#working-hours)'),
     'caretakerApiKey': (
         'secret, required with a guard',
         "the caretaker's own Hyperstack API key, one line of printable characters; reaches the VM on stdin only and "
