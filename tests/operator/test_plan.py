@@ -96,7 +96,7 @@ def test_bad_config_refused(tmp_path, capsys, body, expected):
     ("  kimi-cluster:topology: b300x1-vllm\n  kimi-cluster:replicas: 2\n  kimi-cluster:resumeStreams: false\n",
      "Streams      do not resume when their replica is lost (vllm): off (kimi-cluster:resumeStreams false)"),
     ("  kimi-cluster:topology: h100x4-sglang\n  kimi-cluster:replicas: 2\n",
-     "Streams      do not resume when their replica is lost (sglang): not on sglang (SGLang's own chat layer"),
+     "Streams      resume when their replica is lost (sglang): SGLang's own chat route on the front"),
     ("  kimi-cluster:topology: b300x1-tokenspeed\n  kimi-cluster:replicas: 2\n"
      f"  kimi-cluster:image: lightseekorg/tokenspeed:0.1.1@sha256:{'a' * 64}\n",
      "Streams      do not resume when their replica is lost (tokenspeed): not on tokenspeed (TokenSpeed renders"),
