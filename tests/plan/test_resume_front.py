@@ -17,7 +17,7 @@ from kimi_cluster.blueprint import blueprint
 from kimi_cluster.blueprint.inputs import compile_steps, endpoint_inputs, engine_inputs, resume_inputs
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
-from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.jinja import Verbatim, shell_words
 from kimi_cluster.plan.step_scripts import ShippedFile
 from kimi_cluster.plan.steps.model import PLAN_TLS, VmSpot
 from kimi_cluster.plan.steps.scripts import render_vm_scripts
@@ -68,7 +68,7 @@ def test_an_sglang_front_runs_sglangs_chat_layer_from_the_replicas_image_with_th
     assert "--engine sglang" in script and "starting SGLang's chat layer" in script and "vLLM" not in script
     # The program's text is part of the container's fingerprint: a new program starts a new container.
     fingerprint = resume.render_fingerprint(layer)
-    changed = [ShippedFile("kimi_cluster/node/sglang_chat.py", "changed\n", "EOF")]
+    changed = [ShippedFile("kimi_cluster/node/sglang_chat.py", Verbatim("changed\n"), "EOF")]
     monkeypatch.setattr(resume, "chat_program", lambda _layer: changed)  # a new program, the same flags
     assert resume.render_fingerprint(layer) != fingerprint
     # A vLLM front's layer keeps the flags of 0.3.x (vLLM is its default engine), so an upgrade restarts nothing.
