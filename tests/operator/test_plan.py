@@ -121,6 +121,20 @@ def test_a_chat_layer_flag_the_render_server_cannot_follow_is_refused_while_stre
     assert plan.main(["--config", write_stack(tmp_path, body + "  kimi-cluster:resumeStreams: false\n")]) == 0
 
 
+def test_a_flag_that_shapes_sglangs_chat_route_is_refused_while_sglang_streams_resume(tmp_path, capsys):
+    body = ("  kimi-cluster:topology: h100x4-sglang\n  kimi-cluster:replicas: 2\n"
+            "  kimi-cluster:extraEngineArgs: '[\"--chat-template=/x.jinja\", \"--enable-metrics\"]'\n"
+            f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n")
+    assert plan.main(["--config", write_stack(tmp_path, body)]) == 1
+    err = capsys.readouterr().err
+    assert ("kimi-cluster:extraEngineArgs sets --chat-template ('--chat-template=/x.jinja'), which shapes SGLang's "
+            "chat route and which the front's chat layer does not take while streams resume") in err
+    assert "--enable-metrics" not in err
+    # Without the front's resuming, or with one replica, the replicas take it.
+    assert plan.main(["--config", write_stack(tmp_path, body + "  kimi-cluster:resumeStreams: false\n")]) == 0
+    assert plan.main(["--config", write_stack(tmp_path, body.replace("replicas: 2", "replicas: 1"))]) == 0
+
+
 def test_missing_stack_file(capsys):
     assert plan.main(["--stack", "nope"]) == 2
     assert "no stack config" in capsys.readouterr().err
