@@ -68,7 +68,8 @@ def _usage_problem(args: argparse.Namespace, workdir: Path) -> str | None:
 
 
 def _render_server_problem(args: argparse.Namespace) -> str | None:
-    """The front's render server needs a real vLLM: said before the bring-up, as `sandbox up` says it."""
+    """The front's chat layer needs the parsers venv (a real vLLM, or SGLang 0.5.23's Python): said before the
+    bring-up, as `sandbox up` says it."""
     from kimi_cluster.sandbox.nodes import render_server_problem, stack_settings
     from kimi_cluster.settings import SettingsError
 

@@ -90,7 +90,8 @@ def problems(settings: Settings) -> list[str]:
     if found:
         return found  # a deadline of an unknown step has no rule to weigh nodeTiming against
     return (launch.engine_arg_problems(engine_inputs(settings))
-            + chat_layer.chat_layer_problems(settings.resumes_streams, settings.extra_engine_args)
+            + chat_layer.chat_layer_problems(settings.resumes_streams, settings.extra_engine_args,
+                                               settings.engine_name)
             + node_timing_problems(settings))
 
 

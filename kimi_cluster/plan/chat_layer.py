@@ -50,6 +50,14 @@ UNRENDERABLE = {
 }
 
 
+# SGLang 0.5.23's flags that shape its chat route (sglang/srt/entrypoints/openai/serving_chat.py reads the tokenizer,
+# the template manager's chat template, the model config's overrides and default sampling parameters, and the grammar
+# backend; fields in sglang/srt/arg_groups/fields/serving.py, model.py, exec_.py). The front's chat layer
+# (kimi_cluster/node/sglang_chat.py) takes none of them, so while streams resume they are refused, not ignored.
+SGLANG_CHAT_FLAGS = ("--tokenizer-path", "--tokenizer-mode", "--chat-template", "--json-model-override-args",
+                     "--sampling-defaults", "--grammar-backend")
+
+
 def _known(flag: str, names: tuple[str, ...]) -> str | None:
     """`flag` as one of `names`: itself, its --no- negation, or (argparse's abbreviations) an unambiguous prefix."""
     flag = "--" + flag[len("--no-"):] if flag.startswith("--no-") else flag
@@ -77,10 +85,17 @@ def render_args(extra_engine_args: Sequence[str]) -> list[str]:
             for word in words]
 
 
-def chat_layer_problems(resumes_streams: bool, extra_engine_args: Sequence[str]) -> list[str]:
-    """Every extraEngineArgs flag the render server cannot take while streams resume, naming it and why."""
+def chat_layer_problems(resumes_streams: bool, extra_engine_args: Sequence[str],
+                        engine_name: str = "vllm") -> list[str]:
+    """Every extraEngineArgs flag the front's chat layer cannot take while streams resume, naming it and why."""
     if not resumes_streams:
         return []
+    if engine_name == "sglang":
+        return [f"{NAMESPACE}:extraEngineArgs sets {hit} ({shown(' '.join(words))}), which shapes SGLang's chat "
+                "route and which the front's chat layer does not take while streams resume: streams would answer "
+                f"otherwise than the replicas; drop it, or set {NAMESPACE}:resumeStreams to false"
+                for flag, words in flag_groups(extra_engine_args)
+                if (hit := None if flag.startswith("--no-") else _known(flag, SGLANG_CHAT_FLAGS))]
     problems = []
     for flag, words in flag_groups(extra_engine_args):
         # A --no- spelling keeps the replicas at vLLM's default, which is the render server's too.

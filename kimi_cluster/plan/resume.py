@@ -1,6 +1,7 @@
-"""The front's resuming layer (replicas >= 2, vLLM): vLLM's render server and kimi_cluster/node/resume, as data.
+"""The front's resuming layer (replicas >= 2, vLLM or SGLang): the replicas' chat layer and
+kimi_cluster/node/resume, as data.
 
-What runs on the front beside Caddy, for `resumeStreams` (Settings.resumes_streams):
+What runs on the front beside Caddy, for `resumeStreams` (Settings.resumes_streams), with vLLM replicas:
 - vLLM's own chat layer on the CPU, `vllm launch render` in the engine's pinned image (vLLM 0.33.0,
   vllm/entrypoints/cli/launch.py: "a GPU-less rendering server for preprocessing and postprocessing only"), with
   the chat flags of the replicas' `vllm serve` (kimi_cluster/plan/launch.py), so it renders and parses as they
@@ -11,6 +12,12 @@ What runs on the front beside Caddy, for `resumeStreams` (Settings.resumes_strea
 - the resuming layer (kimi_cluster/node/resume/), a systemd unit on the front's own Python, on loopback;
 - Caddy hands it `POST /v1/chat/completions` after the key check (kimi_cluster/plan/templates/front.Caddyfile.j2).
 Both listen on the front's loopback only (RESUME_PORT, RENDER_PORTS); the replicas' engines already admit the front.
+
+With SGLang replicas the chat layer is SGLang 0.5.23's own chat route on the CPU (it has no render server):
+kimi_cluster/node/sglang_chat.py, shipped to the front and mounted read-only into the replicas' own image, run by
+that image's Python with the replicas' model, revision and served name (the parsers are the replicas' kimi_k3 ones,
+set in the program), in the same two slots; the layer is told `--engine sglang` (it generates through the
+replicas' `/generate`). The program's text is part of the container's fingerprint, so a new one restarts it.
 
 The render server has two slots (RENDER_SLOTS: a container name and a port each). A new configuration (an image
 change) starts in the slot the serving one does not hold, and the old one is removed only once the new one answers;
@@ -29,7 +36,7 @@ from typing import Any
 from kimi_cluster.node.resume.server import DRAIN_S
 from kimi_cluster.plan.chat_layer import render_args
 from kimi_cluster.plan.front_tuning import DEFAULT_TUNING
-from kimi_cluster.plan.jinja import ShellExpr, shell_words
+from kimi_cluster.plan.jinja import ShellExpr, Verbatim, shell_words
 from kimi_cluster.plan.launch import PARSER, Word, media_env
 from kimi_cluster.plan.step_scripts import shipped, shipped_packages
 from kimi_cluster.plan.steps.model import VmSpot
@@ -60,6 +67,14 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/relay.py",
            "kimi_cluster/node/resume/sglang.py",
            "kimi_cluster/node/resume/server.py")
+# SGLang's chat layer program (stdlib and SGLang's own modules), shipped to its own folder on the front and mounted
+# read-only into the replicas' image at CONTAINER_PROGRAM.
+CHAT_PROGRAM = ("kimi_cluster/node/sglang_chat.py",)
+CHAT_SHIP_TO = ShellExpr("${STATE}/sglang-chat-program")
+CONTAINER_PROGRAM = "/opt/kimi-cluster"
+# What the step and its logs call the chat layer, by engine.
+CHAT_LAYER_NAMES = {"vllm": (Verbatim("vLLM's"), Verbatim("vLLM's render server")),
+                    "sglang": (Verbatim("SGLang's"), Verbatim("SGLang's chat layer"))}
 
 
 @dataclass(frozen=True)
@@ -89,17 +104,19 @@ def streams(layer: ResumeInputs) -> dict[str, object]:
     if not layer.has_front:
         why = (f"one replica ({NAMESPACE}:replicas {layer.replicas}): no front, and no twin to carry a stream on "
                "to")
-    elif engine != "vllm":
-        door = {"sglang": "SGLang's own chat layer and its /generate door are built "
-                          "(kimi_cluster/node/sglang_chat.py, node/resume/sglang.py) but the front does not run them "
-                          "yet",
-                "tokenspeed": "TokenSpeed renders and parses Kimi K3 inside its smg gateway, compiled (smg_rs): no "
+    elif engine not in CHAT_LAYER_NAMES:
+        door = {"tokenspeed": "TokenSpeed renders and parses Kimi K3 inside its smg gateway, compiled (smg_rs): no "
                               "chat layer on the front can give what TokenSpeed gives token for token, and its "
                               "parse endpoints do not stream"}.get(engine, f"{engine} has none")
         why = (f"not on {engine} ({door}): a stream whose replica is lost ends with an error; new requests go "
                "to the other replicas")
     elif not layer.resume_streams:
         why = f"off ({NAMESPACE}:resumeStreams false): a stream whose replica is lost ends with an error"
+    elif engine == "sglang":
+        why = ("SGLang's own chat route on the front (kimi_cluster/node/sglang_chat.py, in the replicas' image) "
+               "renders each stream and parses its tokens; the replicas generate them through /generate, and a lost "
+               "replica's stream carries on on another, except a tool turn cut inside its tools section (SGLang "
+               "restarts the tool turn's grammar), which ends with an error")
     else:
         handed = render_args(layer.extra_engine_args)
         why = ("vLLM's render server on the front renders each stream with the replicas' chat layer"
@@ -144,15 +161,40 @@ def render_server_argv(layer: ResumeInputs) -> list[Word | tuple[Word, ...]]:
 PLACEHOLDER_FINGERPRINT = ShellExpr("${FINGERPRINT}")
 
 
+def sglang_chat_argv(layer: ResumeInputs) -> list[Word | tuple[Word, ...]]:
+    """SGLang's chat layer (kimi_cluster/node/sglang_chat.py) with the replicas' model, revision and served name."""
+    return [("-m", "kimi_cluster.node.sglang_chat", layer.model),
+            ("--revision", layer.model_revision),
+            ("--served-model-name", layer.served_name),
+            "--trust-remote-code",
+            ("--host", LOOPBACK),
+            ("--port", SLOT_PORT)]
+
+
 def render_docker_argv(layer: ResumeInputs, env_file: Word, hf_cache: Word,
                        fingerprint: Word | None = PLACEHOLDER_FINGERPRINT) -> list:
-    """`docker run` of the render server: host network (it listens on the front's loopback), its hub cache mounted,
-    the hub token from a root-only env file (never an argument or a label), the engine's own image."""
+    """`docker run` of the chat layer: host network (it listens on the front's loopback), its hub cache mounted,
+    the hub token from a root-only env file (never an argument or a label), the engine's own image; for SGLang, with
+    the shipped program mounted read-only and run by the image's Python."""
     items: list = [("docker", "run", "-d"), ("--name", SLOT_NAME), ("--restart", "unless-stopped")]
     if fingerprint is not None:
         label = f"{FINGERPRINT_LABEL}={fingerprint}"
         items.append(("--label", ShellExpr(label) if isinstance(fingerprint, ShellExpr) else label))
     mount = f"{hf_cache}:{CONTAINER_HF_HOME}"
+    if layer.engine_name == "sglang":
+        return items + [
+            ("--network", "host"),
+            ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
+            ("--env-file", env_file),
+            ("-e", f"HF_HOME={CONTAINER_HF_HOME}"),
+            ("-e", f"HF_ENDPOINT={layer.hf_endpoint}"),
+            ("-e", f"PYTHONPATH={CONTAINER_PROGRAM}"),
+            ("-v", ShellExpr(mount) if isinstance(hf_cache, ShellExpr) else mount),
+            ("-v", ShellExpr(f"{CHAT_SHIP_TO}:{CONTAINER_PROGRAM}:ro")),
+            ("--entrypoint", "python3"),
+            layer.container_image,
+            *sglang_chat_argv(layer),
+        ]
     items += [
         ("--network", "host"),
         ("--log-opt", "max-size=50m"), ("--log-opt", "max-file=3"),
@@ -177,13 +219,15 @@ def replica_urls(head_private_ips: Sequence[str], layer: ResumeInputs) -> list[s
     return [f"http://{ip}:{layer.engine_port}" for ip in head_private_ips]
 
 
-def resumer_argv() -> list[str]:
+def resumer_argv(engine_name: str = "vllm") -> list[str]:
     """The resuming layer's flags: where it listens, both render server slots, and the file it reads the replicas
     from (written by the step, read again when it changes: a replica re-created at a new address restarts nothing),
     and the largest body it takes: what the front's Caddy buffers (kimi_cluster/plan/front_tuning.py). Its drain
     bound is its own default (DRAIN_S), which stop_timeout_s reads."""
     renders = [word for url in render_urls() for word in ("--render", url)]
-    return ["--listen", resume_address(), *renders, "--replicas-file", REPLICAS_FILE,
+    # vLLM is the layer's default engine: a vLLM front's flags stay those of 0.3.x, so its layer is not restarted.
+    engine = ["--engine", engine_name] if engine_name != "vllm" else []
+    return ["--listen", resume_address(), *renders, *engine, "--replicas-file", REPLICAS_FILE,
             "--max-body-bytes", str(DEFAULT_TUNING.request_buffer_bytes)]
 
 
@@ -196,7 +240,15 @@ def render_fingerprint(layer: ResumeInputs) -> str:
     """Names one render server configuration (image, flags; not its slot); a running one with the same label is
     left alone, in whichever slot it runs."""
     argv = render_docker_argv(layer, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}"), fingerprint=None)
-    return hashlib.sha256(shell_words(argv).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(shell_words(argv).encode())
+    for file in chat_program(layer):  # SGLang's: the container runs the shipped program
+        digest.update(f"\0{file.path}\0{file.body}".encode())
+    return digest.hexdigest()[:16]
+
+
+def chat_program(layer: ResumeInputs) -> list:
+    """The files the chat layer's container runs from the front's disk: SGLang's program; none for vLLM's."""
+    return shipped(CHAT_PROGRAM) if layer.engine_name == "sglang" else []
 
 
 def resumer_fingerprint(argv: Sequence[str], files: Sequence[tuple[str, str]]) -> str:
@@ -209,10 +261,19 @@ def resumer_fingerprint(argv: Sequence[str], files: Sequence[tuple[str, str]]) -
 
 
 def resume_values(layer: ResumeInputs, spot: VmSpot, timing: Timing, _deadline_s: int, _step: str) -> dict[str, Any]:
-    """The resume step's values: vLLM's render server in the engine's image, then the resuming layer's program."""
+    """The resume step's values: the replicas' chat layer in the engine's image, then the resuming layer's
+    program."""
     heads = list(spot.front_upstreams or [f"<replica {r} head>" for r in range(layer.replicas)])
-    argv, files = resumer_argv(), shipped(PROGRAM)
-    return {"render_slots": RENDER_SLOTS, "units": UNITS, "image": layer.container_image,
+    argv, files = resumer_argv(layer.engine_name), shipped(PROGRAM)
+    owner, chat_layer = CHAT_LAYER_NAMES[layer.engine_name]
+    chat_files = chat_program(layer)
+    # The table's summary names vLLM's render server (a vLLM front's step text stays that of 0.3.x); the script's
+    # own header names SGLang's chat layer on an SGLang front.
+    summary = {} if layer.engine_name == "vllm" else {"summary": Verbatim(
+        f"start {chat_layer} and the resuming layer that carries a stream on to another replica when its own is lost")}
+    return {**summary, "render_slots": RENDER_SLOTS, "chat_layer_owner": owner, "chat_layer": chat_layer,
+            "chat_files": chat_files, "chat_packages": shipped_packages(CHAT_PROGRAM) if chat_files else [],
+            "chat_ship_to": CHAT_SHIP_TO, "units": UNITS, "image": layer.container_image,
             "fingerprint": render_fingerprint(layer), "fingerprint_label": FINGERPRINT_LABEL,
             "docker_argv": render_docker_argv(layer, ShellExpr("${RENDER_ENV}"), ShellExpr("${RENDER_HF}")),
             "loopback": LOOPBACK, "resume_address": resume_address(),

@@ -61,6 +61,8 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
         # The real vLLM the front's render server runs (the resuming layer, replicas >= 2 with vLLM).
         "FAKE_VLLM": str(real_vllm()),
+        # The Python with SGLang 0.5.23 that runs the front's chat layer on SGLang replicas.
+        "FAKE_SGLANG_PYTHON": str(real_sglang_python()),
         # The fake engine compiles this long when the kernels it needs are not in its cache folder.
         COMPILE_SECONDS_KNOB: str(FAKE_COMPILE_SECONDS),
         # The hub and the bucket are on the fabric's bridge: a proxy from the caller's environment must not get in
@@ -88,11 +90,24 @@ def real_vllm() -> Path:
     return Path(os.environ.get("FAKE_VLLM") or parsers_vllm())
 
 
+def real_sglang_python() -> Path:
+    """The Python with SGLang 0.5.23 that the fake docker runs SGLang's chat layer with (FAKE_SGLANG_PYTHON, else
+    the parsers venv's)."""
+    return Path(os.environ.get("FAKE_SGLANG_PYTHON") or parsers_vllm().parent / "python")
+
+
 def render_server_problem(settings: Settings) -> str | None:
     """Why these settings cannot come up in the sandbox, said before anything starts: a front that resumes streams
-    (replicas >= 2 with vLLM) runs vLLM's own render server, which needs a real vLLM install; else None."""
+    (replicas >= 2 with vLLM or SGLang) runs the engine's own chat layer, which needs the parsers venv; else None."""
     if not settings.resumes_streams:
         return None
+    if settings.engine_name == "sglang":
+        python = real_sglang_python()
+        if python.is_file() and os.access(python, os.X_OK):
+            return None
+        return (f"replicas={settings.replicas} with SGLang: the front resumes streams with SGLang's own chat layer, "
+                f"which the sandbox runs with SGLang 0.5.23, and there is no Python at {python}. Install it with "
+                f"`{VLLM_INSTALL}` ({VLLM_INSTALL_COST}; KIMI_PARSERS_VENV or FAKE_SGLANG_PYTHON names another)")
     vllm = real_vllm()
     if vllm.is_file() and os.access(vllm, os.X_OK):
         return None

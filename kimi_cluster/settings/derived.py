@@ -252,11 +252,10 @@ class DerivedValues:
 
     @property
     def resumes_streams(self) -> bool:
-        """Whether the front carries a stream on to the twin when its replica is lost: behind a front, with vLLM,
-        unless resumeStreams is false. SGLang's chat layer for the front is built (kimi_cluster/node/sglang_chat.py)
-        but no step runs it yet; TokenSpeed's chat layer is compiled into its gateway (kimi_cluster/plan/resume.py,
-        streams)."""
-        return self.has_front and self.engine_name == "vllm" and self.resume_streams
+        """Whether the front carries a stream on to the twin when its replica is lost: behind a front, with vLLM or
+        SGLang, unless resumeStreams is false. TokenSpeed's chat layer is compiled into its gateway, so its streams
+        do not (kimi_cluster/plan/resume.py, streams)."""
+        return self.has_front and self.engine_name in ("vllm", "sglang") and self.resume_streams
 
     @property
     def front_name(self) -> str:

@@ -234,8 +234,9 @@ NOTES: dict[str, tuple[str, str]] = {
         "the front's price per VM-hour, for a flavor the catalog has no price for"),
     'resumeStreams': (
         '`true`',
-        'behind a front (replicas 2 or more) with vLLM: a stream in flight when its replica is lost carries on on '
-        'another replica from the tokens already sent; `false` leaves streams to end with an error as before; see '
+        'behind a front (replicas 2 or more) with vLLM or SGLang (not TokenSpeed): a stream in flight when its '
+        'replica is lost carries on on another replica from the tokens already sent; `false` leaves streams to end '
+        'with an error as before; see '
         '[Replicas behind one front](operations.md#replicas-behind-one-front)'),
     'idleStopMinutes': (
         '(off)',

@@ -218,8 +218,21 @@ def test_only_a_stream_resuming_front_needs_an_executable_vllm(tmp_path, monkeyp
     assert problem is not None and "bash tests/engine_parsers/install.sh" in problem and "9.6 GB" in problem
     assert str(no_vllm) in problem
     for needs_none in (stack_settings("b300x1-vllm", {"replicas": "2", "resumeStreams": "false"}),
-                       stack_settings("b300x1-vllm"), stack_settings("h100x4-sglang", {"replicas": "2"})):
+                       stack_settings("b300x1-vllm"), stack_settings("h100x4-sglang"),
+                       stack_settings("h100x4-sglang", {"replicas": "2", "resumeStreams": "false"})):
         assert render_server_problem(needs_none) is None
+    # SGLang replicas resume through SGLang's own chat layer, which the sandbox runs with the parsers venv's Python.
+    sglang = stack_settings("h100x4-sglang", {"replicas": "2"})
+    problem = render_server_problem(sglang)
+    assert problem is not None and "bash tests/engine_parsers/install.sh" in problem
+    assert str(no_vllm.parent / "python") in problem
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_SGLANG_PYTHON", str(python))
+    assert render_server_problem(sglang) is None and node_env(sglang, "10.213.0.1", faults={})[
+        "FAKE_SGLANG_PYTHON"] == str(python)
+    monkeypatch.delenv("FAKE_SGLANG_PYTHON")
     for what in ("a directory", "not executable"):
         path = tmp_path / what
         path.mkdir() if what == "a directory" else path.write_text("#!/bin/sh\n")

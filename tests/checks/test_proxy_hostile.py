@@ -71,9 +71,10 @@ class Recorder:
 
 
 def front_config(folder: Path, api_port: int, engine_port: int) -> str:
-    """The front's Caddyfile (replicas >= 2) over one replica, the recorder; its admin socket in the test's folder."""
+    """The front's Caddyfile (replicas >= 2, streams not resumed) over one replica, the recorder; its admin socket in
+    the test's folder."""
     settings = load_settings({"operatorCidr": "203.0.113.7/32", "sshPublicKey": SSH_KEY, "replicas": 2,
-                              "apiPort": api_port, "enginePort": engine_port}, "dev")
+                              "resumeStreams": False, "apiPort": api_port, "enginePort": engine_port}, "dev")
     return front_caddyfile(endpoint_inputs(settings), ["127.0.0.1"]).replace(proxy.ADMIN_SOCKET,
                                                                              str(folder / "admin.sock"))
 

@@ -147,7 +147,8 @@ def scenario(tmp: Path) -> dict[str, Any]:
             watcher.start()
             _wait(lambda: len(statuses) >= 5, 30, "requests to flow through the front")
             asked_before = len(statuses)
-            resume.resumer_argv = lambda: [*first_argv(), "--tick-s", "0.5"]  # a changed flag: a new layer
+            # A changed flag: a new layer.
+            resume.resumer_argv = lambda engine_name="vllm": [*first_argv(engine_name), "--tick-s", "0.5"]
             out = step()
             old = node.unit("kimi-resume")
             draining = old is not None and old["state"] == "deactivating" and "text" not in stream

@@ -96,7 +96,7 @@ def test_bad_config_refused(tmp_path, capsys, body, expected):
     ("  kimi-cluster:topology: b300x1-vllm\n  kimi-cluster:replicas: 2\n  kimi-cluster:resumeStreams: false\n",
      "Streams      do not resume when their replica is lost (vllm): off (kimi-cluster:resumeStreams false)"),
     ("  kimi-cluster:topology: h100x4-sglang\n  kimi-cluster:replicas: 2\n",
-     "Streams      do not resume when their replica is lost (sglang): not on sglang (SGLang's own chat layer"),
+     "Streams      resume when their replica is lost (sglang): SGLang's own chat route on the front"),
     ("  kimi-cluster:topology: b300x1-tokenspeed\n  kimi-cluster:replicas: 2\n"
      f"  kimi-cluster:image: lightseekorg/tokenspeed:0.1.1@sha256:{'a' * 64}\n",
      "Streams      do not resume when their replica is lost (tokenspeed): not on tokenspeed (TokenSpeed renders"),
@@ -119,6 +119,20 @@ def test_a_chat_layer_flag_the_render_server_cannot_follow_is_refused_while_stre
             "the front's render server cannot follow while streams resume") in capsys.readouterr().err
     # Without the front's resuming (resumeStreams false) the replicas take it.
     assert plan.main(["--config", write_stack(tmp_path, body + "  kimi-cluster:resumeStreams: false\n")]) == 0
+
+
+def test_a_flag_that_shapes_sglangs_chat_route_is_refused_while_sglang_streams_resume(tmp_path, capsys):
+    body = ("  kimi-cluster:topology: h100x4-sglang\n  kimi-cluster:replicas: 2\n"
+            "  kimi-cluster:extraEngineArgs: '[\"--chat-template=/x.jinja\", \"--enable-metrics\"]'\n"
+            f"  kimi-cluster:operatorCidr: 198.18.0.7/32\n  kimi-cluster:sshPublicKey: {KEY}\n")
+    assert plan.main(["--config", write_stack(tmp_path, body)]) == 1
+    err = capsys.readouterr().err
+    assert ("kimi-cluster:extraEngineArgs sets --chat-template ('--chat-template=/x.jinja'), which shapes SGLang's "
+            "chat route and which the front's chat layer does not take while streams resume") in err
+    assert "--enable-metrics" not in err
+    # Without the front's resuming, or with one replica, the replicas take it.
+    assert plan.main(["--config", write_stack(tmp_path, body + "  kimi-cluster:resumeStreams: false\n")]) == 0
+    assert plan.main(["--config", write_stack(tmp_path, body.replace("replicas: 2", "replicas: 1"))]) == 0
 
 
 def test_missing_stack_file(capsys):

@@ -70,7 +70,8 @@ def test_the_placeholder_render_dir_covers_every_vm_and_the_front(tmp_path: Path
     settings = stack_settings("h100x4-sglang-2-replicas-front")
     render_scripts(settings, str(tmp_path))
     front = tmp_path / settings.front_name
-    assert sorted(p.name for p in front.iterdir()) == ["caretaker.sh", "front-ready.sh", "proxy.sh", "readiness.sh"]
+    assert sorted(p.name for p in front.iterdir()) == ["caretaker.sh", "front-ready.sh", "proxy.sh", "readiness.sh",
+                                                        "resume.sh"]  # SGLang replicas resume streams too
     assert (tmp_path / settings.replica_node_name(1, 3) / "launch.sh").is_file()
     assert "kimi-dev-node0-private-ip:30000" in (front / "proxy.sh").read_text()
     assert set(placeholder_spots(settings)) == {vm.resource for vm in blueprint(settings, "kimi").vm_plans}

@@ -17,7 +17,8 @@ from kimi_cluster.blueprint import blueprint
 from kimi_cluster.blueprint.inputs import compile_steps, endpoint_inputs, engine_inputs, resume_inputs
 from kimi_cluster.deploy.remote_step import remote_command_text
 from kimi_cluster.plan import front_config, resume
-from kimi_cluster.plan.jinja import shell_words
+from kimi_cluster.plan.jinja import Verbatim, shell_words
+from kimi_cluster.plan.step_scripts import ShippedFile
 from kimi_cluster.plan.steps.model import PLAN_TLS, VmSpot
 from kimi_cluster.plan.steps.scripts import render_vm_scripts
 from tests.node.conftest import make_settings
@@ -38,11 +39,40 @@ def front_scripts(settings) -> dict[str, str]:
                                                      front_upstreams=HEADS))
 
 
-def test_only_vllm_replicas_behind_a_front_resume_and_the_key_turns_it_off():
-    assert front_steps(topology="b300x1-vllm", replicas="2") == ["front-ready", "resume", "proxy", "readiness"]
-    assert "resume" not in front_steps(topology="b300x1-vllm", replicas="2", resumeStreams="false")
-    assert "resume" not in front_steps(topology="h100x4-sglang", replicas="2")  # SGLang has no render/derender
-    assert front_steps(topology="b300x1-vllm") == []  # one replica: no front, nothing changes
+def test_vllm_and_sglang_replicas_behind_a_front_resume_and_the_key_turns_it_off():
+    for topology in ("b300x1-vllm", "h100x4-sglang"):
+        assert front_steps(topology=topology, replicas="2") == ["front-ready", "resume", "proxy", "readiness"]
+        assert "resume" not in front_steps(topology=topology, replicas="2", resumeStreams="false")
+        assert front_steps(topology=topology) == []  # one replica: no front, nothing changes
+    # TokenSpeed renders and parses inside its compiled gateway: no chat layer on the front gives the same.
+    image = f"lightseekorg/tokenspeed:0.1.1@sha256:{'a' * 64}"
+    assert "resume" not in front_steps(topology="b300x1-tokenspeed", replicas="2", image=image)
+
+
+def test_an_sglang_front_runs_sglangs_chat_layer_from_the_replicas_image_with_the_program_mounted(monkeypatch):
+    settings = make_settings("h100x4-sglang", replicas="2")
+    script = front_scripts(settings)["resume"]
+    layer = resume_inputs(settings)
+    # The chat layer's program, shipped byte for byte to its own folder before its container starts.
+    packed = re.search(r"printf %s '([A-Za-z0-9+/=]+)' \| base64 -d \| gzip -dc > "
+                       r"\"\$SHIP_TO/kimi_cluster/node/sglang_chat\.py\.new\"", script)
+    assert packed and gzip.decompress(base64.b64decode(packed[1])).decode() == (
+        ROOT / "kimi_cluster/node/sglang_chat.py").read_text(encoding="utf-8")
+    assert script.index('SHIP_TO="${STATE}/sglang-chat-program"') < script.index("sglang_chat.py.new") \
+        < script.index('SHIP_TO="$LAYER_SHIP_TO"') < script.index("kimi_cluster/node/resume/server.py.new")
+    run = shell_words(resume.render_docker_argv(layer, "ENV", "HF"))
+    assert (f"-v \"${{STATE}}/sglang-chat-program:/opt/kimi-cluster:ro\" --entrypoint python3 {layer.container_image} "
+            f"-m kimi_cluster.node.sglang_chat {layer.model} --revision {layer.model_revision} --served-model-name "
+            f"{layer.served_name} --trust-remote-code --host 127.0.0.1 --port \"${{RENDER_PORT}}\"") in run
+    assert "-e PYTHONPATH=/opt/kimi-cluster" in run and "VLLM_TARGET_DEVICE" not in run
+    assert "--engine sglang" in script and "starting SGLang's chat layer" in script and "vLLM" not in script
+    # The program's text is part of the container's fingerprint: a new program starts a new container.
+    fingerprint = resume.render_fingerprint(layer)
+    changed = [ShippedFile("kimi_cluster/node/sglang_chat.py", Verbatim("changed\n"), "EOF")]
+    monkeypatch.setattr(resume, "chat_program", lambda _layer: changed)  # a new program, the same flags
+    assert resume.render_fingerprint(layer) != fingerprint
+    # A vLLM front's layer keeps the flags of 0.3.x (vLLM is its default engine), so an upgrade restarts nothing.
+    assert "--engine" not in resume.resumer_argv("vllm")
 
 
 def test_the_step_ships_the_whole_program_byte_for_byte_and_passes_no_secret():

