@@ -175,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 
     modelled = modelled_bringup_minutes(settings) * 60
     if args.dry_run:
-        for line in dry_run(schedule, record, *scheduler.lead(record, None, modelled, timing)):
+        lead_seconds, lead_from = scheduler.lead(record, None, modelled, timing)
+        lines = dry_run(schedule, record, lead_seconds, lead_from)
+        if schedule.get("early_start"):
+            lines[-1:-1] = [_early_dry_run(settings, schedule, record, args.stack, folder, lead_seconds)]
+        for line in lines:
             print(line)
         return 0
     try:
@@ -198,7 +202,43 @@ def main(argv: list[str] | None = None) -> int:
         return scheduler.lead(record, timeline.get(ups), modelled, timing)
 
     with lock:
-        return scheduler.run(schedule, driver, record, timing, lead_now, say, once=args.once)
+        return scheduler.run(schedule, driver, record, timing, lead_now, say, once=args.once,
+                             early=_early(settings, record, driver) if schedule.get("early_start") else None)
+
+
+def _early_dry_run(settings: Any, schedule: dict[str, Any], record: scheduler.Record, stack: str, folder: str,
+                   lead_seconds: float) -> str:
+    """What the scheduler would do with the front's pending ask now: read, not answered nor recorded."""
+    from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour
+    from kimi_cluster.operator import early_start
+    from kimi_cluster.operator.scheduler_driver import AutomationDriver
+
+    following = next_opening(schedule, datetime.now(UTC))
+    if open_now(schedule, datetime.now(UTC)) is not None or following is None:
+        return "early start: a window is open; an ask is read only between windows"
+    try:
+        ask = AutomationDriver(stack, folder, say).early_ask()
+    except Exception as err:  # noqa: BLE001  # any failure to read the stack or the front is what the dry run reports
+        return f"early start: the pending ask could not be read: {str(err).strip()[-300:]}"
+    bringup_usd = gpu_usd_per_hour(settings) / settings.replicas * following.replicas * lead_seconds / 3600
+    outcome = early_start.answer(ask, record.data.get("early"), bringup_usd)
+    return ("early start: no ask pending on the front" if outcome.action == "none" and not outcome.line
+            else f"early start: {outcome.line}" + (" (the scheduler would)" if outcome.action == "up" else ""))
+
+
+def _early(settings: Any, record: scheduler.Record, driver: Any) -> Any:
+    """schedule.earlyStart: each look while waiting reads the front's pending ask and answers it within the budget."""
+    from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour
+    from kimi_cluster.operator import early_start
+
+    def usd_per_hour(replicas: int) -> float:
+        return gpu_usd_per_hour(settings) / settings.replicas * replicas
+
+    def look(decision: scheduler.Decision) -> tuple[bool, str]:
+        outcome = early_start.look(record, decision, driver.early_ask, usd_per_hour)
+        return outcome.action == "up", outcome.line
+
+    return look
 
 
 if __name__ == "__main__":
