@@ -187,6 +187,51 @@ def test_an_ask_that_cannot_be_read_is_said_and_starts_nothing(tmp_path):
     assert "early" not in record.data
 
 
+def test_dry_run_says_what_it_would_do_with_the_ask_and_records_nothing(tmp_path):
+    from kimi_cluster.cli.schedule import early_dry_run
+
+    settings = _settings(json.dumps(EARLY), replicas="2", topology="h100x4-sglang")
+    record = scheduler.Record(tmp_path / "state")
+    sunday_night = MONDAY_0500_UTC - timedelta(hours=9)
+    ask = {"asked_at": "2026-03-29T20:00:00Z", "asks": 1, "spend_usd": 10.0, "budget_usd": None}
+    line = early_dry_run(settings, BERLIN, record, 1800, sunday_night, lambda: ask)
+    assert line == ("early start: an early start asked at 2026-03-29T20:00:00Z (1 ask(s)): the scheduler would start "
+                    "an up now")
+    # Over the budget: two h100x4 replicas at $83.20 an hour for half an hour is $83.20.
+    line = early_dry_run(settings, BERLIN, record, 1800, sunday_night, lambda: {**ask, "budget_usd": 90.0})
+    assert "refused, the budget would stop it: $10.00 spent of $90.00, and a bring-up bills about $83.20" in line
+    assert early_dry_run(settings, BERLIN, record, 1800, sunday_night, lambda: None) == \
+        "early start: no ask pending on the front"
+    assert "a window is open" in early_dry_run(settings, BERLIN, record, 1800, MONDAY_0500_UTC + timedelta(hours=2),
+                                               lambda: ask)
+
+    def unreachable():
+        raise ValueError("the stack has no endpoint_url output")
+
+    assert "could not be read: the stack has no endpoint_url output" in early_dry_run(
+        settings, BERLIN, record, 1800, sunday_night, unreachable)
+    assert not (tmp_path / "state").exists() and "early" not in record.data
+
+
+def test_the_step_ships_a_program_that_imports_as_the_vm_lays_it_out(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    step = render_step(_settings(json.dumps(EARLY), replicas="2"), "caretaker", identity="1001")
+    assert '"$PY" "$PROGRAM_DIR/caretaker_early.py" --config "$CONFIG"' in step
+    # Every file the step writes under the program's folder, at its path; then the program starts there.
+    written = re.findall(r'cat > "\$PROGRAM_DIR/([^"]+)" <<\'(\w+)\'\n(.*?)\n?\2\n', step, re.S)
+    assert {name for name, _, _ in written} >= {"caretaker_early.py", "kimi_cluster/node/caretaker_hours.py",
+                                                  "kimi_cluster/node/caretaker.py", "caretaker_hours.py"}
+    for name, _, text in written:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    done = subprocess.run([sys.executable, "-S", str(tmp_path / "caretaker_early.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "early starts" in done.stdout, done.stdout + done.stderr
+
+
 # ---- the real Caddy -------------------------------------------------------------------------------------------------
 
 @pytest.mark.integration
