@@ -6,11 +6,11 @@ The ask is a keyed `POST /kimi/early-start` to the front while it answers the ho
 that 503 and its Retry-After like any request (never held open), plus `Kimi-Early-Start: recorded`, and logs it in
 the access log the caretaker already reads (only keyed requests are logged, _caretaker.Caddyfile.j2). Here, before
 each poll of caretaker_hours.py (unchanged), the lines the poll is about to count are looked at for such an ask: the
-first one makes `early-start.json` in the proxy's caretaker folder, which the front serves to a keyed
-`GET /kimi/early-start` (kimi_cluster/operator/early_start.py, the scheduler's side, reads it there). One file, one
-pending ask: more asks only count up to ASKS_MAX, so no client grows memory or disk. The file goes when the GPU VMs
-are back (whoever ran the up) or the stop is no longer the hours'. Runs as systemd unit kimi-caretaker instead of
-caretaker_hours.py when earlyStart is set; stdlib only.
+first one makes `early-start.json` in the proxy's caretaker folder (once the stop's deletes are done), which the
+front serves to a keyed `GET /kimi/early-start` (kimi_cluster/operator/early_start.py, the scheduler's side, reads
+it there). One file, one pending ask: more asks only count up to ASKS_MAX, so no client grows memory or disk. The
+file goes when the GPU VMs are back (whoever ran the up) or the stop is no longer the hours'. Runs as systemd unit
+kimi-caretaker instead of caretaker_hours.py when earlyStart is set; stdlib only.
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def record_asks(cfg: dict[str, Any], state: dict[str, Any], asked: int, now: flo
     if ask is None:
         return
     ask["asks"] = min(ASKS_MAX, int(ask["asks"]) + asked)
+    if not action.get("done_at"):
+        return  # kept, and shown once every GPU VM is deleted: an up beside the stop's deletes would race them
     # The spend as the caretaker last read it, so that the scheduler never starts an up the budget would stop.
     caretaker.write_json(flags / ASK_FILE, {**ask, "spend_usd": round(float(state.get("spend_usd") or 0), 4),
                                             "budget_usd": cfg.get("budget_usd"),

@@ -63,7 +63,8 @@ def _hours_stopped(tmp_path: Path) -> tuple[dict, dict]:
     flags = tmp_path / "flags"
     flags.mkdir()
     cfg = {"flag_dir": str(flags), "budget_usd": 500.0}
-    state = {"action": {"reason": "hours", "next_window": "2026-03-31T06:00:00Z"}, "spend_usd": 123.456,
+    state = {"action": {"reason": "hours", "next_window": "2026-03-31T06:00:00Z", "done_at": "2026-03-29T17:01:00Z"},
+             "spend_usd": 123.456,
              "log": {}}
     return cfg, state
 
@@ -93,6 +94,16 @@ def test_one_pending_ask_however_many_a_client_sends(tmp_path):
     state["action"] = None
     caretaker_early.record_asks(cfg, state, 0, time.time())
     assert "early_ask" not in state and not (Path(cfg["flag_dir"]) / caretaker_early.ASK_FILE).exists()
+
+
+def test_an_ask_during_the_stops_deletes_is_shown_once_they_are_done(tmp_path):
+    cfg, state = _hours_stopped(tmp_path)
+    state["action"]["done_at"] = None
+    caretaker_early.record_asks(cfg, state, 1, time.time())
+    assert state["early_ask"]["asks"] == 1 and not (Path(cfg["flag_dir"]) / caretaker_early.ASK_FILE).exists()
+    state["action"]["done_at"] = "2026-03-29T17:01:00Z"
+    caretaker_early.record_asks(cfg, state, 0, time.time())
+    assert json.loads((Path(cfg["flag_dir"]) / caretaker_early.ASK_FILE).read_text())["asks"] == 1
 
 
 def test_no_ask_is_taken_by_an_idle_or_budget_stop(tmp_path):
