@@ -19,8 +19,11 @@ from kimi_cluster.blueprint.inputs import endpoint_inputs
 from kimi_cluster.node import caretaker, caretaker_early, caretaker_hours
 from kimi_cluster.operator import early_start, scheduler
 from kimi_cluster.plan import front_config, proxy
+from tests.caretaker.test_caretaker_program import emu, health  # the caretaker's own emulator and endpoint
 from tests.caretaker.test_scheduler import BERLIN, MONDAY_0500_UTC, TIMING, Driver
 from tests.caretaker.test_working_hours import _refused, _settings
+
+__all__ = ["emu", "health"]  # fixtures, used by name
 
 EARLY = {"timeZone": "Europe/Berlin", "earlyStart": True,
          "windows": [{"days": ["mon", "tue", "wed", "thu", "fri"], "start": "08:00", "end": "19:00"}]}
@@ -289,3 +292,41 @@ def test_caddy_takes_the_ask_with_the_key_only_and_serves_it_to_a_keyed_read():
         (flags / caretaker_hours.RETRY_AFTER_FILE).unlink()
         idle = HTTP.post(head.url + "/kimi/early-start", headers=keyed, verify=head.ca_file, timeout=10)
         assert idle.status_code == 503 and "Kimi-Early-Start" not in idle.headers
+
+
+# ---- the program against the emulator --------------------------------------------------------------------------
+
+def test_the_program_records_an_ask_after_the_hours_stop_and_drops_it_when_the_vms_are_back(tmp_path, emu, health):
+    from datetime import UTC, datetime
+
+    from tests.caretaker.test_caretaker_program import NAMES, _cluster, _cluster_vms, _config, _live, _log, _request
+    from tests.caretaker.test_working_hours import _window_around
+
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    if now.hour in (0, 23):
+        pytest.skip("the window must fit in today (UTC)")
+    _cluster(emu, NAMES)
+    schedule = {**_window_around(now, timedelta(minutes=50), -timedelta(minutes=20)), "early_start": True}
+    config = _config(tmp_path, emu, health.url, schedule=schedule, budget_usd=1000.0)
+    caretaker.arm(json.loads(config.read_text()))
+    state_file = tmp_path / "state.json"
+    state = json.loads(state_file.read_text())
+    state["armed_at"] = (now - timedelta(minutes=45)).timestamp()  # armed inside the window, which has closed
+    state_file.write_text(json.dumps(state))
+
+    def poll() -> dict:
+        assert caretaker_early.main(["--config", str(config), "--once"]) == 0
+        return json.loads(state_file.read_text())
+
+    flags = tmp_path / "flags"
+    assert poll()["action"]["reason"] == "hours" and _live(emu) == ["kimi-dev-front", "kimi-other-node0"]
+    assert not (flags / caretaker_early.ASK_FILE).exists()
+    _log(flags, _request("/kimi/early-start", 503), _request("/kimi/early-start", 503))
+    state = poll()
+    ask = json.loads((flags / caretaker_early.ASK_FILE).read_text())
+    assert state["early_ask"]["asks"] == 2 and ask["asks"] == 2 and ask["budget_usd"] == 1000.0
+    assert ask["next_window"] == state["action"]["next_window"] and state["requests"] == 0  # a 503 is no request
+    # The scheduler's up re-creates the VMs: the stop is over, and the ask with it.
+    _cluster_vms(emu, NAMES)
+    state = poll()
+    assert state["action"] is None and "early_ask" not in state and not (flags / caretaker_early.ASK_FILE).exists()
