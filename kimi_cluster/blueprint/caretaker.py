@@ -57,7 +57,8 @@ def schedule_of(settings: Settings) -> dict[str, Any] | None:
 
 def caretaker_inputs(settings: Settings) -> CaretakerInputs:
     return CaretakerInputs(json.dumps(config(settings), sort_keys=True), settings.idle_stop_minutes,
-                           settings.budget_usd, settings.schedule is not None)
+                           settings.budget_usd, settings.schedule is not None,
+                           bool((settings.schedule or {}).get("early_start")))
 
 
 def guard_outputs(settings: Settings) -> dict[str, object]:

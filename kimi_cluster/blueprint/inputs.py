@@ -75,7 +75,8 @@ def engine_inputs(settings: Settings) -> EngineInputs:
 
 
 def endpoint_inputs(settings: Settings) -> EndpointInputs:
-    return _same_names(EndpointInputs, settings, hours=settings.schedule is not None)
+    return _same_names(EndpointInputs, settings, hours=settings.schedule is not None,
+                       early_start=bool((settings.schedule or {}).get("early_start")))
 
 
 def firewall_inputs(settings: Settings) -> FirewallInputs:

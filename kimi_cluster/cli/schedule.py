@@ -175,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
 
     modelled = modelled_bringup_minutes(settings) * 60
     if args.dry_run:
-        for line in dry_run(schedule, record, *scheduler.lead(record, None, modelled, timing)):
+        lead_seconds, lead_from = scheduler.lead(record, None, modelled, timing)
+        lines = dry_run(schedule, record, lead_seconds, lead_from)
+        if schedule.get("early_start"):
+            from kimi_cluster.operator.scheduler_driver import AutomationDriver
+
+            lines[-1:-1] = [early_dry_run(settings, schedule, record, lead_seconds, datetime.now(UTC),
+                                          lambda: AutomationDriver(args.stack, folder, say).early_ask())]
+        for line in lines:
             print(line)
         return 0
     try:
@@ -198,7 +205,44 @@ def main(argv: list[str] | None = None) -> int:
         return scheduler.lead(record, timeline.get(ups), modelled, timing)
 
     with lock:
-        return scheduler.run(schedule, driver, record, timing, lead_now, say, once=args.once)
+        return scheduler.run(schedule, driver, record, timing, lead_now, say, once=args.once,
+                             early=_early(settings, record, driver) if schedule.get("early_start") else None)
+
+
+def early_dry_run(settings: Any, schedule: dict[str, Any], record: scheduler.Record, lead_seconds: float,
+                  now: datetime, read: Any) -> str:
+    """What the scheduler would do with the front's pending ask now: read, neither answered nor recorded."""
+    from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour
+    from kimi_cluster.operator import early_start
+
+    following = next_opening(schedule, now)
+    if open_now(schedule, now) is not None or following is None:
+        return "early start: a window is open; an ask is read only between windows"
+    if record.served(following):
+        return f"early start: the window {following.describe()} had its up already; no ask is read until it closes"
+    try:
+        ask = read()
+    except Exception as err:  # noqa: BLE001  # any failure to read the stack or the front is what the dry run reports
+        return f"early start: the pending ask could not be read: {str(err).strip()[-300:]}"
+    bringup_usd = gpu_usd_per_hour(settings) / settings.replicas * following.replicas * lead_seconds / 3600
+    outcome = early_start.answer(ask, record.data.get("early"), bringup_usd)
+    return ("early start: no ask pending on the front" if outcome.action == "none" and not outcome.line
+            else "early start: " + outcome.line.replace("starting an up now", "the scheduler would start an up now"))
+
+
+def _early(settings: Any, record: scheduler.Record, driver: Any) -> Any:
+    """schedule.earlyStart: each look while waiting reads the front's pending ask and answers it within the budget."""
+    from kimi_cluster.blueprint.caretaker import gpu_usd_per_hour
+    from kimi_cluster.operator import early_start
+
+    def usd_per_hour(replicas: int) -> float:
+        return gpu_usd_per_hour(settings) / settings.replicas * replicas
+
+    def look(decision: scheduler.Decision) -> tuple[bool, str]:
+        outcome = early_start.look(record, decision, driver.early_ask, usd_per_hour)
+        return outcome.action == "up", outcome.line
+
+    return look
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ class Record:
     def served(self, opening: Opening) -> bool:
         """Whether an up for this opening finished (verified or not, or given up after its attempts)."""
         key = _stamp(opening.start)
-        return any(u.get("opening") == key for u in self.data["ups"])
+        # An early start is no window's up: an idle stop after it leaves the window its scheduled up.
+        return any(u.get("opening") == key and not u.get("early") for u in self.data["ups"])
 
     def measured_seconds(self) -> float | None:
         """The last up that brought the cluster up (created something) and passed verify: an up of a stack that
@@ -165,13 +166,16 @@ def hold_lock(folder: Path) -> Any:
 
 
 def bring_up(driver: Driver, record: Record, decision: Decision, timing: Timing,
-             say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
-    """One opening's up: attempts up to the bound, then verify; recorded before, between and after."""
+             say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep,
+             early: bool = False) -> dict[str, Any]:
+    """One opening's up: attempts up to the bound, then verify; recorded before, between and after. `early`: asked
+    for ahead of the window (kimi_cluster/operator/early_start.py), with that window's replicas."""
     interrupted = record.data.get("current")
     started = time.time()
     entry: dict[str, Any] = {"opening": _stamp(decision.opening.start), "window": decision.opening.describe(),
                              "replicas": decision.opening.replicas, "started": _stamp(datetime.now(UTC)),
-                             "attempts": 0, "errors": [], "pid": os.getpid(), "pgid": os.getpgrp()}
+                             "attempts": 0, "errors": [], "pid": os.getpid(), "pgid": os.getpgrp()} \
+        | ({"early": True} if early or (interrupted or {}).get("early") else {})
     if interrupted:
         # The last scheduler died in the middle of an up: its pulumi may still hold the stack's lock.
         entry["resumed_after"] = interrupted
@@ -216,9 +220,11 @@ def _finish(record: Record, entry: dict[str, Any], say: Callable[[str], None], l
 
 def run(schedule: dict[str, Any], driver: Driver, record: Record, timing: Timing, lead_of: Callable[[], tuple[
         float, str]], say: Callable[[str], None], once: bool = False,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> int:
-    """Look every poll: an up when one is due, else wait. `once`: one look (a timer's run), then exit."""
-    said = ""
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        early: Callable[[Decision], tuple[bool, str]] | None = None) -> int:
+    """Look every poll: an up when one is due, else wait. `once`: one look (a timer's run), then exit. `early`:
+    while it waits, whether an early start was asked for (and what to say), schedule.earlyStart's."""
+    said = early_said = ""
     while True:
         lead_seconds, lead_from = lead_of()
         decision = decide(schedule, clock(), record, lead_seconds, lead_from)
@@ -230,6 +236,12 @@ def run(schedule: dict[str, Any], driver: Driver, record: Record, timing: Timing
             interrupted = None
         if decision.action == "up" or interrupted:
             bring_up(driver, record, decision, timing, say)
+        elif early is not None and decision.action == "wait" and (asked := early(decision)) \
+                and (asked[0] or asked[1] != early_said):
+            early_said = asked[1]
+            say(asked[1])
+            if asked[0]:
+                bring_up(driver, record, decision, timing, say, early=True)
         elif once or decision.line() != said:
             said = decision.line()  # said once, not at every look
             say(said)

@@ -58,6 +58,16 @@ class AutomationDriver:
         return not failed, (f"{len(outcome.results)} checks against {url}: "
                             + (f"{len(failed)} failed: {', '.join(failed)}" if failed else "all passed"))
 
+    def early_ask(self) -> dict[str, Any] | None:
+        """The early start pending on the front (schedule.earlyStart), read with the stack's key and CA."""
+        from kimi_cluster.operator.early_start import read_ask
+
+        outputs = {k: v.value for k, v in self.stack.outputs().items()}
+        url = outputs.get("endpoint_url")
+        if not url:
+            raise ValueError("the stack has no endpoint_url output (no front up to take an ask)")
+        return read_ask(str(url), outputs.get("api_key"), outputs.get("ca_certificate"))
+
     def recover(self, interrupted: dict[str, Any]) -> str:
         """After a scheduler killed mid-up: end the pulumi it left (its process group, when it led one), take away
         the stack lock that pulumi held (`pulumi cancel`, which a DIY backend answers by removing it), and refresh

@@ -35,6 +35,10 @@ CARETAKER_API_SOURCE = _ROOT / "kimi_cluster" / "node" / "caretaker_api.py"
 HOURS_SOURCES = (("kimi_cluster/node/working_hours.py", _ROOT / "kimi_cluster" / "node" / "working_hours.py"),
                  ("kimi_cluster/node/caretaker.py", CARETAKER_SOURCE),
                  ("caretaker_hours.py", _ROOT / "kimi_cluster" / "node" / "caretaker_hours.py"))
+# With schedule.earlyStart the unit runs caretaker_early.py, which wraps caretaker_hours.py's poll with the asks'
+# record; caretaker_hours.py ships as a module too, for it to import.
+EARLY_SOURCES = (("kimi_cluster/node/caretaker_hours.py", _ROOT / "kimi_cluster" / "node" / "caretaker_hours.py"),
+                 ("caretaker_early.py", _ROOT / "kimi_cluster" / "node" / "caretaker_early.py"))
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class CaretakerInputs:
     idle_stop_minutes: int | None
     budget_usd: float | None
     hours: bool = False  # kimi-cluster:schedule: the stop at a window's end
+    early_start: bool = False  # schedule.earlyStart: the asks for an early up, recorded for the scheduler
 
 
 def caretaker_values(inputs: CaretakerInputs, spot: VmSpot, _timing: Timing, _deadline_s: int,
@@ -53,12 +58,15 @@ def caretaker_values(inputs: CaretakerInputs, spot: VmSpot, _timing: Timing, _de
     # spot.gpu_vm_ids: the GPU VMs' ids, so that the step arms the caretaker again when an up re-creates one.
     guards = [f"idle stop after {inputs.idle_stop_minutes} min" if inputs.idle_stop_minutes else "",
               f"budget {inputs.budget_usd:,.2f} USD" if inputs.budget_usd else "",
-              "stop at the end of each working window" if inputs.hours else ""]
+              "stop at the end of each working window" if inputs.hours else "",
+              "early starts asked for outside the hours" if inputs.early_start else ""]
     return {"unit": UNIT, "state_dir": STATE_DIR, "state_file": STATE_FILE,
             "key_file": KEY_FILE, "caretaker_dir": CARETAKER_DIR, "ca_file": CA_FILE,
             "config_b64": base64.b64encode(inputs.config_json.encode()).decode(),
             "restart_seconds": RESTART_SECONDS, "gpu_vm_ids": spot.gpu_vm_ids or "<the GPU VMs' ids>",
             "guards": ", ".join(g for g in guards if g), "program_source": source(CARETAKER_SOURCE),
             "spend_source": source(SPEND_SOURCE), "api_source": source(CARETAKER_API_SOURCE),
-            "hours_sources": [(at, source(path)) for at, path in HOURS_SOURCES] if inputs.hours else [],
-            "program": "caretaker_hours.py" if inputs.hours else "caretaker.py"}
+            "hours_sources": [(at, source(path)) for at, path in HOURS_SOURCES + (
+                EARLY_SOURCES if inputs.early_start else ())] if inputs.hours else [],
+            "program": "caretaker_early.py" if inputs.early_start else
+                       "caretaker_hours.py" if inputs.hours else "caretaker.py"}

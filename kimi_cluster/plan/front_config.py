@@ -37,6 +37,7 @@ def caddyfile(endpoint: EndpointInputs, head_private_ips: Sequence[str], tuning:
                   cert_file=proxy.CERT_FILE, tls_key_file=proxy.TLS_KEY_FILE,
                   unauthorized_body=proxy.UNAUTHORIZED_BODY, not_found_body=proxy.NOT_FOUND_BODY,
                   public_paths=proxy.PUBLIC_PATHS, caretaker=endpoint.guarded, hours=endpoint.hours,
+                  early_start=endpoint.early_start,
                   resume_to=resume.resume_address() if endpoint.resumes_streams else "", **tuning.__dict__)
 
 

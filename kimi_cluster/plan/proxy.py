@@ -62,6 +62,7 @@ class EndpointInputs:
     proxy_container_image: str
     resumes_streams: bool  # the front hands the chat requests to its resuming layer
     hours: bool = False  # kimi-cluster:schedule: the caretaker's 503 outside the hours carries a Retry-After
+    early_start: bool = False  # schedule.earlyStart: a keyed POST /kimi/early-start outside the hours asks for an up
 
 
 def upstream(endpoint: EndpointInputs) -> str:
@@ -79,18 +80,19 @@ def metrics_upstream(endpoint: EndpointInputs) -> str | None:
 def render_config(endpoint: EndpointInputs) -> str:
     """The Caddyfile. It holds no secret: the key and the TLS private key are files next to it."""
     return caddyfile(endpoint.api_port, upstream(endpoint), metrics_upstream(endpoint), caretaker=endpoint.guarded,
-                     hours=endpoint.hours)
+                     hours=endpoint.hours, early_start=endpoint.early_start)
 
 
 def caddyfile(api_port: int, upstream_address: str, metrics_address: str | None = None,
-              caretaker: bool = False, hours: bool = False) -> str:
+              caretaker: bool = False, hours: bool = False, early_start: bool = False) -> str:
     """The Caddyfile for a proxy on `api_port` in front of `upstream_address` (HOST:PORT), with /metrics sent to
     `metrics_address` when the engine serves it elsewhere; `caretaker`: its access log, 503 and budget warning
     (kimi_cluster/plan/templates/_caretaker.Caddyfile.j2)."""
     return render("proxy.Caddyfile.j2", version=catalog.PROXY_VERSION, api_port=int(api_port),
                   upstream=upstream_address, key_file=KEY_FILE, cert_file=CERT_FILE, tls_key_file=TLS_KEY_FILE,
                   unauthorized_body=UNAUTHORIZED_BODY, not_found_body=NOT_FOUND_BODY, public_paths=PUBLIC_PATHS,
-                  metrics_upstream=metrics_address or "", caretaker=caretaker, hours=hours)
+                  metrics_upstream=metrics_address or "", caretaker=caretaker, hours=hours,
+                  early_start=early_start)
 
 
 def docker_run_argv(endpoint: EndpointInputs, proxy_dir: str | ShellExpr,

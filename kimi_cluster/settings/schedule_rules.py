@@ -13,7 +13,7 @@ from datetime import time
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from kimi_cluster.node.working_hours import DAYS
 from kimi_cluster.settings import catalog
@@ -63,6 +63,9 @@ class Schedule(BaseModel):
     # The sandbox's clock: from this Unix time on, the schedule's minutes are caretakerTiming's shortened minutes;
     # allowed only with that test clock (problems).
     test_clock_epoch: float | None = Field(None, alias="testClockEpoch", gt=0)
+    # A keyed request outside the hours may ask for the cluster early (the front records it, the scheduler starts
+    # an up within the budget: kimi_cluster/node/caretaker_early.py); off, nothing of it is deployed.
+    early_start: StrictBool = Field(False, alias="earlyStart")
 
     @field_validator("time_zone")
     @classmethod
@@ -127,7 +130,8 @@ def schedule(v: Any) -> dict[str, Any] | None:
     return {"time_zone": parsed.time_zone,
             "windows": [{"days": [DAYS.index(d) for d in w.days], "start": _clock(w.start),
                          "end": _clock(w.end), "replicas": w.replicas} for w in parsed.windows]} \
-        | ({"test_clock_epoch": parsed.test_clock_epoch} if parsed.test_clock_epoch else {})
+        | ({"test_clock_epoch": parsed.test_clock_epoch} if parsed.test_clock_epoch else {}) \
+        | ({"early_start": True} if parsed.early_start else {})
 
 
 def with_stack(compiled: dict[str, Any], stack_replicas: int, minute_seconds: float) -> dict[str, Any]:
@@ -137,6 +141,8 @@ def with_stack(compiled: dict[str, Any], stack_replicas: int, minute_seconds: fl
            "windows": [{**w, "replicas": w["replicas"] or stack_replicas} for w in compiled["windows"]]}
     if compiled.get("test_clock_epoch"):
         out["clock"] = {"epoch": compiled["test_clock_epoch"], "scale": 60 / minute_seconds}
+    if compiled.get("early_start"):
+        out["early_start"] = True
     return out
 
 
@@ -156,6 +162,10 @@ def problems(compiled: dict[str, Any] | None, stack_replicas: int, key_set: bool
         out.append(f"{NAMESPACE}:caretakerApiKey is required with {NAMESPACE}:{KEY}: at a window's end the caretaker "
                    "deletes the GPU VMs with a Hyperstack API key of its own; set it with: pulumi config set "
                    f"--secret {NAMESPACE}:caretakerApiKey <key>")
+    if compiled.get("early_start") and stack_replicas == 1:
+        out.append(f"{NAMESPACE}:{KEY}.earlyStart needs a front ({NAMESPACE}:replicas 2 or more): outside the hours "
+                   "a stack of one replica has no endpoint left to take the ask (the caretaker deletes the head it "
+                   "runs on, proxy and all)")
     for i, window in enumerate(compiled["windows"]):
         wanted = window["replicas"]
         if wanted is None:
