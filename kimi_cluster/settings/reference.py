@@ -253,7 +253,8 @@ NOTES: dict[str, tuple[str, str]] = {
         'working hours, a JSON object: `timeZone` (an IANA name) and `windows`, each with `days` (mon..sun), `start` '
         'and `end` (HH:MM, end up to 24:00) and `replicas` (up to `replicas`); outside every window the caretaker '
         'deletes the GPU VMs and `kimi-cluster schedule` brings them back before the next; needs `caretakerApiKey`; '
-        'see [the caretaker](caretaker.md#working-hours)'),
+        '`earlyStart: true` (a stack with a front only) lets a keyed `POST /kimi/early-start` outside the hours ask '
+        'the scheduler for an early up, within `budgetUsd`; see [the caretaker](caretaker.md#working-hours)'),
     'caretakerApiKey': (
         'secret, required with a guard',
         "the caretaker's own Hyperstack API key, one line of printable characters; reaches the VM on stdin only and "
