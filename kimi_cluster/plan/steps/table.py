@@ -42,7 +42,7 @@ def _serving_floor(shape: StackShape) -> float:
 
 PULL_FLOOR = Floor(lambda _s: image_pull_s(), "pulling the ~16 GB engine image at 55 MB/s")
 RESUME_FLOOR = Floor(lambda _s: render_server_s(),
-                     "pulling the ~16 GB engine image at 55 MB/s, then starting vLLM's render server")
+                     "pulling the ~16 GB engine image at 55 MB/s, then starting the engine's chat layer")
 SERVING_FLOOR = Floor(_serving_floor, "loading the checkpoint to the GPUs, warming the kernels up, first answers")
 
 
@@ -97,10 +97,11 @@ TABLE: tuple[Step, ...] = (
          vm_prep.front_ready_values, lambda t: t.cloud_init_timeout_s + t.docker_timeout_s + t.deadline_slack_s,
          FRONT, CHAIN,
          after=("@rules",), timing_keys="cloudInitTimeoutS, dockerTimeoutS"),
-    # The front's resuming layer (resumeStreams, vLLM): its render server reads the model's tokenizer with the hub
-    # token. Before the proxy, which hands it the chat requests.
-    Step("resume", "start vLLM's render server and the resuming layer that carries a stream on to another replica "
-                   "when its own is lost", resume.ResumeInputs, resume.resume_values,
+    # The front's resuming layer (resumeStreams, vLLM or SGLang): the engine's own chat layer (vLLM's render server,
+    # SGLang's chat route) reads the model's tokenizer with the hub token. Before the proxy, which hands it the chat
+    # requests.
+    Step("resume", "start the engine's own chat layer (vLLM's render server or SGLang's chat route) and the "
+                   "resuming layer that carries a stream on to another replica when its own is lost", resume.ResumeInputs, resume.resume_values,
          lambda t: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts)
          + 2 * t.proxy_timeout_s + t.deadline_slack_s, FRONT, CHAIN, when=lambda s, _p: s.resumes_streams,
          after=("front-ready",), stdin=("hf_token",),
