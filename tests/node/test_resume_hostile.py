@@ -6,6 +6,7 @@ loopback) over stand-ins for the replicas and the render server (resume_fixtures
 - a 2 MB junk field is not carried to the render server on every derender call (finding 2);
 - a client that stops reading is held back and ended, its generation aborted, with the layer's memory bounded
   (finding 3);
+- a client that trickles its body a byte at a time gets its 408 at the request's deadline;
 - no id an engine sees is the client's, and no client-chosen multimodal cache key reaches one.
 """
 
@@ -159,6 +160,40 @@ def test_a_client_that_stops_reading_holds_its_replica_back_and_is_ended(tmp_pat
     assert peak - before < 50
     assert other[0] == 200 and tokens_of(other[2]) == REPLY
     assert "read nothing for 2 s" in log and "Traceback" not in log
+
+
+def test_a_client_that_trickles_its_body_gets_its_408_at_the_requests_deadline(tmp_path: Path) -> None:
+    """A byte of body now and then keeps every read within the socket's timeout; the request's own deadline (the
+    client timeout, from the connection) still ends it with a 408 long before the body is whole, and another
+    client is served meanwhile."""
+    declared = 100_000
+    with token_server() as replica, render_server() as render:
+        with layer(tmp_path, render.address, [replica.url], "--client-timeout-s", "2") as front:
+            sock = socket.create_connection(("127.0.0.1", front.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{"
+                         % declared)
+            sock.settimeout(0.5)  # each byte waits for an answer at most this: less than the layer's 2 s a read
+            sent, answer = 1, b""
+            give_up = time.monotonic() + 240  # a liveness bound, far past the layer's 2 s: the test fails, not hangs
+            while not answer and sent < declared and time.monotonic() < give_up:
+                try:
+                    answer = sock.recv(4096)
+                except TimeoutError:
+                    try:
+                        sock.sendall(b" ")
+                    except OSError:  # the layer has shut its side: its answer is what is left to read
+                        sock.settimeout(30)
+                        answer = sock.recv(4096)
+                        break
+                    sent += 1
+            other = post(front.port, CHAT, chat("tell me"))
+            sock.close()
+            log = front.log.read_text()
+    print(f"trickling client: {sent} bytes of {declared} sent before its answer")
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert sent < declared
+    assert other[0] == 200 and tokens_of(other[2]) == REPLY
+    assert "did not arrive within 2 s" in log and "Traceback" not in log
 
 
 def test_a_costly_stream_leaves_the_render_server_to_the_others(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ its listener at once (a new layer can take the port, and Caddy dials that one), 
 took to its end, up to `--drain-s`, and exits 0. So a change of its program or flags cuts no stream
 (kimi_cluster/plan/templates/resume.sh.j2 starts the new one beside the draining one).
 
-Each connection is one client's and stays that client's trouble: its body is read within `--client-timeout-s`
-(408 if it does not come), by a Content-Length or chunks that must be numbers (400 naming the header otherwise),
-and up to `--max-body-bytes` (413); every write to it must go through within the same timeout, so a client that
-stops reading ends its own request (and its generation) instead of holding this layer. Anything unexpected is a
-500 with a one-line message, and one line in the log, never a traceback.
+Each connection is one client's and stays that client's trouble: its request line, headers and body must all
+come within `--client-timeout-s` of the connection, however slowly they trickle (408 if they do not); the body by a
+Content-Length or chunks that must be numbers (400 naming the header otherwise), and up to `--max-body-bytes`
+(413); every write to it must go through within the same timeout, so a client that stops reading ends its own
+request (and its generation) instead of holding this layer. Anything unexpected is a 500 with a one-line message,
+and one line in the log, never a traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .request import BadRequest, error_body
 # What the front's Caddy buffers of a body (kimi_cluster/plan/front_tuning.py, request_buffers: 16MiB): a larger one
 # is not replayed by Caddy either. tests/node/test_resume_input.py holds the two equal.
 MAX_BODY = 16 * 1024 * 1024
-CLIENT_TIMEOUT_S = 60.0  # a client's body must arrive, and each write to it go through, within this
+CLIENT_TIMEOUT_S = 60.0  # a client's whole request must arrive, and each write to it go through, within this
 # How long a layer told to stop goes on serving the requests it took: an agent's turn can stream for minutes. The
 # front's step gives the unit this and a margin before systemd kills it (kimi_cluster/plan/resume.py).
 DRAIN_S = 600.0
@@ -136,6 +137,25 @@ class Handler(BaseHTTPRequestHandler):
         super().setup()
         self.connection.settimeout(self.server.client_timeout_s)  # every read and write of this connection
         self.answered = False
+        # The socket's timeout bounds each read, not the request: a client that sends a byte now and then would
+        # hold this thread for as long as it likes. So the request line, the headers and the body must all have
+        # come within client_timeout_s of the connection; at that deadline the read side is shut (a blocked read
+        # returns) and the request is answered 408. Every answer is Connection: close, one request a connection.
+        self.read_late = False
+        self.read_deadline = threading.Timer(self.server.client_timeout_s, self._stop_reading)
+        self.read_deadline.daemon = True
+        self.read_deadline.start()
+
+    def finish(self) -> None:
+        self.read_deadline.cancel()
+        super().finish()
+
+    def _stop_reading(self) -> None:
+        self.read_late = True
+        try:
+            self.connection.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass  # the client has gone already
 
     def log_message(self, fmt: str, *args: Any) -> None:  # Caddy logs the requests; this logs only what it does
         pass
@@ -172,6 +192,7 @@ class Handler(BaseHTTPRequestHandler):
     # ---- routes
 
     def do_GET(self) -> None:
+        self.read_deadline.cancel()  # a GET has no body: all of it has come
         if self.path.split("?", 1)[0] == "/health":
             # The replicas it balances over (the front's step waits until a new list shows here), and the
             # generations running on each.
@@ -212,6 +233,20 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def _body(self) -> bytes:
+        """The request's body, whole within the connection's read deadline (TimeoutError otherwise, a 408)."""
+        try:
+            body = self._read_body()
+        except BadRequest:
+            if self.read_late:  # the deadline shut the read side: the body ended because it was late
+                raise TimeoutError from None
+            raise
+        finally:
+            self.read_deadline.cancel()
+        if self.read_late:
+            raise TimeoutError
+        return body
+
+    def _read_body(self) -> bytes:
         """The request's body, by its length or its chunks, at most max_body bytes (BadRequest otherwise)."""
         limit = self.server.max_body
         too_large = BadRequest(413, f"the request body is larger than {limit} bytes")
@@ -271,7 +306,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--health-passes", type=int, default=2)
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY, help="the largest request body taken (413 past it)")
     ap.add_argument("--client-timeout-s", type=float, default=CLIENT_TIMEOUT_S,
-                    help="a client's body must arrive, and each write to it go through, within this (408 / ended)")
+                    help="a client's whole request must arrive, and each write to it go through, within this "
+                         "(408 / ended)")
     ap.add_argument("--drain-s", type=float, default=DRAIN_S,
                     help="after SIGTERM (its listener closed at once), how long the requests it took may go on")
     args = ap.parse_args(argv)
