@@ -101,7 +101,8 @@ TABLE: tuple[Step, ...] = (
     # SGLang's chat route) reads the model's tokenizer with the hub token. Before the proxy, which hands it the chat
     # requests.
     Step("resume", "start the engine's own chat layer (vLLM's render server or SGLang's chat route) and the "
-                   "resuming layer that carries a stream on to another replica when its own is lost", resume.ResumeInputs, resume.resume_values,
+                   "resuming layer that carries a stream on to another replica when its own is lost",
+         resume.ResumeInputs, resume.resume_values,
          lambda t: t.pull_attempts * (t.pull_timeout_s + t.pull_backoff_s * t.pull_attempts)
          + 2 * t.proxy_timeout_s + t.deadline_slack_s, FRONT, CHAIN, when=lambda s, _p: s.resumes_streams,
          after=("front-ready",), stdin=("hf_token",),
