@@ -13,16 +13,13 @@ goes:
 Nothing here routes anywhere but the fabric's own /24: a namespace has no default route, and an `unreachable`
 route for the /24 outlives the bridge, so no packet for a fake node ever leaves this machine.
 
-Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for `ip netns`), `ip`, `sshd` and `nft`:
-`python -m kimi_cluster.fakes.node_fabric check` says what is missing; `teardown CONFIG` removes a fabric whose owner
-died.
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for `ip netns`), `ip`, `sshd` and `nft`: `... node_fabric check` says
+what is missing; `teardown CONFIG` removes a fabric whose owner died.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import contextlib
 import fcntl
 import ipaddress
@@ -39,8 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from kimi_cluster.fakes.node_cloud_init import apply_cloud_config
 from kimi_cluster.fakes.node_firewall import nft_ruleset
 
 # Every fabric's /24 is drawn from here. 10.213/16 is private and is not on this machine's routes unless a fabric
@@ -264,7 +260,7 @@ class Fabric:
         node.mkdir(parents=True, exist_ok=True)
         self.attach(address)
         self.firewall(address, rules)
-        host_key = _apply_cloud_config(node, user_data)
+        host_key = apply_cloud_config(node, user_data)
         ssh = node / ".ssh"
         ssh.mkdir(mode=0o700, exist_ok=True)
         (ssh / "authorized_keys").write_text(authorized_key.strip() + "\n")
@@ -277,6 +273,9 @@ class Fabric:
         namespace = c.namespace(address)
         _run("ip", "netns", "add", namespace)
         veth = c.port(address)
+        # A VM deleted here a moment ago may still hold the port: `ip netns del` only unmounts its namespace, which
+        # the kernel frees (its veth pair with it) later, on a work queue, later still on a loaded machine.
+        _run("ip", "link", "del", veth, check=False)
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
         _run("ip", "link", "set", veth, "master", c.bridge, "up")
         _run("ip", "-n", namespace, "addr", "add", f"{address}/{c.network.prefixlen}", "dev", "eth0")
@@ -391,41 +390,6 @@ def _sshd_quote(key: str, value: str) -> str:
     if '"' in value or "\n" in value:
         raise FabricError(f"the node environment's {key} holds a quote or a newline, which sshd's SetEnv cannot carry")
     return value
-
-
-def _apply_cloud_config(node: Path, user_data: str | None) -> Path:
-    """cloud-init's cc_ssh for the keys this project sends: the given ed25519 pair becomes the only host key.
-
-    Without one (user_data empty), a fresh key is made, as the image's first boot would.
-    """
-    etc_ssh = node / "etc" / "ssh"
-    etc_ssh.mkdir(parents=True, exist_ok=True)
-    key = etc_ssh / "ssh_host_ed25519_key"
-    doc = _cloud_config(user_data)
-    keys = doc.get("ssh_keys") or {}
-    for stale in etc_ssh.glob("ssh_host_*"):
-        stale.unlink()
-    if keys.get("ed25519_private"):
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(str(keys["ed25519_private"]).strip() + "\n")
-        key.with_suffix(".pub").write_text(str(keys.get("ed25519_public") or "").strip() + "\n")
-    else:
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
-    return key
-
-
-def _cloud_config(user_data: str | None) -> dict[str, Any]:
-    if not user_data:
-        return {}
-    text = user_data
-    if not text.lstrip().startswith("#cloud-config"):
-        with contextlib.suppress(binascii.Error, UnicodeDecodeError):
-            text = base64.b64decode(text, validate=True).decode()
-    if not text.lstrip().startswith("#cloud-config"):
-        return {}
-    doc = yaml.safe_load(text)
-    return doc if isinstance(doc, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:
