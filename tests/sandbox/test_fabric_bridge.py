@@ -43,3 +43,23 @@ def test_the_bridge_keeps_its_mac_when_the_port_with_the_lowest_one_goes(tmp_pat
         assert _mac(config.bridge) == before
     finally:
         fabric.teardown()
+
+
+def test_a_vm_re_created_at_an_address_takes_over_a_port_the_kernel_has_not_freed_yet(tmp_path):
+    """`ip netns del` only unmounts a namespace: the kernel frees it, and the veth pair in it, later, on a work queue.
+    Until then the old port still holds its name, and a VM re-created at the same address must not fail on it."""
+    config = allocate(tmp_path / "nodes")
+    fabric = Fabric(config)
+    address = str(config.network.network_address + 2)
+    try:
+        # The port as a slow kernel leaves it: still on the host after its namespace went.
+        subprocess.run(["ip", "link", "add", config.port(address), "type", "veth", "peer", "name", f"ko{config.id}"],
+                       check=True)
+        namespace = fabric.attach(address)
+        peer = json.loads(subprocess.run(["ip", "-j", "link", "show", "dev", config.port(address)], check=True,
+                                         capture_output=True, text=True).stdout)[0]
+        assert peer.get("master") == config.bridge and peer.get("link_netnsid") is not None, peer
+        assert namespace in fabric.namespaces()
+    finally:
+        fabric.teardown()
+        subprocess.run(["ip", "link", "del", f"ko{config.id}"], capture_output=True)  # if attach failed to take it
