@@ -18,7 +18,7 @@ import pytest
 from kimi_cluster.node import sglang_chat
 from kimi_cluster.node.resume import wire
 from tests.engine_parsers.render_server import require_sglang, sglang_chat_server
-from tests.node.resume_fixtures import exchange, post
+from tests.node.resume_fixtures import exchange, post, trickle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -115,25 +115,12 @@ def test_a_body_that_never_finishes_or_trickles_gets_its_408_at_the_requests_dea
     started = time.monotonic()
     for sock in (silent, trickling):
         sock.sendall(head(RENDER, f"Content-Length: {declared}") + b"{")
-    trickling.settimeout(TIMEOUT_S / 4)  # a byte each time this passes with no answer: less than a read's timeout
-    sent, answer = 1, b""
-    give_up = started + 120  # a liveness bound far past the layer's 2 s: the test fails, not hangs
-    meanwhile = None
-    while not answer and time.monotonic() < give_up:
-        try:
-            answer = trickling.recv(4096)
-        except TimeoutError:
-            try:
-                trickling.sendall(b" ")
-            except OSError:  # the layer has shut its side: its answer is what is left to read
-                trickling.settimeout(30)
-                answer = trickling.recv(4096)
-                break
-            sent += 1
-            if meanwhile is None:
-                before = time.monotonic()
-                rendered(port, "meanwhile")
-                meanwhile = time.monotonic() - before
+    before = time.monotonic()
+    rendered(port, "meanwhile")  # both callers hold a thread, each waiting for its body
+    meanwhile = time.monotonic() - before
+    # A byte each time a quarter of the layer's timeout passes with no answer: each read well within its timeout.
+    answer, trickled = trickle(trickling, TIMEOUT_S / 4, declared - 1, give_up_s=120)
+    sent = 1 + trickled
     trickled_s = time.monotonic() - started
     silent.settimeout(30)
     quiet = silent.recv(4096)
@@ -145,7 +132,7 @@ def test_a_body_that_never_finishes_or_trickles_gets_its_408_at_the_requests_dea
         assert got.startswith(b"HTTP/1.1 408"), got[:200]
         assert b"did not arrive within 2 s" in got
     assert TIMEOUT_S <= trickled_s < TIMEOUT_S + 10 and sent < declared
-    assert meanwhile is not None and meanwhile < TIMEOUT_S
+    assert meanwhile < TIMEOUT_S
     assert "a caller's body did not arrive within 2 s" in log.read_text(errors="replace")
 
 
