@@ -15,7 +15,6 @@ kimi-caretaker instead of caretaker_hours.py when earlyStart is set; stdlib only
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -95,26 +94,9 @@ def tick(cfg: dict[str, Any], api: Any, state: dict[str, Any], save: Any) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """caretaker_hours.py's loop, with this poll (its own main is left as it is, for the stacks without asks)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="the caretaker's configuration (JSON, no secret)")
-    parser.add_argument("--once", action="store_true", help="one poll, then exit (tests)")
-    args = parser.parse_args(argv)
-    cfg = json.loads(Path(args.config).read_text())
-    key = Path(cfg["key_file"]).read_text().strip()
-    if not key:
-        caretaker.log(f"no API key in {cfg['key_file']}; the caretaker step writes it from its stdin")
-        return 1
-    api = caretaker.Api(cfg["api_url"], key, float(cfg.get("retry_base_seconds", 1.0)))
-    path = Path(cfg["state_file"])
-    state = caretaker.load_state(path)
-    caretaker.log(f"caretaker for {cfg['env_name']} with working hours in {cfg['schedule']['time_zone']} and early "
-                  f"starts asked by {ASK_PATH}")
-    while True:
-        tick(cfg, api, state, lambda: caretaker.write_json(path, state))
-        if args.once:
-            return 0
-        time.sleep(cfg["poll_seconds"])
+    """caretaker_hours.py's loop, with this poll."""
+    return caretaker_hours.run(argv, __doc__, tick, lambda cfg: f"caretaker for {cfg['env_name']} with working "
+                               f"hours in {cfg['schedule']['time_zone']} and early starts asked by {ASK_PATH}")
 
 
 if __name__ == "__main__":

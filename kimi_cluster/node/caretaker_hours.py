@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,14 @@ def tick(cfg: dict[str, Any], api: Any, state: dict[str, Any], save: Any) -> Non
         (Path(cfg["flag_dir"]) / RETRY_AFTER_FILE).unlink(missing_ok=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+Tick = Callable[[dict[str, Any], Any, dict[str, Any], Callable[[], None]], None]
+
+
+def run(argv: list[str] | None, doc: str, poll: Tick, banner: Callable[[dict[str, Any]], str]) -> int:
+    """The caretaker's loop with `poll` in place of caretaker.py's tick: its configuration and key read, its state
+    loaded, `banner` logged, then one poll every poll_seconds, the state saved by each (caretaker.py's own main is
+    left as it is: a stack without a schedule runs that one)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--config", required=True, help="the caretaker's configuration (JSON, no secret)")
     parser.add_argument("--once", action="store_true", help="one poll, then exit (tests)")
     args = parser.parse_args(argv)
@@ -97,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     api = caretaker.Api(cfg["api_url"], key, float(cfg.get("retry_base_seconds", 1.0)))
     path = Path(cfg["state_file"])
     state = caretaker.load_state(path)
-    schedule = cfg["schedule"]
-    caretaker.log(f"caretaker for {cfg['env_name']} with working hours in {schedule['time_zone']}: "
-                  f"{len(schedule['windows'])} window(s) a week")
+    caretaker.log(banner(cfg))
     while True:
-        tick(cfg, api, state, lambda: caretaker.write_json(path, state))
+        poll(cfg, api, state, lambda: caretaker.write_json(path, state))
         if args.once:
             return 0
         time.sleep(cfg["poll_seconds"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(argv, __doc__, tick, lambda cfg: f"caretaker for {cfg['env_name']} with working hours in "
+               f"{cfg['schedule']['time_zone']}: {len(cfg['schedule']['windows'])} window(s) a week")
 
 
 if __name__ == "__main__":

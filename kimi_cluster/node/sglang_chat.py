@@ -23,7 +23,11 @@ serves three calls on loopback:
   reasoner (ReasonerGrammarObject) waits for the end of reasoning only while reasoning. A cut inside the tools
   section, or part way into a stop string or a reasoning end, is refused (409).
 
-Each stream's state is held here, at most MAX_STREAMS at once, each dropped IDLE_S after its last call.
+Each stream's state is held here, at most MAX_STREAMS at once, each dropped IDLE_S after its last call. Each caller
+is held to the resuming layer's own bounds (kimi_cluster/node/resume/intake.py and request.py, shipped beside this
+program): the whole request within `--client-timeout-s` of the connection (408), a body of at most MAX_BODY (413)
+by a Content-Length that is a number (400 naming it), JSON bounded in size and depth (400), and a 4xx naming the
+field for a field this layer cannot take.
 """
 
 from __future__ import annotations
@@ -35,19 +39,19 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from kimi_cluster.node.resume import intake, request
+from kimi_cluster.node.resume.request import BadRequest
 
 MAX_STREAMS = 4096
 IDLE_S = 900.0
-MAX_BODY = 16 * 1024 * 1024  # what the resuming layer itself takes (kimi_cluster/node/resume/server.py MAX_BODY)
+# A render call carries a client's body (at most what the resuming layer takes, intake.MAX_BODY) as the layer sends it
+# on (request.encoded): a separator gains a space, and a body with a lone surrogate is sent ASCII-escaped, each
+# character of two or three UTF-8 bytes six; so up to three times as large.
+MAX_BODY = 3 * intake.MAX_BODY
+TOKEN_ID_END = 1 << 31  # SGLang's token ids are int32
 NEED, END = "need", "end"  # from a stream's pump: it waits for the next output; its chat stream ended
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Stream:
@@ -118,7 +122,12 @@ class ChatLayer:
         self.route = OpenAIServingChat(engine, templates)
 
     def _run(self, coroutine: Any, timeout_s: float = 60.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:  # the lines it was waiting for go to the stream's next call
+            future.cancel()
+            raise BadRequest(500, f"SGLang's chat route did not answer within {timeout_s:g} s") from None
 
     # ---- the three calls
 
@@ -128,15 +137,15 @@ class ChatLayer:
         self._reap()
         rid = str(body.pop("request_id", "") or "")
         if not rid or len(rid) > 200:
-            raise Refused(400, "request_id: the resuming layer's own id is required")
+            raise BadRequest(400, "request_id: the resuming layer's own id is required", "request_id")
         body = dict(body, stream=True, stream_options={"include_usage": True})
         try:
             request = ChatCompletionRequest.model_validate(body)
             adapted, request = self.route._convert_to_internal_request(request)
         except ValueError as exc:  # pydantic's ValidationError is one
-            raise Refused(400, str(exc).splitlines()[0][:500]) from None
+            raise invalid(exc) from None
         if adapted.input_ids is None:
-            raise Refused(400, "this request does not render to token ids (media is served by the replica itself)")
+            raise BadRequest(400, "this request does not render to token ids (media is served by the replica itself)")
         adapted.rid = rid
         params = {k: v for k, v in adapted.sampling_params.items() if v is not None}
         generate = {"rid": rid, "input_ids": list(adapted.input_ids), "sampling_params": params,
@@ -145,18 +154,20 @@ class ChatLayer:
         if answer["not_resumable"] is None:
             with self.lock:
                 if len(self.streams) >= MAX_STREAMS:
-                    raise Refused(503, f"{MAX_STREAMS} streams are open on this chat layer")
+                    raise BadRequest(503, f"{MAX_STREAMS} streams are open on this chat layer")
                 if rid in self.streams:
-                    raise Refused(400, "request_id: a stream with this id is open")
+                    raise BadRequest(400, "request_id: a stream with this id is open", "request_id")
                 stream = self.streams[rid] = Stream(request, adapted, len(adapted.input_ids))
             self._run(self._start(stream))
         return answer
 
     def derender(self, body: dict[str, Any]) -> dict[str, Any]:
+        ids, finish = output_ids(body), body.get("finish")
+        if finish is not None and not isinstance(finish, dict):
+            raise BadRequest(400, "finish: SGLang's finish reason (an object) or null", "finish")
         stream = self._stream(body)
-        ids, finish = body.get("output_ids") or [], body.get("finish")
         with stream.lock:
-            stream.ids += [int(i) for i in ids]
+            stream.ids += ids
             text = self.tokenizer.decode(stream.ids, skip_special_tokens=stream.adapted.sampling_params.get(
                 "skip_special_tokens", True))
             if finish is not None:
@@ -183,14 +194,14 @@ class ChatLayer:
         return {"chunks": chunks}
 
     def resume(self, body: dict[str, Any]) -> dict[str, Any]:
+        ids = output_ids(body)
         stream = self._stream(body)
-        ids = [int(i) for i in body.get("output_ids") or []]
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         params = stream.adapted.sampling_params
         grammar = params.get("structural_tag") is not None
         marks = self.markers
         if grammar and marks.TOOLS_OPEN in text:
-            raise Refused(409, "the cut fell inside the tools section, and SGLang restarts the tool turn's "
+            raise BadRequest(409, "the cut fell inside the tools section, and SGLang restarts the tool turn's "
                                "structural tag at a resumed request's first token")
         stops = params.get("stop") or []
         watched = [*([stops] if isinstance(stops, str) else stops)]
@@ -198,7 +209,7 @@ class ChatLayer:
             watched += [marks.TOOLS_OPEN, marks.THINK_CLOSE]
         for mark in watched:
             if any(text.endswith(mark[:n]) for n in range(1, len(mark))):
-                raise Refused(409, f"the cut fell part way into {mark!r}, which the twin would not see whole")
+                raise BadRequest(409, f"the cut fell part way into {mark!r}, which the twin would not see whole")
         thinking = bool(stream.adapted.require_reasoning) and marks.THINK_CLOSE not in text
         return {"require_reasoning": thinking}
 
@@ -217,7 +228,7 @@ class ChatLayer:
         with self.lock:
             stream = self.streams.get(str(body.get("stream")))
         if stream is None:
-            raise Refused(409, "no such stream here (this chat layer restarted, or the stream ended)")
+            raise BadRequest(409, "no such stream here (this chat layer restarted, or the stream ended)")
         stream.used = time.monotonic()
         return stream
 
@@ -253,51 +264,69 @@ class ChatLayer:
             if item in (NEED, END):
                 return lines
             if isinstance(item, Exception):
-                raise Refused(500, f"SGLang's chat stream failed: {type(item).__name__}: {item}")
+                raise BadRequest(500, f"SGLang's chat stream failed: {type(item).__name__}: {item}")
             lines.append(item)
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+def output_ids(body: dict[str, Any]) -> list[int]:
+    ids = body.get("output_ids") or []
+    if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < TOKEN_ID_END for i in ids):
+        raise BadRequest(400, f"output_ids: a list of token ids (whole numbers from 0 below {TOKEN_ID_END})",
+                         "output_ids")
+    return ids
+
+
+def invalid(exc: ValueError) -> BadRequest:
+    """A 400 naming the field pydantic refused (its first error), or the error's first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and errors():
+        first = errors()[0]
+        field = ".".join(str(part) for part in first.get("loc", ())) or None
+        return BadRequest(400, f"{field}: {first.get('msg')}"[:500], field)
+    return BadRequest(400, str(exc).splitlines()[0][:500])
+
+
+def log(line: str) -> None:
+    print(f"sglang-chat: {line}", file=sys.stderr, flush=True)
+
+
+class Handler(intake.BoundedHandler):
+    """One call of the resuming layer, bounded as the layer bounds its own clients (intake.py)."""
+
     layer: ChatLayer
 
-    def log_message(self, fmt: str, *args: Any) -> None:
-        pass
-
-    def _answer(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
+        self.read_deadline.cancel()  # a GET has no body: all of it has come
         if self.path.split("?", 1)[0] == "/health":
-            return self._answer(200, {"streams": len(self.layer.streams)})
-        self._answer(404, {"error": {"message": "Not Found", "code": 404}})
+            return self.whole(200, json.dumps({"streams": len(self.layer.streams)}).encode())
+        self.last_word(404, "Not Found")
 
     def do_POST(self) -> None:
+        route = self.path.split("?", 1)[0]
         calls = {"/v1/chat/completions/render": self.layer.render, "/v1/chat/completions/derender":
                  self.layer.derender, "/v1/chat/completions/resume": self.layer.resume}
-        call = calls.get(self.path.split("?", 1)[0])
+        call = calls.get(route)
         try:
-            length = int(self.headers.get("Content-Length") or 0)
             if call is None:
-                raise Refused(404, "Not Found")
-            if not 0 <= length <= MAX_BODY:
-                raise Refused(413, f"the request body is larger than {MAX_BODY} bytes")
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise Refused(400, "the request body must be a JSON object")
-            self._answer(200, call(body))
-        except Refused as exc:
-            self._answer(exc.status, {"error": {"message": str(exc), "code": exc.status}})
-        except (ValueError, TypeError) as exc:
-            self._answer(400, {"error": {"message": f"{type(exc).__name__}: {str(exc)[:300]}", "code": 400}})
+                raise BadRequest(404, "Not Found")
+            try:
+                raw = self.body()
+            except TimeoutError:
+                log(f"a caller's body did not arrive within {self.server.client_timeout_s:g} s")
+                raise BadRequest(408, f"the request body did not arrive within {self.server.client_timeout_s:g} s"
+                                 ) from None
+            except OSError:
+                return  # the caller went away
+            answer = json.dumps(call(request.parse(raw))).encode()
+        except BadRequest as exc:
+            return self.last_word(exc.status, exc.message, exc.param)
         except Exception as exc:  # noqa: BLE001  # one line and a 500, never a traceback to the caller
-            print(f"sglang-chat: {self.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            self._answer(500, {"error": {"message": f"the chat layer failed ({type(exc).__name__})", "code": 500}})
+            log(f"{route}: {type(exc).__name__}: {str(exc)[:300]!r}")  # repr: a body's control characters escaped
+            return self.last_word(500, f"the chat layer failed ({type(exc).__name__})")
+        try:
+            self.whole(200, answer)
+        except OSError:  # gone, or read nothing for client_timeout_s: its answer is dropped, its thread ends
+            log(f"a caller read nothing of its answer for {self.server.client_timeout_s:g} s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,11 +337,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--client-timeout-s", type=float, default=intake.CLIENT_TIMEOUT_S,
+                    help="a caller's whole request must arrive, and each write to it go through, within this "
+                         "(408 / ended)")
     args = ap.parse_args(argv)
+    if not 0 < args.client_timeout_s <= 3600:
+        ap.error("--client-timeout-s must be more than 0 and at most 3600")
     layer = ChatLayer(args.model, args.served_model_name, args.revision, args.trust_remote_code)
-    server = ThreadingHTTPServer((args.host, args.port), type("Bound", (Handler,), {"layer": layer}))
-    server.daemon_threads = True
-    print(f"sglang-chat: serving {args.served_model_name} on {args.host}:{args.port}", file=sys.stderr, flush=True)
+    server = intake.BoundedServer((args.host, args.port), type("Bound", (Handler,), {"layer": layer}))
+    server.max_body, server.client_timeout_s = MAX_BODY, args.client_timeout_s
+    log(f"serving {args.served_model_name} on {args.host}:{args.port}")
     server.serve_forever()
     return 0
 

@@ -64,12 +64,14 @@ PROGRAM = ("kimi_cluster/node/resume/__init__.py", "kimi_cluster/node/resume/__m
            "kimi_cluster/node/resume/wire.py", "kimi_cluster/node/resume/pool.py",
            "kimi_cluster/node/resume/generation.py", "kimi_cluster/node/resume/messages.py",
            "kimi_cluster/node/resume/chat.py", "kimi_cluster/node/resume/render.py",
-           "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/relay.py",
+           "kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/intake.py",
+           "kimi_cluster/node/resume/relay.py",
            "kimi_cluster/node/resume/sglang.py",
            "kimi_cluster/node/resume/server.py")
 # SGLang's chat layer program (stdlib and SGLang's own modules), shipped to its own folder on the front and mounted
-# read-only into the replicas' image at CONTAINER_PROGRAM.
-CHAT_PROGRAM = ("kimi_cluster/node/sglang_chat.py",)
+# read-only into the replicas' image at CONTAINER_PROGRAM, with the resuming layer's request bounds it serves with.
+CHAT_PROGRAM = ("kimi_cluster/node/resume/request.py", "kimi_cluster/node/resume/intake.py",
+                "kimi_cluster/node/sglang_chat.py")
 CHAT_SHIP_TO = ShellExpr("${STATE}/sglang-chat-program")
 CONTAINER_PROGRAM = "/opt/kimi-cluster"
 # What the step and its logs call the chat layer, by engine.

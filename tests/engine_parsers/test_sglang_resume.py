@@ -14,7 +14,6 @@ receive, and every answer the fake streams, passes SGLang's own contract models 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import threading
@@ -39,20 +38,14 @@ from kimi_cluster.node.resume import chat, server, wire
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
 from kimi_cluster.node.resume.render import RenderServers
-from tests.engine_parsers.render_server import VENV, sglang_chat_server
+from tests.engine_parsers.render_server import VENV, require_sglang, sglang_chat_server
 from tests.engine_parsers.test_resume_chat_layer import Recorder, assembled
 from tests.node.resume_fixtures import CutProxy
 
 # A cut after every token of two turns: some 4 minutes on 2 loaded cores.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-_PROBE = "import sglang.srt.entrypoints.openai.serving_chat"
-if not (VENV / "bin" / "python").exists() or subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", _PROBE], capture_output=True, timeout=600).returncode != 0:
-    reason = f"SGLang's chat route does not import in {VENV}: bash tests/engine_parsers/install.sh"
-    if os.environ.get("CI"):
-        raise RuntimeError(reason)
-    pytest.skip(reason, allow_module_level=True)
+require_sglang()
 
 # The cuts here are resets: a silence bound as short as a loaded machine's pauses would add losses of its own (and,
 # inside a tools section, refusals), so silence is not what ends a stream in these tests.

@@ -453,3 +453,24 @@ def post(port: int, path: str, body: Any, headers: dict[str, str] | None = None,
     request = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{head}"
                f"Content-Length: {len(data)}\r\n\r\n").encode() + data
     return exchange(port, request, timeout_s)
+
+
+def trickle(sock: socket.socket, every_s: float, declared: int, give_up_s: float = 240.0) -> tuple[bytes, int]:
+    """Sends a body's bytes one at a time, one each time `every_s` passes with no answer, until the server answers
+    (or shuts its side and its answer is what is left to read) or `declared` bytes are sent: the answer's first bytes
+    and how many were sent. `give_up_s` is a liveness bound far past any server's: the test fails, not hangs."""
+    sock.settimeout(every_s)
+    sent, answer = 0, b""
+    give_up = time.monotonic() + give_up_s
+    while not answer and sent < declared and time.monotonic() < give_up:
+        try:
+            answer = sock.recv(4096)
+        except TimeoutError:
+            try:
+                sock.sendall(b" ")
+            except OSError:  # the server has shut its side: its answer is what is left to read
+                sock.settimeout(30)
+                return sock.recv(4096), sent
+            sent += 1
+    return answer, sent
+

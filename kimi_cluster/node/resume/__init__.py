@@ -10,10 +10,11 @@ reasoning and tool-call parsers are the pinned engine's, and a cut changes nothi
 the prompt plus every token already delivered, with `max_tokens` lowered by their count.
 
 Modules: `wire` (HTTP/1.1 and server-sent events over a socket, where silence is told from a loss), `pool` (the
-replicas and their health), `render` (the render server's two slots: the one answering is called), `generation`
-(one generation across replicas), `request` (what a client's body may be, and what of it an engine gets), `chat`
-(one client request, its resumed stream), `relay` (requests sent as they are to a replica's chat endpoint),
-`messages` (Anthropic's events from chat chunks), `sglang` (SGLang replicas: their token door and SGLang's own
-chat route on the front, kimi_cluster/node/sglang_chat.py), `server` (the HTTP server and the command line).
+replicas and their health), `render` (the render server's two slots: the one answering is called), `generation` (one
+generation across replicas), `request` (what a client's body may be, and what of it an engine gets), `intake` (a
+client's request taken within bounds: the HTTP side SGLang's chat layer serves with too), `chat` (one client
+request, its resumed stream), `relay` (requests sent as they are to a replica's chat endpoint), `messages`
+(Anthropic's events from chat chunks), `sglang` (SGLang replicas: their token door and SGLang's own chat route on
+the front, kimi_cluster/node/sglang_chat.py), `server` (the HTTP server and the command line).
 Standard library only: it runs on the front's own Python.
 """

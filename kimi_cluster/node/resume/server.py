@@ -6,9 +6,9 @@ its listener at once (a new layer can take the port, and Caddy dials that one), 
 took to its end, up to `--drain-s`, and exits 0. So a change of its program or flags cuts no stream
 (kimi_cluster/plan/templates/resume.sh.j2 starts the new one beside the draining one).
 
-Each connection is one client's and stays that client's trouble: its request line, headers and body must all
-come within `--client-timeout-s` of the connection, however slowly they trickle (408 if they do not); the body by a
-Content-Length or chunks that must be numbers (400 naming the header otherwise), and up to `--max-body-bytes`
+Each connection is one client's and stays that client's trouble (intake.py): its request line, headers and body must
+all come within `--client-timeout-s` of the connection, however slowly they trickle (408 if they do not); the body
+by a Content-Length or chunks that must be numbers (400 naming the header otherwise), and up to `--max-body-bytes`
 (413); every write to it must go through within the same timeout, so a client that stops reading ends its own
 request (and its generation) instead of holding this layer. Anything unexpected is a 500 with a one-line message,
 and one line in the log, never a traceback.
@@ -21,35 +21,26 @@ import json
 import selectors
 import signal
 import socket
-import string
 import sys
 import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import chat, wire
 from .generation import Limits
+from .intake import CLIENT_TIMEOUT_S, MAX_BODY, BoundedHandler, BoundedServer
 from .pool import Pool, log
 from .render import RenderServers
-from .request import BadRequest, error_body
+from .request import BadRequest
 
-# What the front's Caddy buffers of a body (kimi_cluster/plan/front_tuning.py, request_buffers: 16MiB): a larger one
-# is not replayed by Caddy either. tests/node/test_resume_input.py holds the two equal.
-MAX_BODY = 16 * 1024 * 1024
-CLIENT_TIMEOUT_S = 60.0  # a client's whole request must arrive, and each write to it go through, within this
 # How long a layer told to stop goes on serving the requests it took: an agent's turn can stream for minutes. The
 # front's step gives the unit this and a margin before systemd kills it (kimi_cluster/plan/resume.py).
 DRAIN_S = 600.0
-HEX = frozenset(string.hexdigits.encode())
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
+class Server(BoundedServer):
     allow_reuse_address = True
     front: chat.Front
-    max_body: int = MAX_BODY
-    client_timeout_s: float = CLIENT_TIMEOUT_S
 
     def server_activate(self) -> None:
         super().server_activate()
@@ -129,47 +120,12 @@ class Server(ThreadingHTTPServer):
             return self.in_flight
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(BoundedHandler):
+    """One client's request (intake.py bounds it), answered by chat.handle; the relay.Client it streams to."""
+
     server: Server
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.client_timeout_s)  # every read and write of this connection
-        self.answered = False
-        # The socket's timeout bounds each read, not the request: a client that sends a byte now and then would
-        # hold this thread for as long as it likes. So the request line, the headers and the body must all have
-        # come within client_timeout_s of the connection; at that deadline the read side is shut (a blocked read
-        # returns) and the request is answered 408. Every answer is Connection: close, one request a connection.
-        self.read_late = False
-        self.read_deadline = threading.Timer(self.server.client_timeout_s, self._stop_reading)
-        self.read_deadline.daemon = True
-        self.read_deadline.start()
-
-    def finish(self) -> None:
-        self.read_deadline.cancel()
-        super().finish()
-
-    def _stop_reading(self) -> None:
-        self.read_late = True
-        try:
-            self.connection.shutdown(socket.SHUT_RD)
-        except OSError:
-            pass  # the client has gone already
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # Caddy logs the requests; this logs only what it does
-        pass
-
     # ---- relay.Client
-
-    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.answered = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
 
     def start_stream(self) -> None:
         self.answered = True
@@ -205,14 +161,14 @@ class Handler(BaseHTTPRequestHandler):
         if path not in chat.ROUTES:
             return self.whole(404, b'{"detail":"Not Found"}')
         try:
-            chat.handle(self.server.front, path, self._body(), self)
+            chat.handle(self.server.front, path, self.body(), self)
         except BadRequest as exc:
             if not self.answered:
                 self.whole(exc.status, exc.body())
         except TimeoutError:
             if not self.answered:
                 log(f"a client's body did not arrive within {self.server.client_timeout_s:g} s")
-                self._last_word(408, f"the request body did not arrive within {self.server.client_timeout_s:g} s")
+                self.last_word(408, f"the request body did not arrive within {self.server.client_timeout_s:g} s")
             else:
                 log(f"a client read nothing for {self.server.client_timeout_s:g} s: its request is ended")
             self.close_connection = True
@@ -220,66 +176,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away: its generation closed with the request
         except Exception as exc:  # noqa: BLE001  # the last word: one line for the log, a short 500 for the client
             log(f"{path}: unexpected {type(exc).__name__}: {exc}")
-            self._last_word(500, f"the resuming layer failed on this request ({type(exc).__name__})")
+            self.last_word(500, f"the resuming layer failed on this request ({type(exc).__name__})")
             self.close_connection = True
-
-    def _last_word(self, status: int, message: str) -> None:
-        """A whole error answer if nothing was answered yet (a stream already going just ends)."""
-        if self.answered:
-            return
-        try:
-            self.whole(status, error_body(status, message))
-        except OSError:
-            pass
-
-    def _body(self) -> bytes:
-        """The request's body, whole within the connection's read deadline (TimeoutError otherwise, a 408)."""
-        try:
-            body = self._read_body()
-        except BadRequest:
-            if self.read_late:  # the deadline shut the read side: the body ended because it was late
-                raise TimeoutError from None
-            raise
-        finally:
-            self.read_deadline.cancel()
-        if self.read_late:
-            raise TimeoutError
-        return body
-
-    def _read_body(self) -> bytes:
-        """The request's body, by its length or its chunks, at most max_body bytes (BadRequest otherwise)."""
-        limit = self.server.max_body
-        too_large = BadRequest(413, f"the request body is larger than {limit} bytes")
-        if "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
-            declared = (self.headers.get("Content-Length") or "0").strip()
-            if not declared.isascii() or not declared.isdigit():
-                raise BadRequest(400, "Content-Length must be a number of bytes", "Content-Length")
-            if int(declared) > limit:
-                raise too_large
-            body = self.rfile.read(int(declared))
-            if len(body) < int(declared):
-                raise BadRequest(400, "the request body ended before its Content-Length", "Content-Length")
-            return body
-        parts: list[bytes] = []
-        size_total = 0
-        while True:
-            line = self.rfile.readline(1024)
-            size_text = line.split(b";")[0].strip()
-            if not line.endswith(b"\n") or not size_text or len(size_text) > 16 or not set(size_text) <= HEX:
-                raise BadRequest(400, "a chunk size must be a hexadecimal number", "Transfer-Encoding")
-            size = int(size_text, 16)
-            if size == 0:
-                for _ in range(100):  # trailers, bounded
-                    if self.rfile.readline(1024) in (b"\r\n", b"\n", b""):
-                        break
-                return b"".join(parts)
-            size_total += size
-            if size_total > limit:
-                raise too_large
-            chunk = self.rfile.read(size)
-            if len(chunk) < size or self.rfile.readline(1024) not in (b"\r\n", b"\n"):
-                raise BadRequest(400, "a chunk ended before its size", "Transfer-Encoding")
-            parts.append(chunk)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
