@@ -471,7 +471,8 @@ def _count() -> int:
     by_class: dict[int, Counter[str]] = {}
     for index, (cls, name, _) in enumerate(CASES):
         try:
-            with tempfile.TemporaryDirectory(prefix="bad-input-3-") as scratch:  # removed here: a child killed at 30 s cannot
+            # The case's scratch, removed here: a child killed at 30 s could not.
+            with tempfile.TemporaryDirectory(prefix="bad-input-3-") as scratch:
                 done = subprocess.run([sys.executable, "-m", "tests.bad_input.test_program_and_cli_refusals", "--one",
                                        str(index), scratch], capture_output=True, text=True, timeout=30,
                                       start_new_session=True)
