@@ -359,7 +359,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 for i, end in pieces(limit, step):
                     if i == limit // 2 and i:
                         self.wfile.flush()  # the first half reaches the client while the rest is held
-                        hub.hold.at_middle()
+                        hub.hold.at_middle(f.path)
                     chunk = data[i:end]
                     edge.wait(len(chunk))
                     hub.client_pace.wait(client, len(chunk), hub.faults.client_bytes_per_second)
@@ -406,9 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chat-model", action="store_true",
                     help="serve the tiny chat model's config, tokenizer and chat template beside the weights "
                          "(kimi_cluster/fakes/tiny_model.py), which a front's vLLM render server reads")
-    ap.add_argument("--hold", action="store_true",
-                    help=f"start held: every file body stops at its middle until a POST to {RELEASE_PATH} "
-                         f"(POST {HOLD_PATH} holds them again)")
+    ap.add_argument("--hold", nargs="?", const="*", metavar="GLOB",
+                    help=f"start held: every file body (or those whose path matches GLOB) stops at its middle until "
+                         f"a POST to {RELEASE_PATH} (POST {HOLD_PATH} holds every one again)")
     ap.add_argument("--log-file", help="append one JSON line per answer: path, status, bytes sent, client address")
     ap.add_argument("--tls-cert", help="serve https with this certificate (PEM; with --tls-key)")
     ap.add_argument("--tls-key", help="the certificate's private key (PEM)")
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
                   log_file=args.log_file, cdn_host=args.cdn_host,
                   tls=(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None)
     if args.hold:
-        hub.hold.hold()
+        hub.hold.hold(args.hold)
     print(f"fake hub serving {args.repo}@{args.revision} at {hub.scheme}://{args.host}:{hub.port}", flush=True)
     try:
         hub.server.serve_forever()

@@ -8,6 +8,7 @@ stalled server, with a Range request, which is held again at its own middle unti
 
 from __future__ import annotations
 
+import fnmatch
 import threading
 
 # The fake's own controls (POST, empty body; not hub routes): hold every file body at its middle, release them.
@@ -23,20 +24,22 @@ class Hold:
         self._released.set()
         self._lock = threading.Lock()
         self.waiting = 0
+        self.only = "*"  # the files held (a glob of their path): a test may let the small ones, config.json, through
 
     @property
     def holding(self) -> bool:
         return not self._released.is_set()
 
-    def hold(self) -> None:
+    def hold(self, only: str = "*") -> None:
+        self.only = only
         self._released.clear()
 
     def release(self) -> None:
         self._released.set()
 
-    def at_middle(self) -> None:
-        """A body at its middle: wait here while held."""
-        if not self.holding:
+    def at_middle(self, path: str) -> None:
+        """The body of the file at `path` at its middle: wait here while held."""
+        if not self.holding or not fnmatch.fnmatchcase(path, self.only):
             return
         with self._lock:
             self.waiting += 1

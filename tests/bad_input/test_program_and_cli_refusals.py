@@ -14,7 +14,8 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pulumi
@@ -58,15 +59,23 @@ def refused(raw: dict, needle: str) -> Callable[[], None]:
     return case
 
 
-def _tmp() -> Path:
-    """A scratch directory, removed when the process ends (the 50 MB stack file is among them)."""
-    import atexit
-    import shutil
-    import tempfile
+# Where _tmp() makes its directories (the 50 MB stack file among them): the running test's tmp_path, or the folder
+# the counting parent gave its child (the parent removes it).
+_SCRATCH: list[Path] = []
 
-    path = Path(tempfile.mkdtemp(prefix="bad-input-3-"))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    _SCRATCH.append(tmp_path)
+    try:
+        yield tmp_path
+    finally:
+        _SCRATCH.remove(tmp_path)
+
+
+def _tmp() -> Path:
+    """A fresh scratch directory for one case."""
+    return Path(tempfile.mkdtemp(dir=_SCRATCH[-1]))
 
 
 def stack_file_refused(lines: dict[str, str], needle: str) -> Callable[[], None]:
@@ -375,7 +384,7 @@ assert len(set(IDS)) == len(IDS), "every case needs its own name"
 
 
 @pytest.mark.parametrize("case", [c for _, _, c in CASES], ids=IDS)
-def test_refused_naming_the_key_or_argument(case):
+def test_refused_naming_the_key_or_argument(case, scratch):
     case()
 
 
@@ -433,11 +442,12 @@ def test_the_program_refuses_a_retry_base_variable(monkeypatch):
 # ---- the count ------------------------------------------------------------------------------------------------------
 
 
-def _run_one(index: int) -> None:
-    """In a child: run case `index`, print its outcome as the last line."""
+def _run_one(index: int, scratch: str) -> None:
+    """In a child: run case `index` with its scratch directories in `scratch`, print its outcome as the last line."""
     import resource
     import traceback
 
+    _SCRATCH.append(Path(scratch))
     resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))  # /dev/zero read whole ends in MemoryError
     try:
         CASES[index][2]()
@@ -461,8 +471,11 @@ def _count() -> int:
     by_class: dict[int, Counter[str]] = {}
     for index, (cls, name, _) in enumerate(CASES):
         try:
-            done = subprocess.run([sys.executable, "-m", "tests.bad_input.test_program_and_cli_refusals", "--one",
-                                   str(index)], capture_output=True, text=True, timeout=30, start_new_session=True)
+            # The case's scratch, removed here: a child killed at 30 s could not.
+            with tempfile.TemporaryDirectory(prefix="bad-input-3-") as scratch:
+                done = subprocess.run([sys.executable, "-m", "tests.bad_input.test_program_and_cli_refusals", "--one",
+                                       str(index), scratch], capture_output=True, text=True, timeout=30,
+                                      start_new_session=True)
             last = (done.stdout.strip().splitlines() or ["OUTCOME traceback (no output)"])[-1]
             outcome = last.split()[1] if last.startswith("OUTCOME") else "traceback"
         except subprocess.TimeoutExpired:
@@ -480,6 +493,6 @@ def _count() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        _run_one(int(sys.argv[2]))
+        _run_one(int(sys.argv[2]), sys.argv[3])
     else:
         sys.exit(_count())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,19 +21,25 @@ from typing import Any
 import anthropic
 import openai
 import pytest
-from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam
 
 from kimi_cluster.checks.tools import TOOLS
 from kimi_cluster.fakes.inference import generate
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
-from kimi_cluster.node.resume import chat, server, wire
+from kimi_cluster.node.resume import chat, wire
 from kimi_cluster.node.resume.generation import Limits
-from kimi_cluster.node.resume.pool import Pool
-from kimi_cluster.node.resume.render import RenderServers
 from tests.engine_parsers.render_server import VENV, render_server
-from tests.node.resume_fixtures import CutProxy, RestartingServer
+from tests.node.resume_fixtures import (
+    QUICK_TO_NOTICE,
+    CutProxy,
+    Recorder,
+    RestartingServer,
+    Served,
+    assembled,
+    layer_over,
+    through_layer,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -62,45 +67,6 @@ def render(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
         yield wire.address(url)
 
 
-class Recorder:
-    """chat.Client keeping the stream's bytes."""
-
-    def __init__(self) -> None:
-        self.status: int | None = None
-        self.data = b""
-
-    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.status, self.data = status, body
-
-    def start_stream(self) -> None:
-        self.status = 200
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def end(self) -> None:
-        pass
-
-
-def assembled(stream: bytes) -> tuple[dict[str, Any], set[str]]:
-    """The completion the openai SDK's accumulator makes of a chat stream, and every tool-call id in its deltas."""
-    state: ChatCompletionStreamState = ChatCompletionStreamState()
-    ids: set[str] = set()
-    for event in stream.split(b"\n\n"):
-        if not event.startswith(b"data: ") or event == b"data: [DONE]":
-            continue
-        chunk = json.loads(event[6:])
-        assert "error" not in chunk, chunk
-        for choice in chunk["choices"]:
-            ids |= {c["id"] for c in choice["delta"].get("tool_calls") or [] if c.get("id")}
-        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
-    final = state.get_final_completion().model_dump()
-    message = final["choices"][0]["message"]
-    for call in message.get("tool_calls") or []:
-        call.pop("id")  # vLLM draws a new one per request: compared for stability within the stream instead
-    return {"message": message, "finish": final["choices"][0]["finish_reason"], "usage": final["usage"]}, ids
-
-
 def answer_of(client: Recorder) -> dict[str, Any]:
     """The assembled message and finish reason of a stream. A tool-only turn's content is "" from `vllm serve`,
     whose first chunk opens with it, and null from vLLM's derender, which sends the role with the first text
@@ -110,16 +76,7 @@ def answer_of(client: Recorder) -> dict[str, Any]:
 
 
 def run(renders: list[tuple[str, int]], body: dict[str, Any], replicas: list[str]) -> Recorder:
-    # A reset is its own news: the health checks only keep a replica that answers them in the pool, slowly enough
-    # that a loaded machine never takes the healthy twin for a lost one.
-    pool = Pool(replicas, interval_s=0.2, timeout_s=5.0, fails=3, passes=2)
-    pool.start()
-    client = Recorder()
-    try:
-        chat.handle(chat.Front(pool, RenderServers(renders), QUICK), chat.CHAT_PATH, json.dumps(body).encode(), client)
-    finally:
-        pool.stop.set()
-    return client
+    return through_layer(renders, body, replicas, QUICK)
 
 
 # A full request through the render server per token: some 3 minutes alone, twice that beside the flows.
@@ -196,24 +153,9 @@ def test_a_replica_without_the_token_api_gets_the_stream_at_its_chat_endpoint(re
 
 
 @pytest.fixture
-def front(render: tuple[str, int]) -> Iterator[tuple[str, CutProxy, CutProxy]]:
-    """The resuming layer's HTTP server over a replica behind a cutting proxy (first in line) and its twin behind
-    one that only records what it relays."""
-    with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
-        proxy, recorder = CutProxy(lost.url, cut_after=None), CutProxy(twin.url, cut_after=None)
-        args = server.parse(["--listen", "127.0.0.1:0", "--render", f"http://{render[0]}:{render[1]}",
-                             "--replica", proxy.url, "--replica", recorder.url, "--silence-s", "0.5",
-                             "--health-interval-s", "0.1", "--health-timeout-s", "0.2", "--health-fails", "1"])
-        front_server = server.build(args)
-        front_server.front.pool.start()
-        threading.Thread(target=front_server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{front_server.server_address[1]}", proxy, recorder
-        finally:
-            front_server.shutdown()
-            front_server.front.pool.stop.set()
-            proxy.close()
-            recorder.close()
+def front(render: tuple[str, int]) -> Iterator[Served]:
+    with layer_over(render, SETTINGS, *QUICK_TO_NOTICE) as served:
+        yield served
 
 
 # vLLM's own request and response models, in the parsers' venv: each JSON line is (model name, payload).

@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import openai
@@ -34,13 +32,19 @@ from kimi_cluster.fakes import tiny_model
 from kimi_cluster.fakes.inference import sglang_door
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
-from kimi_cluster.node.resume import chat, server, wire
+from kimi_cluster.node.resume import wire
 from kimi_cluster.node.resume.generation import Limits
-from kimi_cluster.node.resume.pool import Pool
-from kimi_cluster.node.resume.render import RenderServers
 from tests.engine_parsers.render_server import VENV, require_sglang, sglang_chat_server
-from tests.engine_parsers.test_resume_chat_layer import Recorder, assembled
-from tests.node.resume_fixtures import CutProxy
+from tests.node.resume_fixtures import (
+    QUICK_TO_NOTICE,
+    CutProxy,
+    Recorder,
+    Served,
+    assembled,
+    error_of,
+    layer_over,
+    through_layer,
+)
 
 # A cut after every token of two turns: some 4 minutes on 2 loaded cores.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -68,22 +72,7 @@ def chat_layer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 
 def run(layer: tuple[str, int], body: dict[str, Any], replicas: list[str]) -> Recorder:
-    pool = Pool(replicas, interval_s=0.2, timeout_s=5.0, fails=3, passes=2)
-    pool.start()
-    client = Recorder()
-    try:
-        chat.handle(chat.Front(pool, RenderServers([layer]), QUICK, engine="sglang"), chat.CHAT_PATH,
-                    json.dumps(body).encode(), client)
-    finally:
-        pool.stop.set()
-    return client
-
-
-def error_of(stream: bytes) -> str | None:
-    for event in stream.split(b"\n\n"):
-        if event.startswith(b"data: {") and b'"error"' in event[:20]:
-            return str(json.loads(event[6:])["error"]["message"])
-    return None
+    return through_layer([layer], body, replicas, QUICK, engine="sglang")
 
 
 _VALIDATE = """
@@ -215,39 +204,17 @@ def test_a_tool_call_stream_carries_on_wherever_sglangs_grammar_allows(chat_laye
     assert all("tools section" in wrong[p] for p in at if at[p] >= opened)
 
 
-@contextmanager
-def layer_over(chat_layer: tuple[str, int], *flags: str) -> Iterator[tuple[str, CutProxy, CutProxy]]:
-    """The resuming layer's HTTP server over a replica behind a cutting proxy (first in line) and its twin behind
-    one that only records what it relays."""
-    with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
-        proxy, recorder = CutProxy(lost.url, cut_after=None), CutProxy(twin.url, cut_after=None)
-        args = server.parse(["--listen", "127.0.0.1:0", "--engine", "sglang",
-                             "--render", f"http://{chat_layer[0]}:{chat_layer[1]}",
-                             "--replica", proxy.url, "--replica", recorder.url, *flags])
-        front_server = server.build(args)
-        front_server.front.pool.start()
-        threading.Thread(target=front_server.serve_forever, daemon=True).start()
-        try:
-            yield f"http://127.0.0.1:{front_server.server_address[1]}", proxy, recorder
-        finally:
-            front_server.shutdown()
-            front_server.front.pool.stop.set()
-            proxy.close()
-            recorder.close()
-
-
 @pytest.fixture
-def front(chat_layer: tuple[str, int]) -> Iterator[tuple[str, CutProxy, CutProxy]]:
-    with layer_over(chat_layer, "--silence-s", "0.5", "--health-interval-s", "0.1", "--health-timeout-s", "0.2",
-                    "--health-fails", "1") as served:
+def front(chat_layer: tuple[str, int]) -> Iterator[Served]:
+    with layer_over(chat_layer, SETTINGS, *QUICK_TO_NOTICE) as served:
         yield served
 
 
 @pytest.fixture
-def front_as_deployed(chat_layer: tuple[str, int]) -> Iterator[tuple[str, CutProxy, CutProxy]]:
+def front_as_deployed(chat_layer: tuple[str, int]) -> Iterator[Served]:
     """The layer with the flags the front gives it: its own defaults (2 s of silence, a health check a second,
     two misses)."""
-    with layer_over(chat_layer) as served:
+    with layer_over(chat_layer, SETTINGS) as served:
         yield served
 
 

@@ -12,6 +12,10 @@ does not stop. Its chat endpoint answers a body holding "fail" with 500 too, any
 such a prompt (its text's markers become the tokens above) and derenders each chunk to `<token>` text, and it
 records the size of every call it gets (and answers a render of "malformed" text without its token ids). `layer`
 runs the resuming layer in its own process, as the front does.
+
+Over the engines' real chat layers (tests/engine_parsers: vLLM's render server, SGLang's chat layer): `through_layer`
+sends one chat request through the layer's handler to a `Recorder`, `layer_over` serves the layer's HTTP server over a
+replica behind a cutting proxy and its twin, and `assembled` and `error_of` read what came out.
 """
 
 from __future__ import annotations
@@ -28,6 +32,16 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk
+
+from kimi_cluster.fakes.inference.server import FakeInferenceServer
+from kimi_cluster.fakes.inference.settings import FakeSettings
+from kimi_cluster.node.resume import chat, server
+from kimi_cluster.node.resume.generation import Limits
+from kimi_cluster.node.resume.pool import Pool
+from kimi_cluster.node.resume.render import RenderServers
 
 PROMPT_END = 7
 EOS = 2
@@ -474,3 +488,97 @@ def trickle(sock: socket.socket, every_s: float, declared: int, give_up_s: float
             sent += 1
     return answer, sent
 
+
+# ---- over an engine's real chat layer ------------------------------------------------------------------------------
+
+
+class Recorder:
+    """chat.Client keeping the stream's bytes."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self.data = b""
+
+    def whole(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.status, self.data = status, body
+
+    def start_stream(self) -> None:
+        self.status = 200
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def end(self) -> None:
+        pass
+
+
+def through_layer(renders: list[tuple[str, int]], body: dict[str, Any], replicas: list[str], limits: Limits,
+                  engine: str = "vllm") -> Recorder:
+    """One chat request through the layer's handler, over `renders` (the engine's chat layer) and `replicas`."""
+    # A reset is its own news: the health checks only keep a replica that answers them in the pool, slowly enough
+    # that a loaded machine never takes the healthy twin for a lost one.
+    pool = Pool(replicas, interval_s=0.2, timeout_s=5.0, fails=3, passes=2)
+    pool.start()
+    client = Recorder()
+    try:
+        chat.handle(chat.Front(pool, RenderServers(renders), limits, engine=engine), chat.CHAT_PATH,
+                    json.dumps(body).encode(), client)
+    finally:
+        pool.stop.set()
+    return client
+
+
+# The layer's flags for a test that cuts streams: half a second of silence, and a replica that misses one health
+# check (0.2 s, every 0.1 s) is out of the pool.
+QUICK_TO_NOTICE = ("--silence-s", "0.5", "--health-interval-s", "0.1", "--health-timeout-s", "0.2",
+                   "--health-fails", "1")
+# What layer_over serves: the layer's URL, the cutting proxy in front of the first replica, the twin's recorder.
+Served = tuple[str, CutProxy, CutProxy]
+
+
+@contextmanager
+def layer_over(render: tuple[str, int], settings: FakeSettings, *flags: str) -> Iterator[Served]:
+    """The resuming layer's HTTP server (its engine the fake's) over a replica behind a cutting proxy (first in line)
+    and its twin behind one that only records what it relays."""
+    with FakeInferenceServer(settings) as lost, FakeInferenceServer(settings) as twin:
+        proxy, recorder = CutProxy(lost.url, cut_after=None), CutProxy(twin.url, cut_after=None)
+        args = server.parse(["--listen", "127.0.0.1:0", "--engine", settings.engine,
+                             "--render", f"http://{render[0]}:{render[1]}",
+                             "--replica", proxy.url, "--replica", recorder.url, *flags])
+        front_server = server.build(args)
+        front_server.front.pool.start()
+        threading.Thread(target=front_server.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{front_server.server_address[1]}", proxy, recorder
+        finally:
+            front_server.shutdown()
+            front_server.front.pool.stop.set()
+            proxy.close()
+            recorder.close()
+
+
+def assembled(stream: bytes) -> tuple[dict[str, Any], set[str]]:
+    """The completion the openai SDK's accumulator makes of a chat stream, and every tool-call id in its deltas."""
+    state: ChatCompletionStreamState = ChatCompletionStreamState()
+    ids: set[str] = set()
+    for event in stream.split(b"\n\n"):
+        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+            continue
+        chunk = json.loads(event[6:])
+        assert "error" not in chunk, chunk
+        for choice in chunk["choices"]:
+            ids |= {c["id"] for c in choice["delta"].get("tool_calls") or [] if c.get("id")}
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    final = state.get_final_completion().model_dump()
+    message = final["choices"][0]["message"]
+    for call in message.get("tool_calls") or []:
+        call.pop("id")  # the engine draws a new one per request: compared for stability within the stream instead
+    return {"message": message, "finish": final["choices"][0]["finish_reason"], "usage": final["usage"]}, ids
+
+
+def error_of(stream: bytes) -> str | None:
+    """The message of the stream's error event, if it ended with one."""
+    for event in stream.split(b"\n\n"):
+        if event.startswith(b"data: {") and b'"error"' in event[:20]:
+            return str(json.loads(event[6:])["error"]["message"])
+    return None

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -157,10 +157,11 @@ class SandboxRunner:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
         return Result(proc.returncode, proc.stdout, time.monotonic() - started)
 
-    def start(self, command: str, *args: str) -> subprocess.Popen:
-        """In the background, in its own session (as a user's terminal would hold it)."""
+    def start(self, command: str, *args: str, output: IO[str] | int = subprocess.PIPE) -> subprocess.Popen:
+        """In the background, in its own session (as a user's terminal would hold it); its output to `output` (a
+        file where the test reads nothing until it ends: a pipe no one reads stops a talkative command)."""
         return subprocess.Popen(self.argv(command, *args), cwd=REPO_ROOT, env=self.environment(), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
     def record(self) -> dict:
         path = self.workdir / "sandbox.json"

@@ -67,13 +67,18 @@ def _ca(run, outputs: dict[str, Any]) -> Path:
     return path
 
 
-def _billed(run) -> float:
+def _bills(run) -> list[dict[str, Any]]:
+    """The GPU VMs' rows of the emulator's billing history."""
     url = run.record()["emulator_url"]
     key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
     body = requests.get(url + "/billing/billing/history/virtual-machine", params={"search": "kimi-sandbox"},
                         headers={"api_key": key}, timeout=10).json()
-    return sum(r["metrics"]["incurred_bill"] for r in body["billing_history_vm"]["billing_history"]
-               if r["attributes"]["resource_name"].startswith("kimi-sandbox-node"))
+    return [r for r in body["billing_history_vm"]["billing_history"]
+            if r["attributes"]["resource_name"].startswith("kimi-sandbox-node")]
+
+
+def _billed(run) -> float:
+    return sum(r["metrics"]["incurred_bill"] for r in _bills(run))
 
 
 @contextmanager
@@ -140,7 +145,9 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
             return now.get("starts", 0) > unit.get("starts", 1) and now.get("pid") != unit["pid"]
 
         wait_for("the caretaker's restart", restarted, 60)
-        time.sleep(6)  # a few requests to the restarted caretaker
+        # A few requests served after the restart: the count below covers them, so the restarted caretaker counts.
+        at_restart = served[0]
+        wait_for("three requests served after the restart", lambda: served[0] >= at_restart + 3, 60, interval=0.5)
     last_request = time.monotonic()
     assert served[0] >= 8 and failed[0] <= 2, (served, failed)
     # Every POST that was served is counted once, across the restart, and no GET (status, the readiness wait) is.
@@ -245,7 +252,9 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
     assert all(code in (200, 503) for code in codes), codes
     assert _gpu_vms(run) == [], "the budget did not stop the cluster"
     assert warned and "budget" in warned[0], "no /health warning at 80 %"
-    time.sleep(2)  # the emulator's bill closes with the delete
+    # Every bill closed (the emulator ends one at the DELETE): what is billed now is final.
+    wait_for("the GPU VMs' bills to close", lambda: all(
+        r["attributes"]["status"] == "DELETED" for r in _bills(run)), 30, interval=0.5)
     billed = _billed(run)
     over_minutes = (billed - budget) / RATE_USD_PER_MINUTE
     log = (head_dir / "var/log/kimi-cluster/caretaker.log").read_text()

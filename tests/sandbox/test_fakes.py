@@ -319,17 +319,51 @@ def test_hook_runs_sglangs_chat_layer_from_the_mounted_program_with_the_named_py
     monkeypatch.setenv("FAKE_NODE_ROOT", str(tmp_path))
     monkeypatch.delenv("FAKE_SGLANG_PYTHON", raising=False)
     with pytest.raises(engine_hook.HookError, match="FAKE_SGLANG_PYTHON"):
-        engine_hook.sglang_chat_plan(engine_hook.parse_run(argv[2:]))
+        engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
     python = tmp_path / "python3"
     python.write_text("#!/bin/sh\n")
     python.chmod(0o755)
     monkeypatch.setenv("FAKE_SGLANG_PYTHON", str(python))
-    planned = engine_hook.sglang_chat_plan(engine_hook.parse_run(argv[2:]))
+    planned = engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
     assert planned is not None
     server_argv, env, name = planned
     assert name == "kimi-render" and server_argv[:3] == [str(python), "-m", "kimi_cluster.node.sglang_chat"]
     assert server_argv[server_argv.index("--port") + 1] == "20081"
     assert env["PYTHONPATH"] == str(tmp_path / "state/sglang-chat-program")
     assert env["HF_HOME"] == str(tmp_path / "hf") and env["HF_TOKEN"] == "hf_secret"
-    # Not the chat layer: vLLM's render server and the engine are the other plans'.
-    assert engine_hook.sglang_chat_plan(engine_hook.parse_run(_docker_argv("h100x4-sglang", 0)[2:])) is None
+    # The engine is not a render container: its plan is the fake server.
+    assert engine_hook.render_plan(engine_hook.parse_run(_docker_argv("h100x4-sglang", 0)[2:])) is None
+
+
+def test_hook_runs_vllms_render_server_with_the_named_vllm(monkeypatch, tmp_path) -> None:
+    """The front's `docker run` of vLLM's render server, as the resume step words it: the image's `vllm` becomes
+    FAKE_VLLM, the hub cache the mount's host folder, and the container's own environment comes along."""
+    from kimi_cluster.blueprint.inputs import resume_inputs
+    from kimi_cluster.plan import resume
+    from kimi_cluster.plan.jinja import shell_words
+    from tests.node.conftest import make_settings
+
+    layer = resume_inputs(make_settings("b300x1-vllm", replicas="2"))
+    env_file = tmp_path / "render.env"
+    env_file.write_text("HF_TOKEN=hf_secret\n")
+    words = shell_words(resume.render_docker_argv(layer, str(env_file), str(tmp_path / "hf")))
+    shell_env = {"PATH": os.environ["PATH"], "RENDER_NAME": "kimi-render", "RENDER_PORT": "20081",
+                 "FINGERPRINT": "f" * 16}
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], env=shell_env, capture_output=True,
+                          text=True, check=True).stdout.split("\0")[:-1]
+    monkeypatch.setenv("FAKE_NODE_ROOT", str(tmp_path))
+    monkeypatch.delenv("FAKE_VLLM", raising=False)
+    with pytest.raises(engine_hook.HookError, match="vLLM's render server needs a real vLLM: set FAKE_VLLM"):
+        engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
+    vllm = tmp_path / "vllm"
+    vllm.write_text("#!/bin/sh\n")
+    vllm.chmod(0o755)
+    monkeypatch.setenv("FAKE_VLLM", str(vllm))
+    planned = engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
+    assert planned is not None
+    server_argv, env, name = planned
+    assert name == "kimi-render" and server_argv[:3] == [str(vllm), "launch", "render"]
+    assert server_argv[server_argv.index("--port") + 1] == "20081"
+    assert env["HF_HOME"] == str(tmp_path / "hf") and env["HF_TOKEN"] == "hf_secret"
+    assert env["VLLM_TARGET_DEVICE"] == "cpu"
+    assert engine_hook.render_plan(engine_hook.parse_run(_docker_argv("b300x1-vllm", 0)[2:])) is None

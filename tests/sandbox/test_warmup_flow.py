@@ -8,20 +8,52 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import time
 
 import pytest
 
+from kimi_cluster.fakes.hub import RELEASE_PATH
 from kimi_cluster.operator.timeline_report import bars_from_state
+from kimi_cluster.plan.warmup import RESULT_FILE
 from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB
 
-from .conftest import engine_log, leftover_processes, ok, report
+from .conftest import COMMAND_TIMEOUT_S, Result, engine_log, hub_stats, leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(900)]
 
 COMPILE_SECONDS = 10
 COMPILING = {COMPILE_SECONDS_KNOB: str(COMPILE_SECONDS)}
-# The sandbox's fake shards (16 KB each) at this rate per stream: a download of about 11 s, longer than the compile.
-SLOW_HUB = ("--hub-bytes-per-second", "1500")
+# The hub holds every shard's body at its middle (kimi_cluster/fakes/hub_hold.py) and lets config.json and the
+# tokenizer through, which the warm-up reads: the download is under way for as long as the warm-up takes, and
+# up_beside_a_held_download releases it once the warm-up has its outcome. A condition, where a throttled hub's rate
+# was a guess at how long a loaded machine compiles.
+HOLD_SHARDS = "--hold *.safetensors"
+
+
+def warm_up_outcomes(workdir) -> list[str]:
+    """Each node's warm-up outcome so far (kimi_cluster/plan/warmup.py RESULT_FILE): done, skipped, started, failed."""
+    return [p.read_text().split(" ", 1)[0] for p in workdir.glob(f"nodes/*/var/lib/kimi-cluster/{RESULT_FILE}")]
+
+
+def up_beside_a_held_download(run, *args: str) -> Result:
+    """`up` in the background; once the head's warm-up is done or has failed while a shard is still held mid-body,
+    the hub's release; then the up's end."""
+    log = run.workdir.parent / f"{run.workdir.name}-up.log"
+    started = time.monotonic()
+    with log.open("w") as output:
+        driver = run.start("up", *args, output=output)
+        try:
+            wait_for("the warm-up's outcome while the download is held", lambda: (run.workdir / "sandbox.json").exists()
+                     and {"done", "failed"} & set(warm_up_outcomes(run.workdir))
+                     and hub_stats(run.workdir)["held"] > 0, COMMAND_TIMEOUT_S, interval=0.5)
+            assert hub_stats(run.workdir, RELEASE_PATH) == {"holding": False}
+            driver.wait(timeout=COMMAND_TIMEOUT_S)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+    return Result(driver.returncode, log.read_text(), time.monotonic() - started)
 
 
 def warmup_log(workdir) -> str:
@@ -43,8 +75,8 @@ def marks(run) -> dict[tuple[int, str], tuple[float, float]]:
 
 
 def test_the_warm_up_compiles_beside_the_download_and_one_that_times_out_falls_back_to_a_cold_launch(sandbox):
-    run = sandbox(env=COMPILING)
-    warmed = run("up", "--topology", "b300x1-vllm", "--config", "kernelWarmup=true", *SLOW_HUB)
+    run = sandbox(env=COMPILING, hub_args=HOLD_SHARDS)
+    warmed = up_beside_a_held_download(run, "--topology", "b300x1-vllm", "--config", "kernelWarmup=true")
     ok(warmed)
     warmup = run.step_output("kimi-node0-warmup")
     assert "warming up from its shapes" in warmup and "kernel warm-up done in" in warmup, warmup
@@ -54,7 +86,8 @@ def test_the_warm_up_compiles_beside_the_download_and_one_that_times_out_falls_b
     assert "the engine finds its kernels compiled" in run.step_output("kimi-node0-launch")
     log = engine_log(run.workdir)
     assert "all 6 kernels found in the cache; no compile" in log and "compiling" not in log
-    # Beside the download: the warm-up started before the weights were all on disk.
+    # Beside the download: the warm-up had its outcome while a shard was held mid-body (up_beside_a_held_download
+    # waited on that), and its step started before the weights step ended.
     steps = marks(run)
     assert steps[(0, "warmup")][0] < steps[(0, "weights")][1], steps
     assert containers(run, "kimi-warmup") == []  # removed, its GPUs handed back
@@ -62,8 +95,8 @@ def test_the_warm_up_compiles_beside_the_download_and_one_that_times_out_falls_b
 
     # A warm-up that cannot finish in its time: a WARNING, the GPUs handed back, a cold launch that still serves.
     timing = json.dumps({"warmupTimeoutS": 3})
-    cold = run("up", "--topology", "b300x1-vllm", "--config", "kernelWarmup=true", "--config",
-               f"nodeTiming={timing}", *SLOW_HUB)
+    cold = up_beside_a_held_download(run, "--topology", "b300x1-vllm", "--config", "kernelWarmup=true", "--config",
+                                     f"nodeTiming={timing}")
     out = ok(cold)
     warmup = run.step_output("kimi-node0-warmup")
     assert "WARNING: kernel warm-up:" in warmup and "the launch starts cold" in warmup, warmup
@@ -75,12 +108,12 @@ def test_the_warm_up_compiles_beside_the_download_and_one_that_times_out_falls_b
     ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
     report(f"b300x1-vllm kernel warm-up: up with the warm-up {warmed.seconds:.1f} s, up after a warm-up that timed "
-           f"out {cold.seconds:.1f} s (fake compile {COMPILE_SECONDS} s, download about 11 s)")
+           f"out {cold.seconds:.1f} s (fake compile {COMPILE_SECONDS} s, the download held until the warm-up's end)")
 
 
 def test_sglangs_ranks_run_the_compile_tool_together_and_the_head_waits_for_the_group(sandbox):
-    run = sandbox(env=COMPILING)
-    up = run("up", "--topology", "h100x4-sglang", "--config", "kernelWarmup=true", *SLOW_HUB)
+    run = sandbox(env=COMPILING, hub_args=HOLD_SHARDS)
+    up = up_beside_a_held_download(run, "--topology", "h100x4-sglang", "--config", "kernelWarmup=true")
     ok(up)
     head = run.step_output("kimi-node0-warmup")
     assert "kernel warm-up done in" in head, head

@@ -78,3 +78,22 @@ def test_a_held_body_stops_at_its_middle_until_released_then_arrives_whole() -> 
         with pytest.raises(urllib.error.HTTPError) as refused:
             _post(hub, "/_fake/pause")
         assert refused.value.code == 404
+
+
+def test_a_hold_of_the_shards_lets_the_small_files_through() -> None:
+    """`--hold '*.safetensors'`: config.json arrives whole at once (what a kernel warm-up reads of a model) while a
+    shard's body waits at its middle."""
+    files = tiny_repo(1)
+    shard = next(f for f in files if f.path.endswith(".safetensors"))
+    config = next(f for f in files if f.path == "config.json")
+    with FakeHub(REPO, REVISION, files) as hub:
+        hub.hold.hold("*.safetensors")
+        with urllib.request.urlopen(f"{hub.url}/{REPO}/resolve/{REVISION}/config.json", timeout=30) as answer:
+            assert answer.read() == config.data
+        with urllib.request.urlopen(f"{hub.url}/{REPO}/resolve/{REVISION}/{shard.path}", timeout=60) as answer:
+            assert answer.read(len(shard.data) // 2) == shard.data[: len(shard.data) // 2]
+            _wait_for("the shard held at its middle", lambda: _stats(hub)["held"] == 1)
+            # POST HOLD_PATH holds every file again; the release lets the shard finish.
+            assert _post(hub, HOLD_PATH) == {"holding": True} and hub.hold.only == "*"
+            assert _post(hub, RELEASE_PATH) == {"holding": False}
+            assert answer.read() == shard.data[len(shard.data) // 2:]

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SHELLS = {"sh", "bash", "dash"}
@@ -271,48 +272,50 @@ def proxy_plan(run: dict) -> tuple[list[str], dict[str, str], str, str] | None:
     return [binary, *command[1:]], env, name, cwd
 
 
+class RenderContainer(NamedTuple):
+    """A container of the front's resuming layer that the hook runs for real: the host executable named by
+    `executable_env` stands in for the image's `program`, and `mounted_env` variables, container paths, become the
+    mounts' host paths."""
+
+    what: str
+    program: str  # a pattern the command's first word's basename matches whole
+    subcommand: tuple[str, str]  # the two words after it
+    executable_env: str
+    needs: str  # what that variable must name, for the error
+    mounted_env: tuple[str, ...]
+
+
+RENDER_CONTAINERS = (
+    RenderContainer("vLLM's render server", "vllm", ("launch", "render"), "FAKE_VLLM",
+                    "a real vLLM: set FAKE_VLLM to its `vllm` executable", ("HF_HOME", "XDG_CACHE_HOME")),
+    RenderContainer("SGLang's chat layer", "python.*", ("-m", "kimi_cluster.node.sglang_chat"), "FAKE_SGLANG_PYTHON",
+                    "a Python with SGLang 0.5.23: set FAKE_SGLANG_PYTHON to it", ("HF_HOME", "PYTHONPATH")),
+)
+
+
 def render_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
-    """(argv, env, name) for a container whose command is `vllm launch render ...`, else None."""
+    """(argv, env, name) for a container of RENDER_CONTAINERS (`vllm launch render ...`, `python3 -m
+    kimi_cluster.node.sglang_chat ...`), else None: its executable the host's, its mounted paths the host's."""
     command = ([run["entrypoint"]] if run["entrypoint"] else []) + list(run["command"])
-    if len(command) < 3 or os.path.basename(command[0]) != "vllm" or command[1:3] != ["launch", "render"]:
+    program = os.path.basename(command[0]) if command else ""
+    kind = next((k for k in RENDER_CONTAINERS
+                 if re.fullmatch(k.program, program) and tuple(command[1:3]) == k.subcommand), None)
+    if kind is None:
         return None
-    binary = os.environ.get("FAKE_VLLM", "")
+    binary = os.environ.get(kind.executable_env, "")
     if not binary or not os.access(binary, os.X_OK):
-        raise HookError("vLLM's render server needs a real vLLM: set FAKE_VLLM to its `vllm` executable (the "
-                        "engines' parsers venv has one: bash tests/engine_parsers/install.sh)")
+        raise HookError(f"{kind.what} needs {kind.needs} (the engines' parsers venv has one: "
+                        "bash tests/engine_parsers/install.sh)")
     name = run["name"] or "container"
     env = {k: v for k, v in os.environ.items() if k not in KEY_ENV_NAMES}
     container = container_env(run)
     scratch = node_root() / "var/lib/fake-node/docker/layers" / name
-    for key in ("HF_HOME", "XDG_CACHE_HOME"):
+    for key in kind.mounted_env:
         if container.get(key):
             container[key] = host_path(run, container[key], scratch)
     env.update(container)
     env.setdefault("HF_HOME", host_path(run, CONTAINER_HOME_CACHE + "/huggingface", scratch))
     return [binary, *command[1:]], env, name
-
-
-def sglang_chat_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
-    """(argv, env, name) for a container whose command is `python3 -m kimi_cluster.node.sglang_chat ...`, else None:
-    the image's Python becomes FAKE_SGLANG_PYTHON, its PYTHONPATH and HF_HOME the mounts' host paths."""
-    command = ([run["entrypoint"]] if run["entrypoint"] else []) + list(run["command"])
-    if len(command) < 3 or not os.path.basename(command[0]).startswith("python") \
-            or command[1:3] != ["-m", "kimi_cluster.node.sglang_chat"]:
-        return None
-    python = os.environ.get("FAKE_SGLANG_PYTHON", "")
-    if not python or not os.access(python, os.X_OK):
-        raise HookError("SGLang's chat layer needs a Python with SGLang 0.5.23: set FAKE_SGLANG_PYTHON to it (the "
-                        "engines' parsers venv has one: bash tests/engine_parsers/install.sh)")
-    name = run["name"] or "container"
-    env = {k: v for k, v in os.environ.items() if k not in KEY_ENV_NAMES}
-    container = container_env(run)
-    scratch = node_root() / "var/lib/fake-node/docker/layers" / name
-    for key in ("HF_HOME", "PYTHONPATH"):
-        if container.get(key):
-            container[key] = host_path(run, container[key], scratch)
-    env.update(container)
-    env.setdefault("HF_HOME", host_path(run, CONTAINER_HOME_CACHE + "/huggingface", scratch))
-    return [python, *command[1:]], env, name
 
 
 def exec_in(run_args: list[str], command: list[str]) -> int:
@@ -334,7 +337,7 @@ def main(args: list[str]) -> int:
     try:
         run = parse_run(args)
         proxy = proxy_plan(run)
-        render = render_plan(run) or sglang_chat_plan(run)
+        render = render_plan(run)
         if proxy is not None:
             argv, env, name, cwd = proxy
             os.chdir(cwd)
