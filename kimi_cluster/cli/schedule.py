@@ -32,16 +32,13 @@ def say(line: str) -> None:
 
 def _timeline_seconds(driver: Any) -> float | None:
     """The stack's last bring-up as its GPU nodes' step marks show it (kimi-cluster timeline's bars)."""
-    from kimi_cluster.operator.timeline_report import bars_from_state
+    from kimi_cluster.operator.timeline_report import bringup_seconds
 
     try:
         export = driver.stack.export_stack()
-        bars = [b for b in bars_from_state({"deployment": export.deployment}) if b.group != "front" and b.end]
+        return bringup_seconds({"deployment": export.deployment})
     except Exception:  # noqa: BLE001  # no export (CommandError), or one of another shape (TimelineError): the model
         return None
-    if not bars:
-        return None
-    return (max(b.end for b in bars if b.end) - min(b.start for b in bars)).total_seconds()
 
 
 def _schedule_lines(command: str, poll_minutes: int, stack: str, folder: str) -> dict[str, str]:

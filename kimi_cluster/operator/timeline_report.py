@@ -145,6 +145,21 @@ def bars_from_state(doc: dict[str, Any]) -> list[Bar]:
     return sorted(latest.values(), key=lambda b: (b.row, b.start))
 
 
+# The caretaker's step (kimi_cluster/plan/steps/table.py) arms the stop once the endpoint is ready: no part of
+# bringing it up, and run again by any up that changes only its config (the schedule, the budget, the idle time).
+NOT_BRINGUP_STEPS = frozenset({"caretaker"})
+
+
+def bringup_seconds(doc: dict[str, Any]) -> float | None:
+    """The stack's last bring-up as its GPU nodes' step marks show it, from the first step's start to the last one's
+    end; None when no step has ended. Neither the front's steps nor the caretaker's count: an up that only changed
+    the schedule runs the caretaker's again, and would stretch the bring-up to its end. The scheduler's lead before
+    any scheduled up was measured (kimi_cluster/operator/scheduler.py)."""
+    bars = [b for b in bars_from_state(doc) if b.group != "front" and b.step not in NOT_BRINGUP_STEPS and b.end]
+    if not bars:
+        return None
+    return (max(b.end for b in bars if b.end) - min(b.start for b in bars)).total_seconds()
+
 def table(bars: list[Bar]) -> str:
     if not bars:
         return "no step marks found (were the commands run by this version of the node scripts?)"

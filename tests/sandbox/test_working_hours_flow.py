@@ -2,9 +2,14 @@
 front (the caretaker on the front, which stays and answers the 503), kimi-cluster:schedule on the sandbox's test
 clock (schedule.testClockEpoch: one sandbox minute is one second, so an hour's window is a minute long).
 
-- `kimi-cluster schedule` (the scheduler, a process of its own) starts an up one bring-up ahead of the first window
-  (the stack is up already: its up creates nothing) and its verify passes before the window opens; the endpoint
-  answers at the window's start;
+The windows are placed from what the flow's own bring-up measured, not from a guess: the stack comes up with a
+schedule whose windows are hours of the test clock away; then `pulumi config set` moves them as a user would (the
+scheduler's first up applies it), the first one bring-up's wall time away and the second the scheduler's own lead
+(--margin times the measured bring-up, from the stack's timeline) after the first one's stop.
+
+- `kimi-cluster schedule` (the scheduler, a process of its own) starts an up ahead of the first window (the stack
+  is up already: its up creates nothing) and its verify passes before the window opens; the endpoint answers at the
+  window's start;
 - at the window's end the caretaker deletes both replicas within a poll or two; the front answers 503 with the
   next window's start as Retry-After;
 - the scheduler brings the replicas back ahead of the next window; killed in the middle of that up and started
@@ -15,6 +20,7 @@ clock (schedule.testClockEpoch: one sandbox minute is one second, so an hour's w
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -28,6 +34,9 @@ from typing import Any
 import pytest
 import requests
 
+from kimi_cluster.operator.scheduler import Record, Timing
+from kimi_cluster.operator.scheduler import lead as scheduler_lead
+from kimi_cluster.operator.timeline_report import bringup_seconds
 from kimi_cluster.sandbox.pulumi_cli import PulumiCli, toolchain_bin
 
 from .conftest import leftover_processes, ok, report, wait_for
@@ -36,7 +45,12 @@ pytestmark = [pytest.mark.flow, pytest.mark.timeout(1800)]
 
 GPU = ["kimi-sandbox-node0", "kimi-sandbox-r1-node0"]
 FRONT = "kimi-sandbox-front"
-MARGIN = "3"  # the lead is 4 bring-ups: the killed up's recovery (cancel, refresh) and its second up fit in it
+POLL_S = 1
+MARGIN = 2.0  # the lead is 3 bring-ups: the killed up's start, recovery (its pulumi ended, cancel, refresh), second
+# up (every step of both replicas) and verify took 1.4 and 2.1 of the 42-s bring-up (load average 2, then 7)
+WINDOW_S = 20  # the first window (20 test-clock minutes): the ask at its start has this long, its whole timeout
+STOP_S = 20  # after its end, the caretaker's stop (a poll or two are its promise; 20 are allowed) before the lead
+LAST_WINDOW_S = 300  # the second window, to the day's end, outlasts the flow (ask, status, destroy) by far at least
 
 
 def _test_clock(now: float) -> tuple[float, datetime]:
@@ -68,7 +82,7 @@ def _scheduler(run, log: Path) -> subprocess.Popen:
     """`kimi-cluster schedule` in the cluster's project folder, in a session of its own (a killed scheduler leaves
     its pulumi behind, as a crash would)."""
     argv = [str(Path(sys.executable).with_name("kimi-cluster")), "schedule", "--stack", "sandbox",
-            "--poll-seconds", "1", "--margin", MARGIN, "--retry-seconds", "2",
+            "--poll-seconds", str(POLL_S), "--margin", str(MARGIN), "--retry-seconds", "2",
             "--state-dir", str(run.workdir / "scheduler")]
     return subprocess.Popen(argv, cwd=run.workdir / "projects" / "cluster", env=_env(run), stdout=log.open("a"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -87,37 +101,66 @@ def _up_for(run, opens: float) -> dict[str, Any] | None:
     return next((u for u in _record(run).get("ups") or [] if u.get("opening") == key), None)
 
 
-def _ask(outputs: dict[str, Any], ca: Path) -> requests.Response:
-    return requests.post(outputs["openai_base_url"] + "/chat/completions", timeout=30, verify=str(ca),
+def _ask(outputs: dict[str, Any], ca: Path, timeout: float = 30) -> requests.Response:
+    return requests.post(outputs["openai_base_url"] + "/chat/completions", timeout=timeout, verify=str(ca),
                          headers={"Authorization": f"Bearer {outputs['api_key']}"},
                          json={"model": outputs["served_model_name"], "max_tokens": 8,
                                "messages": [{"role": "user", "content": "What is 2 + 2?"}]})
 
 
+def _schedule(epoch: float, day: datetime, windows: list[tuple[int, int]]) -> dict[str, Any]:
+    """kimi-cluster:schedule with windows on `day` as minutes of its test clock."""
+    weekday = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"][day.weekday()]
+    return {"timeZone": "UTC", "testClockEpoch": epoch, "windows": [
+        {"days": [weekday], "start": f"{w[0] // 60:02d}:{w[0] % 60:02d}", "end": f"{w[1] // 60:02d}:{w[1] % 60:02d}"}
+        for w in windows]}
+
+
+def _bringup(run) -> float:
+    """The sandbox's bring-up as the scheduler reads it when no scheduled up was measured yet: the timeline in the
+    stack's export (`pulumi stack export`, as the Automation API gives it to the scheduler)."""
+    export = subprocess.run([str(toolchain_bin() / "pulumi"), "stack", "export", "--stack", "sandbox"],
+                            cwd=run.workdir / "projects" / "cluster", env=_env(run), capture_output=True, text=True,
+                            timeout=120)
+    assert export.returncode == 0, export.stderr
+    seconds = bringup_seconds(json.loads(export.stdout))
+    assert seconds, "no step marks in the bring-up's timeline"
+    return seconds
+
+
 def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_after(sandbox) -> None:
     run = sandbox()
     epoch, day = _test_clock(time.time())
-    first = (day.replace(hour=9), day.replace(hour=10))  # schedule time; each hour is a real minute
-    second = (day.replace(hour=16), day.replace(hour=17))
-    weekday = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"][day.weekday()]
-    schedule = {"timeZone": "UTC", "testClockEpoch": epoch, "windows": [
-        {"days": [weekday], "start": f"{w[0]:%H:%M}", "end": f"{w[1]:%H:%M}"} for w in (first, second)]}
-    timing = json.dumps({"pollSeconds": 1, "minuteSeconds": 1})
+    # Windows 8 and 15 hours of the test clock away (8 and 15 minutes): the stack comes up long before them.
+    later = _schedule(epoch, day, [(9 * 60, 10 * 60), (16 * 60, 17 * 60)])
+    timing = json.dumps({"pollSeconds": POLL_S, "minuteSeconds": 1})
     up = run("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", f"caretakerTiming={timing}",
-             "--config", f"schedule={json.dumps(schedule)}")
+             "--config", f"schedule={json.dumps(later)}")
     ok(up)
     outputs = run.outputs()
     assert outputs["caretaker_vm"] == FRONT and outputs["schedule"]["clock"]["scale"] == 60
     ca = run.workdir / "endpoint-ca.crt"
     ca.write_text(outputs["ca_certificate"])
-    opens = [_real(epoch, w[0]) for w in (first, second)]
-    closes = [_real(epoch, w[1]) for w in (first, second)]
-    assert time.time() < opens[0] - 60, "the first up outlasted the time before the first window"
 
     plan = subprocess.run([str(Path(sys.executable).with_name("kimi-cluster")), "plan", "--stack", "sandbox"],
                           cwd=run.workdir / "projects" / "cluster", env=_env(run), capture_output=True, text=True,
                           timeout=120)
     assert "2 of 168 hours a week, in UTC" in plan.stdout and "all week" in plan.stdout, plan.stdout + plan.stderr
+
+    # The windows moved near, from what this bring-up measured (the sandbox's `up --config`, which keeps the
+    # schedule for `status` too). The first opens one bring-up's wall time from now: in it, that up changes the
+    # caretaker's config on the front, and the scheduler's first up changes nothing and verifies. The second opens
+    # the scheduler's own lead after the first one's stop, so its up begins once the stop is done.
+    lead, lead_from = scheduler_lead(Record(run.workdir / "scheduler"), _bringup(run), 0.0, Timing(POLL_S, MARGIN))
+    epoch, day = _test_clock(time.time())  # 01:00 now: minute 60 of the day
+    first_minutes = (60 + math.ceil(up.seconds), 60 + math.ceil(up.seconds) + WINDOW_S)
+    second_minutes = (first_minutes[1] + STOP_S + math.ceil(lead), 24 * 60)  # to 24:00, the day's end
+    assert second_minutes[0] + LAST_WINDOW_S <= 24 * 60, f"the windows do not fit in a day: {second_minutes}"
+    opens = [_real(epoch, day.replace(hour=m[0] // 60, minute=m[0] % 60)) for m in (first_minutes, second_minutes)]
+    closes = [_real(epoch, day.replace(hour=first_minutes[1] // 60, minute=first_minutes[1] % 60))]
+    moved = run("up", "--config", f"schedule={json.dumps(_schedule(epoch, day, [first_minutes, second_minutes]))}")
+    ok(moved)
+    assert "0 created" in moved.output, moved.output
 
     log = run.workdir / "scheduler.log"
     scheduler = _scheduler(run, log)
@@ -125,13 +168,16 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
         # The first window: the scheduler's up (nothing to create) and verify, before it opens.
         entry = wait_for("the first window's scheduled up", lambda: _up_for(run, opens[0]), opens[0] - time.time())
         assert entry["outcome"] == "ok" and entry["verified"] and entry["ready_before_open"], (entry, log.read_text())
+        # The scheduler's lead is the one the windows were placed by: the up that moved them left the bring-up as
+        # the timeline measures it.
+        assert f"(lead {lead / 60:.1f} min: {lead_from})" in log.read_text(), (lead, lead_from, log.read_text())
         _until("the first window to open", opens[0])
-        assert _ask(outputs, ca).status_code == 200
+        assert _ask(outputs, ca, timeout=WINDOW_S).status_code == 200  # answered before the window's end
         assert _gpu_vms(run) == GPU
 
         # Its end: the caretaker deletes both replicas; the front answers 503 with the next window's start.
         _until("the first window to close", closes[0])
-        wait_for("the stop at the window's end", lambda: _gpu_vms(run) == [], 60, interval=0.2)
+        wait_for("the stop at the window's end", lambda: _gpu_vms(run) == [], STOP_S, interval=0.2)
         stopped_after = time.time() - closes[0]
         closed = _ask(outputs, ca)
         assert closed.status_code == 503, closed.text
@@ -170,10 +216,12 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
     assert "was not finished (the scheduler was stopped)" in text, text
     assert "emulator: nothing left" in ok(run("destroy"))
     assert leftover_processes(run.workdir) == []
-    report(f"working hours flow (2 x b300x1-vllm, 1-s minutes): up {up.seconds:.1f} s; first window's up done "
-           f"{opens[0] - _ts(_up_for(run, opens[0])['ended']):.1f} s before it opened; replicas deleted "
-           f"{stopped_after:.1f} s after it closed; second window's up (killed once at {killed_at - opens[1]:+.1f} s, "
-           f"restarted) done {opens[1] - _ts(_up_for(run, opens[1])['ended']):.1f} s before it opened")
+    report(f"working hours flow (2 x b300x1-vllm, 1-s minutes): up {up.seconds:.1f} s, windows moved by an up of "
+           f"{moved.seconds:.1f} s; lead {lead:.0f} s "
+           f"({lead_from}); first window's up done {opens[0] - _ts(_up_for(run, opens[0])['ended']):.1f} s before "
+           f"it opened; replicas deleted {stopped_after:.1f} s after it closed; second window's up (killed once at "
+           f"{killed_at - opens[1]:+.1f} s, restarted) done {opens[1] - _ts(_up_for(run, opens[1])['ended']):.1f} s "
+           "before it opened")
 
 
 def _until(what: str, moment: float) -> None:

@@ -91,3 +91,15 @@ def test_replicas_get_one_lane_group_each_and_the_front_its_own(tmp_path):
     out = tmp_path / "t.svg"
     timeline_report.draw(bars, str(out))
     assert "replica 1 node0" in out.read_text() and "front" in timeline_report.table(bars)
+
+
+def test_the_bring_up_is_the_gpu_nodes_steps_and_a_later_caretaker_run_does_not_stretch_it():
+    """The scheduler's lead before any scheduled up is this span: an up that changed only the schedule runs the
+    caretaker's step again (on the front with replicas, on the head without), hours after the bring-up."""
+    from kimi_cluster.plan.steps.table import NAMES
+
+    assert timeline_report.NOT_BRINGUP_STEPS <= set(NAMES)
+    later = [command("kimi-caretaker", marks(0, "caretaker", "15:00:00.000", "15:00:05.000")),
+             command("kimi-front-proxy", marks(0, "proxy", "07:59:00.000", "09:00:00.000"))]
+    assert timeline_report.bringup_seconds({"deployment": {"resources": DOC + later}}) == 420.0
+    assert timeline_report.bringup_seconds({"deployment": {"resources": later}}) is None
