@@ -160,6 +160,7 @@ def bringup_seconds(doc: dict[str, Any]) -> float | None:
         return None
     return (max(b.end for b in bars if b.end) - min(b.start for b in bars)).total_seconds()
 
+
 def table(bars: list[Bar]) -> str:
     if not bars:
         return "no step marks found (were the commands run by this version of the node scripts?)"
