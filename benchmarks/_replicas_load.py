@@ -24,6 +24,9 @@ TOOL_TASK = "What is the weather in Tokyo? Use the tool."
 # (kimi_cluster/node/sglang_chat.py, `resume`): SGLang 0.5.23 restarts a tool turn's structural tag at a resumed
 # request's first token, so such a stream ends with an error event naming this, by design.
 CUT_IN_TOOLS = "the cut fell inside the tools section"
+# And because the cut fell part way into a stop string, the end of reasoning or the tools opening, which the twin
+# would not see whole (the same `resume`): refused by design too, and counted apart as well.
+CUT_IN_MARKER = "the cut fell part way into"
 
 
 def tool_turn_tokens() -> int:
@@ -60,6 +63,7 @@ class Tally:
     # Streams the resuming layer refused to carry on because their cut fell inside the tools section (CUT_IN_TOOLS):
     # neither cut by a fault nor wrong, and not counted in streams_cut.
     refused_in_tools: list[str] = field(default_factory=list)
+    refused_in_marker: list[str] = field(default_factory=list)  # likewise, for CUT_IN_MARKER
     open_streams: int = 0
     streams_wrong: list[str] = field(default_factory=list)
     # The first completed stream of each kind, which every later one must equal (the fake engines answer a prompt
@@ -181,8 +185,10 @@ def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: int | None) 
         which = "streams_cut" if chunks else "stream_refused"
         if chunks and CUT_IN_TOOLS in str(exc):
             which = "refused_in_tools"
-        # The layer's reason comes last in its message: a refusal in the tools section keeps it.
-        shown = str(exc)[:320] if which == "refused_in_tools" else str(exc)[:160]
+        elif chunks and CUT_IN_MARKER in str(exc):
+            which = "refused_in_marker"
+        # The layer's reason comes last in its message: a refusal by design keeps it.
+        shown = str(exc)[:160] if which in ("streams_cut", "stream_refused") else str(exc)[:320]
         tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {shown}")
     finally:
         tally.add(open_streams=-1)

@@ -23,7 +23,8 @@ prints:
   engines' whole tool turn, reasoning and tools section up to EOS (`_replicas_load.tool_turn_tokens`);
 - streams the front's resuming layer refused to carry on because their cut fell inside the tools section (SGLang
   0.5.23 restarts a tool turn's structural tag at a resumed request's first token): each ends with an error event
-  saying so, and is counted here, not in the cut or wrong streams;
+  saying so, and is counted here, not in the cut or wrong streams; so are those refused because their cut fell part
+  way into a stop string, the end of reasoning or the tools opening (SGLang's layer: the twin would not see it whole);
 - seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
   replica's address and engine port the moment its VM is gone and records every request line that reaches it from
   the front's private address (any other sender is listed apart); the front's active health probes (GET /health)
@@ -213,6 +214,8 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "streamed_tool_turn_max_tokens": tool_turn_tokens(),
         "streams_refused_resume_in_tools": len(tally.refused_in_tools),
         "refused_resume_in_tools": tally.refused_in_tools[:10],
+        "streams_refused_resume_part_way_into_a_marker": len(tally.refused_in_marker),
+        "refused_resume_part_way_into_a_marker": tally.refused_in_marker[:10],
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
         "health_probes_to_lost_replica": len(probes),
@@ -243,6 +246,9 @@ def format_figures(f: dict[str, Any]) -> str:
         "tool turn)",
         f"{'streams refused resume: cut inside the tools section':<52} {f['streams_refused_resume_in_tools']} "
         "(SGLang restarts a tool turn's structural tag at a resumed request's first token)",
+        f"{'streams refused resume: cut part way into a marker':<52} "
+        f"{f['streams_refused_resume_part_way_into_a_marker']} (a stop string, the end of reasoning or the tools "
+        "opening, which the twin would not see whole)",
         f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "
         f"({f['requests_reaching_lost_replica_after_reclaim']} requests reached it after the reclaim; "
         f"{f['health_probes_to_lost_replica']} health probes)",
@@ -253,6 +259,7 @@ def format_figures(f: dict[str, Any]) -> str:
     lines += [f"  cut: {x}" for x in f["cut"]] + [f"  wrong: {x}" for x in f["wrong"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
     lines += [f"  refused resume in the tools section: {x}" for x in f["refused_resume_in_tools"]]
+    lines += [f"  refused resume part way into a marker: {x}" for x in f["refused_resume_part_way_into_a_marker"]]
     lines += [f"  reached the lost replica at {x}" for x in f["reaching_lost_replica"]]
     lines += [f"  not from the front, at {x}" for x in f["connections_from_elsewhere"]]
     return "\n".join(lines)

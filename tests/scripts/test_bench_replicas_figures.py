@@ -137,10 +137,11 @@ def test_a_streamed_tool_turns_budget_is_the_fakes_whole_tool_turn_up_to_eos():
 def test_the_refusal_the_bench_counts_apart_is_the_one_sglangs_chat_layer_sends():
     from pathlib import Path
 
-    from benchmarks._replicas_load import CUT_IN_TOOLS
+    from benchmarks._replicas_load import CUT_IN_MARKER, CUT_IN_TOOLS
     from kimi_cluster.node import sglang_chat
 
-    assert CUT_IN_TOOLS in Path(sglang_chat.__file__).read_text()
+    source = Path(sglang_chat.__file__).read_text()
+    assert CUT_IN_TOOLS in source and CUT_IN_MARKER in source
 
 
 class _Client:
@@ -175,7 +176,7 @@ def _error_event(message):
     return openai.APIError(message, httpx2.Request("POST", "https://front/v1/chat/completions"), body=None)
 
 
-def test_streamed_tool_calls_and_refusals_in_the_tools_section_are_counted_apart_from_cuts():
+def test_streamed_tool_calls_and_refusals_by_design_are_counted_apart_from_cuts():
     from benchmarks._replicas_load import Tally, _stream
 
     tally = Tally()
@@ -188,8 +189,12 @@ def test_streamed_tool_calls_and_refusals_in_the_tools_section_are_counted_apart
     _stream(_Client(whole[:2], _error_event(refusal)), "kimi", tally, tools=441)
     _stream(_Client(whole[:1], _error_event("the replica serving this stream was lost (reset)")), "kimi", tally,
             tools=441)
-    assert (tally.tool_streams_started, tally.tool_streams_called, tally.streams_done) == (4, 1, 2)
+    marker = ("the replica serving this stream was lost after 330 tokens, and the stream cannot be resumed exactly: "
+              "the cut fell part way into '<|close|>tools<|sep|>', which the twin would not see whole")
+    _stream(_Client(whole[:1], _error_event(marker)), "kimi", tally, tools=441)
+    assert (tally.tool_streams_started, tally.tool_streams_called, tally.streams_done) == (5, 1, 2)
     assert len(tally.refused_in_tools) == 1 and "structural tag" in tally.refused_in_tools[0]
+    assert len(tally.refused_in_marker) == 1 and "would not see whole" in tally.refused_in_marker[0]
     assert len(tally.streams_cut) == 1 and "reset" in tally.streams_cut[0]
     # The stream that stopped by length before its call differs from the first of its kind: that is wrong.
     assert len(tally.streams_wrong) == 1
