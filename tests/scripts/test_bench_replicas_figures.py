@@ -158,6 +158,15 @@ class _Client:
             raise self.error
 
 
+def _client(chunks, error=None):
+    """A _Client, typed as the SDK's client _stream takes (it uses its `chat.completions.create` only)."""
+    from typing import cast
+
+    import openai
+
+    return cast(openai.OpenAI, _Client(chunks, error))
+
+
 def _chunk(reasoning="", call=None, finish=None):
     from openai.types.chat import ChatCompletionChunk
 
@@ -181,17 +190,17 @@ def test_streamed_tool_calls_and_refusals_by_design_are_counted_apart_from_cuts(
 
     tally = Tally()
     whole = [_chunk("thinking"), _chunk(call="get_weather"), _chunk(finish="tool_calls")]
-    _stream(_Client(whole), "kimi", tally, tools=441)
-    _stream(_Client([_chunk("thinking"), _chunk(finish="length")]), "kimi", tally, tools=441)  # no call reached
+    _stream(_client(whole), "kimi", tally, tools=441)
+    _stream(_client([_chunk("thinking"), _chunk(finish="length")]), "kimi", tally, tools=441)  # no call reached
     refusal = ("the replica serving this stream was lost after 380 tokens, and the stream cannot be resumed exactly: "
                "the cut fell inside the tools section, and SGLang restarts the tool turn's structural tag at a "
                "resumed request's first token")
-    _stream(_Client(whole[:2], _error_event(refusal)), "kimi", tally, tools=441)
-    _stream(_Client(whole[:1], _error_event("the replica serving this stream was lost (reset)")), "kimi", tally,
+    _stream(_client(whole[:2], _error_event(refusal)), "kimi", tally, tools=441)
+    _stream(_client(whole[:1], _error_event("the replica serving this stream was lost (reset)")), "kimi", tally,
             tools=441)
     marker = ("the replica serving this stream was lost after 330 tokens, and the stream cannot be resumed exactly: "
               "the cut fell part way into '<|close|>tools<|sep|>', which the twin would not see whole")
-    _stream(_Client(whole[:1], _error_event(marker)), "kimi", tally, tools=441)
+    _stream(_client(whole[:1], _error_event(marker)), "kimi", tally, tools=441)
     assert (tally.tool_streams_started, tally.tool_streams_called, tally.streams_done) == (5, 1, 2)
     assert len(tally.refused_in_tools) == 1 and "structural tag" in tally.refused_in_tools[0]
     assert len(tally.refused_in_marker) == 1 and "would not see whole" in tally.refused_in_marker[0]
