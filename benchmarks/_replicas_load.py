@@ -20,6 +20,27 @@ import openai
 from kimi_cluster.checks.tools import TOOL_IMPLS, TOOLS
 
 TOOL_TASK = "What is the weather in Tokyo? Use the tool."
+# How the front's resuming layer says it refused to carry a stream on because the cut fell inside its tools section
+# (kimi_cluster/node/sglang_chat.py, `resume`): SGLang 0.5.23 restarts a tool turn's structural tag at a resumed
+# request's first token, so such a stream ends with an error event naming this, by design.
+CUT_IN_TOOLS = "the cut fell inside the tools section"
+# And because the cut fell part way into a stop string, the end of reasoning or the tools opening, which the twin
+# would not see whole (the same `resume`): refused by design too, and counted apart as well.
+CUT_IN_MARKER = "the cut fell part way into"
+
+
+def tool_turn_tokens() -> int:
+    """The fake engines' whole tool turn for TOOL_TASK in tokens (reasoning at the template's default effort, the
+    tools section, EOS), as both token doors generate it (kimi_cluster/fakes/inference/generate.py): the budget a
+    streamed tool turn needs to reach its call and finish with `tool_calls`."""
+    from kimi_cluster.fakes import tiny_model
+    from kimi_cluster.fakes.inference.compose import compose_reply
+    from kimi_cluster.fakes.inference.generate import xtml
+    from kimi_cluster.fakes.inference.settings import DEFAULT_EFFORT, FakeSettings
+
+    names = [tool["function"]["name"] for tool in TOOLS if "function" in tool]
+    reply = compose_reply([{"role": "user", "content": TOOL_TASK}], names, DEFAULT_EFFORT, FakeSettings())
+    return len(tiny_model.encode(xtml(reply)))
 
 
 @dataclass
@@ -35,6 +56,14 @@ class Tally:
     stream_refused: list[str] = field(default_factory=list)
     trips_started: int = 0
     trips_done: int = 0
+    # Streamed tool turns: started, and those that finished with `tool_calls` and a named call (the non-streamed
+    # round trips are counted apart, in trips_*).
+    tool_streams_started: int = 0
+    tool_streams_called: int = 0
+    # Streams the resuming layer refused to carry on because their cut fell inside the tools section (CUT_IN_TOOLS):
+    # neither cut by a fault nor wrong, and not counted in streams_cut.
+    refused_in_tools: list[str] = field(default_factory=list)
+    refused_in_marker: list[str] = field(default_factory=list)  # likewise, for CUT_IN_MARKER
     open_streams: int = 0
     streams_wrong: list[str] = field(default_factory=list)
     # The first completed stream of each kind, which every later one must equal (the fake engines answer a prompt
@@ -115,17 +144,17 @@ def _round_trip(client: openai.OpenAI, model: str, tally: Tally) -> None:
     tally.note("failed", "tool round trip: still calling tools after 4 turns")
 
 
-def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> None:
-    """One streamed turn, assembled: plain text, or (tools) reasoning and a tool call, each tool call's id the
-    same in every chunk that names one."""
+def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: int | None) -> None:
+    """One streamed turn, assembled: plain text, or (with `tools`, its budget in tokens) reasoning and a tool call,
+    each tool call's id the same in every chunk that names one."""
     chunks, times, started = 0, [], time.monotonic()
     text: dict[str, str] = {"content": "", "reasoning": ""}
     calls: dict[int, dict[str, Any]] = {}
     finish = None
-    tally.add(streams_started=1, open_streams=1)
+    tally.add(streams_started=1, open_streams=1, tool_streams_started=1 if tools else 0)
     try:
         stream = client.chat.completions.create(
-            model=model, stream=True, max_tokens=256,
+            model=model, stream=True, max_tokens=tools or 256,
             messages=[{"role": "user", "content": TOOL_TASK if tools else "Tell me about Kimi."}],
             tools=TOOLS if tools else openai.omit)
         for chunk in stream:
@@ -149,23 +178,33 @@ def _stream(client: openai.OpenAI, model: str, tally: Tally, tools: bool) -> Non
         got = (text["content"], text["reasoning"], finish,
                [(c["name"], c["arguments"], len(c["ids"])) for _, c in sorted(calls.items())])
         tally.check("tool-call stream" if tools else "stream", got, times or [started], started)
+        if tools and finish == "tool_calls" and any(c["name"] for c in calls.values()):
+            tally.add(tool_streams_called=1)
     except openai.OpenAIError as exc:
         # Before the first chunk the front could still have sent it elsewhere: that one is a refused request.
         which = "streams_cut" if chunks else "stream_refused"
-        tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {str(exc)[:160]}")
+        if chunks and CUT_IN_TOOLS in str(exc):
+            which = "refused_in_tools"
+        elif chunks and CUT_IN_MARKER in str(exc):
+            which = "refused_in_marker"
+        # The layer's reason comes last in its message: a refusal by design keeps it.
+        shown = str(exc)[:160] if which in ("streams_cut", "stream_refused") else str(exc)[:320]
+        tally.note(which, f"after {chunks} chunks: {type(exc).__name__}: {shown}")
     finally:
         tally.add(open_streams=-1)
 
 
 def run_load(base_url: str, key: str, ca_file: str, model: str, chats: int, stop: threading.Event,
              tally: Tally) -> list[threading.Thread]:
+    tool_budget = tool_turn_tokens()
+
     def worker(index: int) -> None:
         client = client_for(base_url, key, ca_file)
         while not stop.is_set():
             if index % 2 == 0:
                 _round_trip(client, model, tally)
             else:  # every other stream worker streams a tool call with its reasoning
-                _stream(client, model, tally, tools=index % 4 == 3)
+                _stream(client, model, tally, tools=tool_budget if index % 4 == 3 else None)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(chats)]
     for t in threads:

@@ -18,7 +18,13 @@ prints:
 - `longest_resume_gap_s`: of the streams open at the loss, the longest wait for a chunk from the loss on (across the
   cut: a stream carried on on the twin waits for its first chunk from there);
 - generations the front's resuming layer carried on on the twin (its log);
-- tool-call round trips completed of those started;
+- tool-call round trips completed of those started (non-streamed);
+- streamed tool turns that finished with their call (`tool_calls`) of those started: their `max_tokens` is the fake
+  engines' whole tool turn, reasoning and tools section up to EOS (`_replicas_load.tool_turn_tokens`);
+- streams the front's resuming layer refused to carry on because their cut fell inside the tools section (SGLang
+  0.5.23 restarts a tool turn's structural tag at a resumed request's first token): each ends with an error event
+  saying so, and is counted here, not in the cut or wrong streams; so are those refused because their cut fell part
+  way into a stop string, the end of reasoning or the tools opening (SGLang's layer: the twin would not see it whole);
 - seconds from the reclaim until the front sent its last request to the lost replica. An observer takes the lost
   replica's address and engine port the moment its VM is gone and records every request line that reaches it from
   the front's private address (any other sender is listed apart); the front's active health probes (GET /health)
@@ -42,7 +48,7 @@ from typing import Any
 
 from benchmarks._args import interrupt_on_sigterm, number_problem, workdir_problem
 from benchmarks._replicas_front import Observer, front_tries, generations_on, resume_log_lines, resume_log_sizes
-from benchmarks._replicas_load import start_load
+from benchmarks._replicas_load import start_load, tool_turn_tokens
 from benchmarks._replicas_noisy import format_noisy, measure_noisy
 from benchmarks._replicas_rolling import format_rolling, measure_rolling
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig
@@ -203,6 +209,13 @@ def measure(sandbox: Sandbox, args: argparse.Namespace, log: io.StringIO) -> dic
         "carried_on_by_the_twin": len(carried), "carried": carried[:10],
         "longest_resume_gap_s": round(max(tally.resume_gaps, default=0.0), 2),
         "tool_round_trips_started": tally.trips_started, "tool_round_trips_completed": tally.trips_done,
+        "streamed_tool_turns_started": tally.tool_streams_started,
+        "streamed_tool_calls_completed": tally.tool_streams_called,
+        "streamed_tool_turn_max_tokens": tool_turn_tokens(),
+        "streams_refused_resume_in_tools": len(tally.refused_in_tools),
+        "refused_resume_in_tools": tally.refused_in_tools[:10],
+        "streams_refused_resume_part_way_into_a_marker": len(tally.refused_in_marker),
+        "refused_resume_part_way_into_a_marker": tally.refused_in_marker[:10],
         "requests_reaching_lost_replica_after_reclaim": len(proxied),
         "seconds_until_front_sends_nothing_more": round(max((t for t, _ in proxied), default=0.0), 2),
         "health_probes_to_lost_replica": len(probes),
@@ -227,7 +240,15 @@ def format_figures(f: dict[str, Any]) -> str:
         f"{'generations the front carried on on the twin':<52} {f['carried_on_by_the_twin']} "
         f"({f['generating_on_lost_replica_at_reclaim']} generating on the lost replica at the reclaim)",
         f"{'tool-call round trips completed / started':<52} {f['tool_round_trips_completed']} / "
-        f"{f['tool_round_trips_started']}",
+        f"{f['tool_round_trips_started']} (non-streamed)",
+        f"{'streamed tool turns: finished with a call / started':<52} {f['streamed_tool_calls_completed']} / "
+        f"{f['streamed_tool_turns_started']} (max_tokens {f['streamed_tool_turn_max_tokens']}, the fake's whole "
+        "tool turn)",
+        f"{'streams refused resume: cut inside the tools section':<52} {f['streams_refused_resume_in_tools']} "
+        "(SGLang restarts a tool turn's structural tag at a resumed request's first token)",
+        f"{'streams refused resume: cut part way into a marker':<52} "
+        f"{f['streams_refused_resume_part_way_into_a_marker']} (a stop string, the end of reasoning or the tools "
+        "opening, which the twin would not see whole)",
         f"{'seconds until the front sends nothing more to it':<52} {f['seconds_until_front_sends_nothing_more']} "
         f"({f['requests_reaching_lost_replica_after_reclaim']} requests reached it after the reclaim; "
         f"{f['health_probes_to_lost_replica']} health probes)",
@@ -237,6 +258,8 @@ def format_figures(f: dict[str, Any]) -> str:
     lines += [f"  failed: {x}" for x in f["failures"]]
     lines += [f"  cut: {x}" for x in f["cut"]] + [f"  wrong: {x}" for x in f["wrong"]]
     lines += [f"  refused: {x}" for x in f["refused"]]
+    lines += [f"  refused resume in the tools section: {x}" for x in f["refused_resume_in_tools"]]
+    lines += [f"  refused resume part way into a marker: {x}" for x in f["refused_resume_part_way_into_a_marker"]]
     lines += [f"  reached the lost replica at {x}" for x in f["reaching_lost_replica"]]
     lines += [f"  not from the front, at {x}" for x in f["connections_from_elsewhere"]]
     return "\n".join(lines)

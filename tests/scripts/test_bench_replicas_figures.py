@@ -117,3 +117,93 @@ def test_the_phases_of_each_kind_are_summed_and_set_side_by_side():
     arrivals = next(line for line in text.splitlines() if line.startswith("engine arrivals"))
     assert arrivals.split()[-2:] == ["+0", "+1"]  # 20 begun of 20 sent; 23 begun of 22 sent
     assert "500 x 2, 503 x 5" in text and "100.0 / 99.0" in text and "how each figure is taken" in text
+
+
+def test_a_streamed_tool_turns_budget_is_the_fakes_whole_tool_turn_up_to_eos():
+    """The fake's token door, given the bench's tool prompt as the chat layer renders it, generates exactly the
+    budget the bench streams tool turns with, its tools section inside it and EOS its last token."""
+    from benchmarks._replicas_load import TOOL_TASK, tool_turn_tokens
+    from kimi_cluster.checks.tools import TOOLS
+    from kimi_cluster.fakes import tiny_model
+    from kimi_cluster.fakes.inference import generate
+    from kimi_cluster.fakes.inference.settings import FakeSettings
+
+    prompt = tiny_model.encode(tiny_model.render([{"role": "user", "content": TOOL_TASK}], TOOLS, None))
+    turn, done = generate.continuation(prompt, FakeSettings())
+    assert done == 0 and len(turn) == tool_turn_tokens() and turn[-1] == tiny_model.EOS_ID
+    assert "<|open|>call tool=" in tiny_model.decode(turn)
+
+
+def test_the_refusal_the_bench_counts_apart_is_the_one_sglangs_chat_layer_sends():
+    from pathlib import Path
+
+    from benchmarks._replicas_load import CUT_IN_MARKER, CUT_IN_TOOLS
+    from kimi_cluster.node import sglang_chat
+
+    source = Path(sglang_chat.__file__).read_text()
+    assert CUT_IN_TOOLS in source and CUT_IN_MARKER in source
+
+
+class _Client:
+    """Stands in for openai.OpenAI: `create` streams the given chunks, then raises `error` if one is given."""
+
+    def __init__(self, chunks, error=None):
+        self.chunks, self.error = chunks, error
+        self.chat = self
+        self.completions = self
+
+    def create(self, **_body):
+        yield from self.chunks
+        if self.error is not None:
+            raise self.error
+
+
+def _client(chunks, error=None):
+    """A _Client, typed as the SDK's client _stream takes (it uses its `chat.completions.create` only)."""
+    from typing import cast
+
+    import openai
+
+    return cast(openai.OpenAI, _Client(chunks, error))
+
+
+def _chunk(reasoning="", call=None, finish=None):
+    from openai.types.chat import ChatCompletionChunk
+
+    delta = {"role": "assistant", "reasoning": reasoning}
+    if call is not None:
+        delta["tool_calls"] = [{"index": 0, "id": "get_weather:0", "function": {"name": call, "arguments": "{}"}}]
+    return ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "kimi",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def _error_event(message):
+    import httpx2
+    import openai
+
+    return openai.APIError(message, httpx2.Request("POST", "https://front/v1/chat/completions"), body=None)
+
+
+def test_streamed_tool_calls_and_refusals_by_design_are_counted_apart_from_cuts():
+    from benchmarks._replicas_load import Tally, _stream
+
+    tally = Tally()
+    whole = [_chunk("thinking"), _chunk(call="get_weather"), _chunk(finish="tool_calls")]
+    _stream(_client(whole), "kimi", tally, tools=441)
+    _stream(_client([_chunk("thinking"), _chunk(finish="length")]), "kimi", tally, tools=441)  # no call reached
+    refusal = ("the replica serving this stream was lost after 380 tokens, and the stream cannot be resumed exactly: "
+               "the cut fell inside the tools section, and SGLang restarts the tool turn's structural tag at a "
+               "resumed request's first token")
+    _stream(_client(whole[:2], _error_event(refusal)), "kimi", tally, tools=441)
+    _stream(_client(whole[:1], _error_event("the replica serving this stream was lost (reset)")), "kimi", tally,
+            tools=441)
+    marker = ("the replica serving this stream was lost after 330 tokens, and the stream cannot be resumed exactly: "
+              "the cut fell part way into '<|close|>tools<|sep|>', which the twin would not see whole")
+    _stream(_client(whole[:1], _error_event(marker)), "kimi", tally, tools=441)
+    assert (tally.tool_streams_started, tally.tool_streams_called, tally.streams_done) == (5, 1, 2)
+    assert len(tally.refused_in_tools) == 1 and "structural tag" in tally.refused_in_tools[0]
+    assert len(tally.refused_in_marker) == 1 and "would not see whole" in tally.refused_in_marker[0]
+    assert len(tally.streams_cut) == 1 and "reset" in tally.streams_cut[0]
+    # The stream that stopped by length before its call differs from the first of its kind: that is wrong.
+    assert len(tally.streams_wrong) == 1
