@@ -2,8 +2,9 @@
 so the caretaker runs on the head and deletes itself last). The sandbox's minute is a second
 (kimi_cluster/sandbox/kimi.py
 SANDBOX_MINUTE_SECONDS, kimi-cluster:caretakerTiming): idleStopMinutes 15 is 15 s, and the emulator bills the
-b300's $59.20 an hour as $0.99 a (one-second) minute. The idle flows shorten the caretaker's minute to three
-seconds only (IDLE_MINUTE_S): its idle clock starts when the endpoint first serves, before the up has returned.
+b300's $59.20 an hour as $0.99 a (one-second) minute. The caretaker's idle clock starts when the endpoint first
+serves, before the up has returned: so the idle flows send their requests from the moment the endpoint serves,
+while the up still runs, as a user waiting on it would.
 
 - traffic keeps the cluster up past its idle time; then, idle, it is stopped: the GPU VM is deleted, the
   environment and keypair stay; `up` alone (no refresh) brings it back and `verify` passes; the caretaker, killed,
@@ -17,9 +18,10 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,14 +29,16 @@ from typing import Any
 import pytest
 import requests
 
+from kimi_cluster.plan.proxy import CA_FILE, KEY_FILE
 from kimi_cluster.sandbox.services import SANDBOX_MINUTE_SECONDS
 
-from .conftest import COMMAND_TIMEOUT_S, leftover_processes, ok, report, wait_for
+from .conftest import COMMAND_TIMEOUT_S, Result, leftover_processes, ok, report, wait_for
 
 pytestmark = [pytest.mark.flow, pytest.mark.timeout(900)]
 
 HEAD = "kimi-sandbox-node0"
-IDLE_MINUTE_S = 3  # the idle flow's sandbox minute (kimi-cluster:caretakerTiming minuteSeconds)
+FRONT = "kimi-sandbox-front"
+IDLE_MINUTE_S = SANDBOX_MINUTE_SECONDS  # the idle flows' minute (kimi-cluster:caretakerTiming minuteSeconds)
 RATE_USD_PER_MINUTE = 59.20 / 60  # the b300's pricebook rate, billed per (sandbox) minute
 
 
@@ -81,20 +85,75 @@ def _billed(run) -> float:
     return sum(r["metrics"]["incurred_bill"] for r in _bills(run))
 
 
+Endpoint = tuple[dict[str, Any], Path]  # outputs-like (openai_base_url, api_key), and the CA's file
+
+
+def _endpoint_on(run, vm: str) -> Endpoint | None:
+    """The endpoint on that VM as a client reaches it while the up that builds it still runs (the stack's outputs come
+    only at its end), or None until its proxy step has written its files: the VM's address from the emulator's API,
+    the port the sandbox picked, the API key and the CA from the proxy's files on the VM's disk."""
+    record = run.record()
+    if not record.get("emulator_url"):
+        return None
+    key = (run.workdir / "secrets" / "hyperstack_api_key").read_text().strip()
+    body = requests.get(record["emulator_url"] + "/core/virtual-machines", params={"search": vm},
+                        headers={"api_key": key}, timeout=10).json()
+    address = next((v["floating_ip"] for v in body["instances"] if v["name"] == vm and v["floating_ip"]), None)
+    proxy = run.workdir / "nodes" / str(address) / "etc/kimi-cluster/proxy"
+    if address is None or not (proxy / KEY_FILE).exists() or not (proxy / CA_FILE).exists():
+        return None
+    url = f"https://{address}:{record['api_port']}"
+    return {"endpoint_url": url, "openai_base_url": url + "/v1", "api_key": (proxy / KEY_FILE).read_text().strip()}, \
+        proxy / CA_FILE
+
+
+def _serving(found: Endpoint | None) -> Endpoint | None:
+    """That endpoint with its served model's name once it answers /v1/models (a GET: the caretaker counts none)."""
+    if found is None:
+        return None
+    endpoint, ca = found
+    try:
+        answer = requests.get(endpoint["openai_base_url"] + "/models", timeout=10, verify=str(ca),
+                              headers={"Authorization": f"Bearer {endpoint['api_key']}"})
+    except requests.RequestException:
+        return None
+    if answer.status_code != 200:
+        return None
+    return {**endpoint, "served_model_name": answer.json()["data"][0]["id"]}, ca
+
+
 @contextmanager
-def _traffic(run, outputs: dict[str, Any], ca: Path) -> Iterator[tuple[list[int], list[int]]]:
-    """A request every 2 s in the background while the block runs: ([served], [failed]) so far."""
-    served, failed, stop = [0], [0], threading.Event()
+def _traffic(run, endpoint: Callable[[], Endpoint | None],
+             settle: bool = True) -> Iterator[tuple[list[int], list[int]]]:
+    """A request every 2 s in the background while the block runs, from when the endpoint serves: ([served],
+    [failed]) so far, every request's answer in when the block ends (unless `settle` is False: for a block that
+    ends in a destroy, where a request cut off by its VM's delete would wait out its timeout, and no count is read).
+    Each request goes in its own thread, so that a slow answer on a loaded machine puts off no later one (an idle
+    time of 15 one-second minutes leaves room for nothing else)."""
+    served, failed, stop, lock = [0], [0], threading.Event(), threading.Lock()
+    sent: list[threading.Thread] = []
+
+    def one(outputs: dict[str, Any], ca: Path) -> None:
+        try:
+            answered = _ask(run, outputs, ca) == 200
+        except requests.RequestException:
+            answered = False  # it may still have reached the proxy: counted or not
+        with lock:
+            (served if answered else failed)[0] += 1
 
     def send() -> None:
-        while not stop.is_set():
+        target = None
+        while target is None and not stop.is_set():
             try:
-                if _ask(run, outputs, ca) == 200:
-                    served[0] += 1
-                else:
-                    failed[0] += 1
-            except requests.RequestException:
-                failed[0] += 1  # it may still have reached the proxy: counted or not
+                target = _serving(endpoint())
+            except (OSError, ValueError, KeyError):
+                target = None  # the emulator or the VM's disk is not there yet
+            if target is None:
+                stop.wait(0.5)
+        while target is not None and not stop.is_set():
+            request = threading.Thread(target=one, args=target, daemon=True)
+            request.start()
+            sent.append(request)
             stop.wait(2)
 
     sender = threading.Thread(target=send, daemon=True)
@@ -104,32 +163,46 @@ def _traffic(run, outputs: dict[str, Any], ca: Path) -> Iterator[tuple[list[int]
     finally:
         stop.set()
         sender.join(60)
+        for request in sent if settle else ():
+            request.join(60)
+
+
+def _finished(driver: subprocess.Popen, started: float) -> Result:
+    """The up started in the background, once it has ended."""
+    try:
+        out, _ = driver.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    return Result(driver.returncode, out, time.monotonic() - started)
 
 
 def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     run = sandbox()
-    # Three-second minutes: 45 s of idle time, while the real rule (at least 15 minutes) stays the one refused and
-    # reported. The idle clock starts when the endpoint first serves, and the test's first request can only follow
-    # the rest of the up and the read of its outputs: on 2 loaded cores (load average 25) that took over 30 s, and
-    # two-second minutes let the caretaker stop the cluster before the test had asked it anything.
+    # One-second minutes: 15 s of idle time, while the real rule (at least 15 minutes) stays the one refused and
+    # reported. The idle clock starts when the endpoint first serves, before the up has returned and its outputs can be
+    # read (on 2 loaded cores that took over 30 s): so requests go to the head from the moment it serves, while the up
+    # still runs, in the background, so that nothing the test does meanwhile (reading the step's output, status, the
+    # kill: on a loaded machine each can take long) leaves the endpoint idle. A new caretaker counts every POST its
+    # proxy has logged (its first look reads the access log from the start), so the count starts at 0.
     timing = json.dumps({"pollSeconds": 1, "minuteSeconds": IDLE_MINUTE_S})
-    up = run("up", "--topology", "b300x1-vllm", "--config", "idleStopMinutes=15", "--config",
-             f"caretakerTiming={timing}")
-    ok(up)
-    outputs = run.outputs()
-    ca = _ca(run, outputs)
-
-    # Traffic keeps it up: a request every 2 s from here until the idle phase, in the background, so that nothing
-    # the test does meanwhile (reading the step's output, status, the kill: on a loaded machine each can take long)
-    # leaves the endpoint idle.
-    wait_for("the caretaker's idle clock", lambda: _caretaker_state(run).get("served_since"), 30)
-    base = _caretaker_state(run)["requests"]
-    with _traffic(run, outputs, ca) as (served, failed):
+    started = time.monotonic()
+    driver = run.start("up", "--topology", "b300x1-vllm", "--config", "idleStopMinutes=15", "--config",
+                       f"caretakerTiming={timing}")
+    with _traffic(run, lambda: _endpoint_on(run, HEAD)) as (served, failed):
+        up = _finished(driver, started)
+        ok(up)
+        outputs = run.outputs()
+        # The traffic went to the stack's own endpoint, with its key and its CA.
+        early = _endpoint_on(run, HEAD)
+        assert early is not None and early[0]["openai_base_url"] == outputs["openai_base_url"]
+        assert early[0]["api_key"] == outputs["api_key"] and early[1].read_text() == outputs["ca_certificate"]
+        wait_for("the caretaker's idle clock", lambda: _caretaker_state(run).get("served_since"), 30)
         assert outputs["idle_stop_minutes"] == 15 and outputs.get("budget_usd") is None
         assert "caretaker running: idle stop after 15 min" in run.step_output("kimi-caretaker")
-        time.sleep(1.5 * 15 * IDLE_MINUTE_S)  # half again the idle time
+        time.sleep(1.5 * 15 * IDLE_MINUTE_S)  # half again the idle time, since the idle clock began
         assert _gpu_vms(run) == [HEAD]
-        assert _caretaker_state(run)["requests"] >= base + 5
+        assert _caretaker_state(run)["requests"] >= 5
         # `status` asks the endpoint for its models and metrics (GETs): no use, so not counted (checked below).
         status = ok(run("status"))
         assert re.search(r"caretaker on kimi-sandbox-node0: idle [\d.]+ of 15 min, [\d,]+ requests counted",
@@ -150,9 +223,10 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
         wait_for("three requests served after the restart", lambda: served[0] >= at_restart + 3, 60, interval=0.5)
     last_request = time.monotonic()
     assert served[0] >= 8 and failed[0] <= 2, (served, failed)
-    # Every POST that was served is counted once, across the restart, and no GET (status, the readiness wait) is.
-    wait_for("the count of every request sent", lambda: _caretaker_state(run)["requests"] >= base + served[0], 30)
-    assert base + served[0] <= _caretaker_state(run)["requests"] <= base + served[0] + failed[0]
+    # Every POST that was served is counted once, across the restart, and no GET (status, the readiness wait, the
+    # traffic's own /v1/models) is.
+    wait_for("the count of every request sent", lambda: _caretaker_state(run)["requests"] >= served[0], 30)
+    assert served[0] <= _caretaker_state(run)["requests"] <= served[0] + failed[0]
 
     # Idle: stopped within the idle time, a poll and the delete.
     head_dir = _head_dir(run)
@@ -171,33 +245,26 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     # caretaker starts the idle clock when the endpoint first serves: with two-second minutes (30 s) the rest of the
     # up and verify's own Pulumi run once took longer than that on a loaded machine before verify's first request,
     # and the caretaker stopped the cluster again under verify ("No route to host" at the head's new address). So
-    # requests go to the new head from the moment its VM exists, as from a user waiting on it.
+    # requests go to the new head from the moment it serves, as from a user waiting on it.
     old_head = outputs["head_public_ip"]
     started = time.monotonic()
     driver = run.start("up")
-    try:
-        new_head = wait_for("the re-created head", lambda: next(
-            (d.name for d in (run.workdir / "nodes").iterdir() if d.name != old_head), None), COMMAND_TIMEOUT_S)
-        back = {**outputs, "openai_base_url": outputs["openai_base_url"].replace(old_head, new_head)}
-        with _traffic(run, back, ca):
-            out, _ = driver.communicate(timeout=COMMAND_TIMEOUT_S)
-            again_s = time.monotonic() - started
-            assert driver.returncode == 0, out
-            assert "no longer exists" in out or "is DELETING" in out, out
-            assert _gpu_vms(run) == [HEAD] and run.outputs()["head_public_ip"] == new_head
-            verify = run("verify")
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-    assert "sandbox verify: PASSED" in ok(verify)
-    state = _caretaker_state(run)
-    assert state["action"] is None and state["requests"] >= 1
-
-    destroy = run("destroy")
+    with _traffic(run, lambda: _endpoint_on(run, HEAD), settle=False):
+        again = _finished(driver, started)
+        assert "no longer exists" in ok(again) or "is DELETING" in again.output, again.output
+        back = run.outputs()
+        assert _gpu_vms(run) == [HEAD] and back["head_public_ip"] != old_head
+        assert back["openai_base_url"] == outputs["openai_base_url"].replace(old_head, back["head_public_ip"])
+        verify = run("verify")
+        assert "sandbox verify: PASSED" in ok(verify)
+        state = _caretaker_state(run)
+        assert state["action"] is None and state["requests"] >= 1
+        # Still busy, so that the caretaker's idle stop does not race the destroy on a loaded machine.
+        destroy = run("destroy")
     assert "emulator: nothing left" in ok(destroy)
     assert leftover_processes(run.workdir) == []
     report(f"caretaker idle flow (b300x1-vllm): up {up.seconds:.1f} s; idle stop {waited:.1f} s after the last "
-           f"request (idle time 15 {IDLE_MINUTE_S}-second minutes, polls every 1 s); up again {again_s:.1f} s; "
+           f"request (idle time 15 {IDLE_MINUTE_S:g}-second minutes, polls every 1 s); up again {again.seconds:.1f} s; "
            f"verify {verify.seconds:.1f} s")
 
 
@@ -271,20 +338,23 @@ def test_the_budget_stops_a_busy_cluster(sandbox) -> None:
 
 def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(sandbox) -> None:
     run = sandbox()
-    # Three-second minutes, as in the idle flow: the first request can only follow the rest of the up and the read of
-    # its outputs, and on 2 loaded cores that took longer than 15 one-second minutes (the replicas were stopped and
-    # the first request answered 503).
+    # One-second minutes, as in the idle flow, and for the same reason requests from the moment the front serves, while
+    # the up still runs: the replicas' idle clock starts then, and the rest of the up and the read of its outputs took
+    # longer than 15 one-second minutes on 2 loaded cores (the replicas were stopped before the first request).
     timing = json.dumps({"pollSeconds": 1, "minuteSeconds": IDLE_MINUTE_S})
-    up = run("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", "idleStopMinutes=15",
-             "--config", f"caretakerTiming={timing}")
-    ok(up)
-    outputs = run.outputs()
-    assert outputs["caretaker_vm"] == "kimi-sandbox-front"
-    ca = _ca(run, outputs)
-    assert _ask(run, outputs, ca) == 200
+    started = time.monotonic()
+    driver = run.start("up", "--topology", "b300x1-vllm", "--config", "replicas=2", "--config", "idleStopMinutes=15",
+                       "--config", f"caretakerTiming={timing}")
     gpu = ["kimi-sandbox-node0", "kimi-sandbox-r1-node0"]
-    names = sorted(v["name"] for v in run.emulator().inventory()["virtual_machines"])
-    assert names == sorted(gpu + ["kimi-sandbox-front"])
+    with _traffic(run, lambda: _endpoint_on(run, FRONT)):
+        up = _finished(driver, started)
+        ok(up)
+        outputs = run.outputs()
+        assert outputs["caretaker_vm"] == FRONT
+        ca = _ca(run, outputs)
+        assert _ask(run, outputs, ca) == 200
+        names = sorted(v["name"] for v in run.emulator().inventory()["virtual_machines"])
+        assert names == sorted(gpu + [FRONT])
     stop_began = time.monotonic()  # right after the last request
     wait_for("the idle stop of both replicas", lambda: not any(
         v["name"] in gpu for v in run.emulator().inventory()["virtual_machines"]), 150, interval=0.5)
@@ -302,13 +372,16 @@ def test_with_replicas_the_front_keeps_answering_503_until_up_brings_them_back(s
 
     # Requests from before the up returns: the replicas' idle clock starts when the front first serves again, and
     # the rest of an up on a loaded machine can outlast it (the front keeps its address, so they can).
-    with _traffic(run, outputs, ca):
+    with _traffic(run, lambda: (outputs, ca), settle=False):
         again = run("up")
         ok(again)
         assert sorted(n for n in (v["name"] for v in run.emulator().inventory()["virtual_machines"])) == \
             sorted(gpu + ["kimi-sandbox-front"])
         assert _ask(run, outputs, ca) == 200  # the 503 is gone: the caretaker step armed it again
-    assert "last stop (idle)" in ok(run("status"))
-    assert "emulator: nothing left" in ok(run("destroy"))
+        # Still busy: status reads the last stop as history, and no idle stop races the destroy.
+        assert "last stop (idle)" in ok(run("status"))
+        destroy = run("destroy")
+    assert "emulator: nothing left" in ok(destroy)
     report(f"caretaker replicas flow (2 x b300x1-vllm behind a front): up {up.seconds:.1f} s; both replicas deleted "
-           f"{waited:.1f} s after the last request (idle time {15 * IDLE_MINUTE_S} s); up again {again.seconds:.1f} s")
+           f"{waited:.1f} s after the last request (idle time {15 * IDLE_MINUTE_S:g} s); "
+           f"up again {again.seconds:.1f} s")
