@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from kimi_cluster.fakes.sandbox_services import free_port
 from tests.checks.conftest import MODEL
 
 pytestmark = pytest.mark.integration  # starts fake engine processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, predicate: Callable[[], object], timeout: float = 60.0) -> None:
@@ -66,10 +62,14 @@ class Group:
     """Ranks of one 3-node fake SGLang on loopback; `api` is the head's address."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.dist, port = _free_port(), _free_port()
+        # Ports below the ephemeral range, for processes that bind them later (kimi_cluster/fakes/sandbox_services.py).
+        chosen: list[int] = []
+        for _ in range(4):
+            chosen.append(free_port(avoid=chosen))
+        self.dist, port, *workers = chosen
         self.api = f"http://127.0.0.1:{port}"
         self.port, self.tmp = port, tmp_path
-        self.worker_ports = {r: _free_port() for r in (1, 2)}  # each worker's dummy /health
+        self.worker_ports = dict(zip((1, 2), workers, strict=True))  # each worker's dummy /health
         self.ranks: list[Rank] = []
         self.env = {**os.environ, "SGLANG_HEALTH_CHECK_TIMEOUT": "1", "FAKE_ENGINE_PEER_LOSS_SECONDS": "1",
                     "FAKE_ENGINE_WATCHDOG_SECONDS": "2"}

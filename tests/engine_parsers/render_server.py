@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -18,6 +17,7 @@ import pytest
 
 from kimi_cluster.fakes import tiny_model
 from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL
+from kimi_cluster.fakes.sandbox_services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("KIMI_PARSERS_VENV") or ROOT / ".venv-parsers")
@@ -25,9 +25,10 @@ START_DEADLINE_S = 600  # vLLM's import and start on a loaded 2-core machine; me
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Below the kernel's ephemeral range (kimi_cluster/fakes/sandbox_services.py says why): a port from bind(port 0)
+    # stays free for the server's whole start, 10 to 60 s, and another test's server that binds port 0 took one in
+    # that time on a loaded CI machine; its /health answered, and the render server failed to bind.
+    return free_port()
 
 
 @contextmanager

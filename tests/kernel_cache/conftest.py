@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimi_cluster.fakes.s3_store import S3Store
+from kimi_cluster.fakes.sandbox_services import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUCKET = "kimi-test-kernels"
@@ -34,11 +35,7 @@ def start_store(tmp: Path, bucket: str = BUCKET) -> S3Store:
     creds = tmp / "s3-credentials"
     log = open(tmp / "s3.log", "w")
     port_file = tmp / "s3.port"
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no other test's bind(port 0) takes it before the store binds
     port_file.write_text(str(port))
     proc = subprocess.Popen([sys.executable, "-m", "kimi_cluster.fakes.s3_store", "--port", str(port), "--bucket",
                              bucket,

@@ -38,6 +38,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from kimi_cluster.fakes.inference.server import FakeInferenceServer
 from kimi_cluster.fakes.inference.settings import FakeSettings
+from kimi_cluster.fakes.sandbox_services import free_port
 from kimi_cluster.node.resume import chat, server
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
@@ -412,9 +413,7 @@ class Layer:
 
 @contextmanager
 def layer(tmp: Path, render: tuple[str, int], replicas: list[str], *extra: str) -> Iterator[Layer]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # below the ephemeral range: no other test's bind(port 0) takes it before the layer binds
     log = tmp / f"resume-{port}.log"
     argv = [sys.executable, "-m", "kimi_cluster.node.resume", "--listen", f"127.0.0.1:{port}",
             "--render", f"http://{render[0]}:{render[1]}", *[w for url in replicas for w in ("--replica", url)],
