@@ -128,9 +128,10 @@ def test_a_body_that_never_finishes_or_trickles_gets_its_408_at_the_requests_dea
         sock.close()
     print(f"never-finished bodies: trickling one answered after {trickled_s:.1f} s ({sent} bytes of {declared}); "
           f"another caller's render meanwhile took {meanwhile:.2f} s")
+    # The status line only: the answer's first read may hold the head alone (a loaded CI run's did), and a close
+    # over the bytes the caller sent after the deadline may reset the rest away. Its reason is in the log.
     for got in (answer, quiet):
         assert got.startswith(b"HTTP/1.1 408"), got[:200]
-        assert b"did not arrive within 2 s" in got
     assert TIMEOUT_S <= trickled_s < TIMEOUT_S + 10 and sent < declared
     assert meanwhile < TIMEOUT_S
     assert "a caller's body did not arrive within 2 s" in log.read_text(errors="replace")
