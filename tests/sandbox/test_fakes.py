@@ -297,32 +297,44 @@ def test_the_sandbox_stack_never_points_at_the_real_api_or_hub() -> None:
     assert stack_settings("h100x4-sglang").operator_cidr == "127.0.0.1/32"
 
 
-def test_hook_runs_sglangs_chat_layer_from_the_mounted_program_with_the_named_python(monkeypatch, tmp_path) -> None:
-    """The front's `docker run` of SGLang's chat layer (kimi_cluster/plan/resume.py), as the resume step words it:
-    the image's python3 becomes FAKE_SGLANG_PYTHON, the program and the hub cache the mounts' host folders."""
+def _render_container_argv(topology: str, tmp_path: Path) -> list[str]:
+    """The front's `docker run` of its render container (kimi_cluster/plan/resume.py) for a 2-replica `topology`,
+    as the resume step's shell expands its words; the container's environment file holds HF_TOKEN=hf_secret."""
     from kimi_cluster.blueprint.inputs import resume_inputs
     from kimi_cluster.plan import resume
     from kimi_cluster.plan.jinja import shell_words
     from tests.node.conftest import make_settings
 
-    layer = resume_inputs(make_settings("h100x4-sglang", replicas="2"))
+    layer = resume_inputs(make_settings(topology, replicas="2"))
     env_file = tmp_path / "render.env"
     env_file.write_text("HF_TOKEN=hf_secret\n")
     words = shell_words(resume.render_docker_argv(layer, str(env_file), str(tmp_path / "hf")))
-    # The words as the step's shell expands them.
     shell_env = {"PATH": os.environ["PATH"], "STATE": str(tmp_path / "state"), "RENDER_NAME": "kimi-render",
                  "RENDER_PORT": "20081", "FINGERPRINT": "f" * 16}
     expanded = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], env=shell_env, capture_output=True,
                               text=True, check=True).stdout
     argv = expanded.split("\0")[:-1]
     assert argv[:3] == ["docker", "run", "-d"]
+    return argv
+
+
+def _stand_in(tmp_path: Path, name: str) -> Path:
+    """An executable that does nothing, for the hook's named program."""
+    program = tmp_path / name
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    return program
+
+
+def test_hook_runs_sglangs_chat_layer_from_the_mounted_program_with_the_named_python(monkeypatch, tmp_path) -> None:
+    """The front's `docker run` of SGLang's chat layer (kimi_cluster/plan/resume.py), as the resume step words it:
+    the image's python3 becomes FAKE_SGLANG_PYTHON, the program and the hub cache the mounts' host folders."""
+    argv = _render_container_argv("h100x4-sglang", tmp_path)
     monkeypatch.setenv("FAKE_NODE_ROOT", str(tmp_path))
     monkeypatch.delenv("FAKE_SGLANG_PYTHON", raising=False)
     with pytest.raises(engine_hook.HookError, match="FAKE_SGLANG_PYTHON"):
         engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
-    python = tmp_path / "python3"
-    python.write_text("#!/bin/sh\n")
-    python.chmod(0o755)
+    python = _stand_in(tmp_path, "python3")
     monkeypatch.setenv("FAKE_SGLANG_PYTHON", str(python))
     planned = engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
     assert planned is not None
@@ -338,26 +350,12 @@ def test_hook_runs_sglangs_chat_layer_from_the_mounted_program_with_the_named_py
 def test_hook_runs_vllms_render_server_with_the_named_vllm(monkeypatch, tmp_path) -> None:
     """The front's `docker run` of vLLM's render server, as the resume step words it: the image's `vllm` becomes
     FAKE_VLLM, the hub cache the mount's host folder, and the container's own environment comes along."""
-    from kimi_cluster.blueprint.inputs import resume_inputs
-    from kimi_cluster.plan import resume
-    from kimi_cluster.plan.jinja import shell_words
-    from tests.node.conftest import make_settings
-
-    layer = resume_inputs(make_settings("b300x1-vllm", replicas="2"))
-    env_file = tmp_path / "render.env"
-    env_file.write_text("HF_TOKEN=hf_secret\n")
-    words = shell_words(resume.render_docker_argv(layer, str(env_file), str(tmp_path / "hf")))
-    shell_env = {"PATH": os.environ["PATH"], "RENDER_NAME": "kimi-render", "RENDER_PORT": "20081",
-                 "FINGERPRINT": "f" * 16}
-    argv = subprocess.run(["bash", "-c", f"printf '%s\\0' {words}"], env=shell_env, capture_output=True,
-                          text=True, check=True).stdout.split("\0")[:-1]
+    argv = _render_container_argv("b300x1-vllm", tmp_path)
     monkeypatch.setenv("FAKE_NODE_ROOT", str(tmp_path))
     monkeypatch.delenv("FAKE_VLLM", raising=False)
     with pytest.raises(engine_hook.HookError, match="vLLM's render server needs a real vLLM: set FAKE_VLLM"):
         engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
-    vllm = tmp_path / "vllm"
-    vllm.write_text("#!/bin/sh\n")
-    vllm.chmod(0o755)
+    vllm = _stand_in(tmp_path, "vllm")
     monkeypatch.setenv("FAKE_VLLM", str(vllm))
     planned = engine_hook.render_plan(engine_hook.parse_run(argv[2:]))
     assert planned is not None
