@@ -4,9 +4,10 @@ reach the terminal summary; no test may leave a server thread spinning on a clos
 pytest.ini runs the suite under pytest-xdist with `--dist worksteal`, which hands worker i the i-th of N equal
 contiguous slices of the collection and lets an idle worker steal queued tests from the tail of a busy one's slice.
 The flows take 10-160 s each and nearly everything else under a second, so the order is built per slice: the flows
-are dealt to the slices in turn and each slice starts with its flows; the quick tests fill the rest, and worksteal
-balances what is left (no test's duration is written down here: the scheduler measures nothing, it just steals).
-The worker count follows the machine (`-n auto`, pytest_xdist_auto_num_workers below).
+are dealt to the slices in turn, the few tests of minutes by design (marker `long`) first, and each slice starts
+with its flows; the quick tests fill the rest, and worksteal balances what is left (no test's duration is written
+down here: the scheduler measures nothing, it just steals). The worker count follows the machine (`-n auto`,
+pytest_xdist_auto_num_workers below).
 """
 
 from __future__ import annotations
@@ -60,9 +61,16 @@ def _slices(count: int, workers: int) -> list[int]:
     return sizes
 
 
+def _first(item: Marked) -> bool:
+    return bool(item.get_closest_marker("long") or item.get_closest_marker("flow"))
+
+
 def order(items: list[ItemT], workers: int) -> list[ItemT]:
-    flows = [i for i in items if i.get_closest_marker("flow")]
-    quick = [i for i in items if not i.get_closest_marker("flow")]
+    # The tests of minutes by design (marker `long`: a flow that waits on a schedule's windows, a stream cut after
+    # every one of its tokens) lead, so that none of them starts late and runs on alone; then the flows.
+    flows = [i for i in items if i.get_closest_marker("long")] + [i for i in items if _first(i) and not
+                                                                   i.get_closest_marker("long")]
+    quick = [i for i in items if not _first(i)]
     if workers <= 1:
         return flows + quick
     sizes = _slices(len(items), workers)

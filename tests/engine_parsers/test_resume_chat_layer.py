@@ -81,6 +81,7 @@ def run(renders: list[tuple[str, int]], body: dict[str, Any], replicas: list[str
 
 # A full request through the render server per token: some 3 minutes alone, twice that beside the flows.
 @pytest.mark.timeout(900)
+@pytest.mark.long
 def test_a_tool_call_stream_cut_after_every_token_is_the_uncut_one(render: tuple[str, int]) -> None:
     with FakeInferenceServer(SETTINGS) as lost, FakeInferenceServer(SETTINGS) as twin:
         uncut, uncut_ids = assembled(run([render], TOOL_TURN, [twin.url]).data)

@@ -172,12 +172,14 @@ def cuts(layer: tuple[str, int], body: dict[str, Any]) -> tuple[dict[str, Any], 
     return uncut, output, wrong
 
 
+@pytest.mark.long
 def test_a_reasoning_stream_cut_after_every_token_is_the_uncut_one(chat_layer: tuple[str, int]) -> None:
     uncut, _, wrong = cuts(chat_layer, REASONING_TURN)
     assert uncut["finish"] == "stop" and uncut["message"]["reasoning_content"] and uncut["message"]["content"]
     assert len(wrong) > 100 and {p: w for p, w in wrong.items() if not w.startswith("resumed after")} == {}
 
 
+@pytest.mark.long
 def test_a_tool_call_stream_carries_on_wherever_sglangs_grammar_allows(chat_layer: tuple[str, int]) -> None:
     uncut, output, wrong = cuts(chat_layer, TOOL_TURN)
     assert uncut["finish"] == "tool_calls" and uncut["message"]["reasoning_content"]

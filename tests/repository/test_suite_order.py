@@ -22,9 +22,10 @@ from tests.conftest import (
 class FakeItem:
     name: str
     flow: bool
+    long: bool = False
 
     def get_closest_marker(self, marker: str) -> object:
-        return marker == "flow" and self.flow or None
+        return (marker == "flow" and self.flow) or (marker == "long" and self.long) or None
 
 
 def test_worksteal_slices_are_the_schedulers() -> None:
@@ -74,3 +75,15 @@ def test_a_worker_orders_for_the_controllers_worksteal_though_its_own_dist_optio
     pytest_configure_node(other)
     assert slice_count(FakeConfig("no", other.workerinput)) == 1
     assert slice_count(FakeConfig("worksteal")) == 1
+
+
+def test_the_tests_of_minutes_lead_one_a_slice_before_the_flows() -> None:
+    # A long flow (the working hours) and long tests that are no flow (the every-cut tests), late in collection.
+    flows = [FakeItem(f"test_flow_{i}", True) for i in range(10)]
+    quick = [FakeItem(f"test_quick_{i}", False) for i in range(30)]
+    long = [FakeItem("test_hours", True, long=True), FakeItem("test_cuts", False, long=True)]
+    ordered = order(quick + flows + long, 4)
+    sizes = _slices(len(ordered), 4)
+    firsts = [ordered[sum(sizes[:s])].name for s in range(4)]
+    assert firsts[:2] == ["test_hours", "test_cuts"], firsts  # each starts its own worker, at once
+    assert [i.name for i in order(quick + flows + long, 1)[:2]] == ["test_hours", "test_cuts"]

@@ -41,7 +41,7 @@ from kimi_cluster.sandbox.pulumi_cli import PulumiCli, toolchain_bin
 
 from .conftest import leftover_processes, ok, report, wait_for
 
-pytestmark = [pytest.mark.flow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.flow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 GPU = ["kimi-sandbox-node0", "kimi-sandbox-r1-node0"]
 FRONT = "kimi-sandbox-front"
