@@ -24,7 +24,6 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.poolmanager import PoolManager
-from urllib3.response import HTTPResponse
 
 _ACTIVE: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("verification_deadline", default=None)
 
@@ -105,10 +104,9 @@ class _WatchedHTTPConnection(HTTPConnection):
         super().connect()
         _watch_active(self.sock)
 
-    # urllib3's own getresponse narrows http.client's return type the same way, with the same marker.
-    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # urllib3's response, as urllib3's own
-        _watch_active(self.sock)  # a kept-alive connection does not connect again
-        return super().getresponse()
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watch_active(self.sock)  # a kept-alive connection does not connect again (a new one has no socket yet)
+        super().request(*args, **kwargs)
 
 
 class _WatchedHTTPSConnection(HTTPSConnection):
@@ -116,9 +114,9 @@ class _WatchedHTTPSConnection(HTTPSConnection):
         super().connect()
         _watch_active(self.sock)
 
-    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as above
-        _watch_active(self.sock)
-        return super().getresponse()
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        _watch_active(self.sock)  # as above
+        super().request(*args, **kwargs)
 
 
 class _WatchedHTTPPool(HTTPConnectionPool):

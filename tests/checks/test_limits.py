@@ -16,10 +16,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import requests
 from requests.adapters import HTTPAdapter
 
 from kimi_cluster import checks as v
 from kimi_cluster.checks.client import MAX_ANSWER_BYTES
+from kimi_cluster.checks.deadline import Deadline, use_deadlines
 from tests.checks.conftest import KEY, MODEL
 
 pytestmark = pytest.mark.integration  # starts fake nodes, servers or outside tools
@@ -45,8 +47,21 @@ class _Hostile(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HostileServer
 
+    def setup(self) -> None:
+        super().setup()
+        self.server.log["connections"] = self.server.log.get("connections", 0) + 1
+
     def do_GET(self) -> None:
         getattr(self, "_" + self.server.mode)()
+
+    def _whole_then_trickle(self) -> None:
+        """The first answer whole, on a connection kept alive; every later one trickled."""
+        if self.path != "/first":
+            return self._trickle_body()
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
 
     def _trickle(self, data: bytes) -> None:
         stop = time.monotonic() + TRICKLE_FOR_S
@@ -189,3 +204,14 @@ def test_an_adapter_of_the_callers_own_is_kept_and_still_bounded(session):
         result = v.run_check("models", v.Target(url, MODEL, KEY, 1.0), session)
     assert session.get_adapter(url) is adapter
     assert "within the 1s timeout of the check" in result.detail
+
+
+def test_a_request_on_a_kept_alive_connection_is_cut_off_at_the_deadline_too(session):
+    # No connect() for the second request: its socket is watched when the request is sent.
+    use_deadlines(session)
+    with hostile("whole_then_trickle") as (url, log):
+        assert session.get(url + "/first", timeout=5).content == b"{}"
+        with Deadline(1.0), pytest.raises(requests.RequestException):
+            session.get(url + "/second", timeout=5).raise_for_status()
+        time.sleep(2 * TRICKLE_GAP_S)  # the server notices the closed socket at its next write
+    assert log["connections"] == 1 and "cut_off_after" in log and "gave_up" not in log, log
