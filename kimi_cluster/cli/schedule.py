@@ -32,12 +32,14 @@ def say(line: str) -> None:
 
 def _timeline_seconds(driver: Any) -> float | None:
     """The stack's last bring-up as its GPU nodes' step marks show it (kimi-cluster timeline's bars)."""
-    from kimi_cluster.operator.timeline_report import bringup_seconds
+    from pulumi.automation import CommandError
+
+    from kimi_cluster.operator.timeline_report import TimelineError, bringup_seconds
 
     try:
         export = driver.stack.export_stack()
         return bringup_seconds({"deployment": export.deployment})
-    except Exception:  # noqa: BLE001  # no export (CommandError), or one of another shape (TimelineError): the model
+    except (CommandError, TimelineError):  # no export, or one the timeline cannot read: the model's lead then
         return None
 
 

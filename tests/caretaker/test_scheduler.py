@@ -184,3 +184,20 @@ def test_a_stack_without_a_schedule_has_nothing_to_start(tmp_path):
     done = subprocess.run([sys.executable, "-m", "kimi_cluster.cli.main", "schedule", "--dry-run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "has no kimi-cluster:schedule" in done.stderr
+
+
+@pytest.mark.parametrize("export", ["cli fails", "not a deployment"])
+def test_a_stack_whose_bringup_cannot_be_read_leaves_the_lead_to_the_model(export: str) -> None:
+    from types import SimpleNamespace
+
+    from pulumi.automation import CommandError
+    from pulumi.automation._cmd import CommandResult
+
+    from kimi_cluster.cli.schedule import _timeline_seconds
+
+    def export_stack() -> Any:
+        if export == "cli fails":
+            raise CommandError(CommandResult("", "error: no stack named 'kimi-cluster/prod' found", 255))
+        return SimpleNamespace(deployment=["resources"])
+
+    assert _timeline_seconds(SimpleNamespace(stack=SimpleNamespace(export_stack=export_stack))) is None
