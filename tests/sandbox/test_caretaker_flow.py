@@ -136,7 +136,7 @@ def _traffic(run, endpoint: Callable[[], Endpoint | None],
     def one(outputs: dict[str, Any], ca: Path) -> None:
         try:
             answered = _ask(run, outputs, ca) == 200
-        except requests.RequestException:
+        except OSError:  # requests' own errors are OSErrors; so is the CA file gone with its VM's disk (a destroy)
             answered = False  # it may still have reached the proxy: counted or not
         with lock:
             (served if answered else failed)[0] += 1
