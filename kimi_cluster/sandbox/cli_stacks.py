@@ -2,8 +2,8 @@
 
 What the sandbox asks of an engine, answered by `pulumi`: up and destroy with a result (ok, counts, failures),
 the resources and outputs of a stack, and an export with its secrets for `kimi_cluster.cli.status`. The file backend's
-checkpoint (`state/.pulumi/stacks/<project>/<stack>.json`) is read directly for the resource list: it is the
-CLI's own file, and reading it needs no process.
+checkpoint (`state/.pulumi/stacks/<project>/<stack>.json`) is read directly for the resource list and the outputs
+that need no secret in plain text: it is the CLI's own file, and reading it needs no process.
 """
 
 from __future__ import annotations
