@@ -2,8 +2,8 @@
 
 What the sandbox asks of an engine, answered by `pulumi`: up and destroy with a result (ok, counts, failures),
 the resources and outputs of a stack, and an export with its secrets for `kimi_cluster.cli.status`. The file backend's
-checkpoint (`state/.pulumi/stacks/<project>/<stack>.json`) is read directly for the resource list: it is the
-CLI's own file, and reading it needs no process.
+checkpoint (`state/.pulumi/stacks/<project>/<stack>.json`) is read directly for the resource list and the outputs
+that need no secret in plain text: it is the CLI's own file, and reading it needs no process.
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ SECRET_SIGNATURE = "1b47061264138c4ac30d75fd1eb44270"
 # The CLI's summary lines: "    + 65 created", "    65 unchanged", "    - 65 deleted".
 _COUNT = re.compile(r"^\s+[+~\-]?\s*(\d+) (created|updated|deleted|unchanged|replaced)\s*$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _holds_secret(value: Any) -> bool:
+    """Whether a checkpoint value is, or holds anywhere within it, a secret."""
+    if isinstance(value, dict):
+        return value.get(SIGNATURE_KEY) == SECRET_SIGNATURE or any(_holds_secret(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_secret(v) for v in value)
 
 
 def _counts(output: str) -> dict[str, int]:
@@ -151,6 +158,12 @@ class CliStacks:
     def pending_operations(self, stack: Stack) -> list[dict[str, Any]]:
         return list(self._latest(stack).get("pending_operations") or [])
 
+    def _checkpoint_outputs(self, stack: Stack) -> dict[str, Any]:
+        """The stack's outputs as the checkpoint holds them: a secret one as an object signed as a secret."""
+        stack_resource: dict[str, Any] = next(
+            (r for r in self._latest(stack).get("resources") or [] if r.get("type") == STACK_TYPE), {})
+        return dict(stack_resource.get("outputs") or {})
+
     def outputs(self, stack: Stack) -> tuple[dict[str, Any], frozenset[str]]:
         """(the stack's outputs in plain text, the names of those that are secrets)."""
         if not self.checkpoint_path(stack).exists():
@@ -158,13 +171,17 @@ class CliStacks:
         cli = self.cli()
         shown = json.loads(cli.run(["stack", "output", "--json", "--show-secrets", "--stack", stack.name],
                                    cwd=stack.project_dir) or "{}")
-        # Which are secrets, from the checkpoint (no second CLI start for the masked outputs): the CLI keeps a secret
-        # output there as an object signed as a secret.
-        stack_resource: dict[str, Any] = next(
-            (r for r in self._latest(stack).get("resources") or [] if r.get("type") == STACK_TYPE), {})
-        secret_names = frozenset(name for name, value in (stack_resource.get("outputs") or {}).items()
+        # Which are secrets, from the checkpoint (no second CLI start for the masked outputs).
+        secret_names = frozenset(name for name, value in self._checkpoint_outputs(stack).items()
                                  if isinstance(value, dict) and value.get(SIGNATURE_KEY) == SECRET_SIGNATURE)
         return shown, secret_names
+
+    def public_outputs(self, stack: Stack) -> tuple[dict[str, Any], frozenset[str]]:
+        """(the stack's outputs, the names of those that hold a secret, each of those None): from the checkpoint,
+        with no CLI start (some 0.4 CPU-seconds each), for the readers that need no secret in plain text."""
+        held = self._checkpoint_outputs(stack)
+        secret_names = frozenset(name for name, value in held.items() if _holds_secret(value))
+        return {name: None if name in secret_names else value for name, value in held.items()}, secret_names
 
     @contextmanager
     def export_file(self, stack: Stack) -> Iterator[Path]:

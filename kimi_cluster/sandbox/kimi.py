@@ -76,6 +76,10 @@ class Sandbox:
         """(the cluster stack's outputs in plain text, the names of the secret ones)."""
         return self.cli.outputs(self.cli.cluster)
 
+    def public_outputs(self) -> tuple[dict[str, Any], frozenset[str]]:
+        """(the cluster stack's outputs with each secret one None, the names of those), read with no CLI start."""
+        return self.cli.public_outputs(self.cli.cluster)
+
     @property
     def checkpoint_path(self) -> Path:
         """The file backend's checkpoint of the cluster stack, written after every resource operation: its
@@ -224,7 +228,7 @@ class Sandbox:
                 self.say(f"FAILED: {reason}")
             self.say(f"sandbox up: failed after {elapsed:.1f} s; fix and run up again (it resumes), or destroy")
             return EXIT_FAILED
-        outputs, secret_names = self.outputs()
+        outputs, secret_names = self.public_outputs()  # printed with each secret masked
         self.say("")
         self.say("Stack outputs:")
         self.say(format_outputs(outputs, secret_names))
@@ -264,7 +268,7 @@ class Sandbox:
     def _verify(self, echo: bool) -> int:
         """The verification stack: its StackReference reads the cluster stack's outputs."""
         started = time.monotonic()
-        outputs, _ = self.outputs()
+        outputs, _ = self.public_outputs()
         if not outputs.get("endpoint_url"):
             raise SandboxUsageError(f"no endpoint in the sandbox in {self.dir.root}: run kimi-cluster sandbox "
                                     "up first")
@@ -289,7 +293,7 @@ class Sandbox:
                 self.say("  " + "\n    ".join(reason.splitlines()[0].split("; ")))
             self.say(f"sandbox verify: FAILED after {elapsed:.1f} s (the whole log: verify --verbose)")
             return EXIT_FAILED
-        verified = self.cli.outputs(self.cli.verification)[0]
+        verified = self.cli.public_outputs(self.cli.verification)[0]
         self.say(format_report(verified.get("verification_report") or []))
         ok = bool(verified.get("verified"))
         self.say(f"sandbox verify: {'PASSED' if ok else 'FAILED'} in {elapsed:.1f} s; verified_endpoint_url = "
@@ -330,7 +334,7 @@ class Sandbox:
         from kimi_cluster.sandbox import reclaim
 
         record = self.dir.record()
-        outputs, _ = self.outputs()
+        outputs, _ = self.public_outputs()
         addresses = reclaim.node_addresses(outputs)
         name = next((n for n, a in addresses.items() if node in (n, a)), None)
         fabric = self.network.config()

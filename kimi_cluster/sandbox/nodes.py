@@ -61,6 +61,9 @@ def node_env(settings: Settings, host_address: str, faults: Mapping[str, str] | 
         "FAKE_DOCKER_RUN_HOOK": str(ENGINE_HOOK),
         # The real vLLM the front's render server runs (the resuming layer, replicas >= 2 with vLLM).
         "FAKE_VLLM": str(real_vllm()),
+        # What that vLLM learnt of the model's class, kept across the sandbox's nodes (engine_hook.py's
+        # share_model_infos): else each fresh node's render server imports torch once more to learn it again.
+        "FAKE_VLLM_MODEL_INFOS": str(host_vllm_model_infos()),
         # The Python with SGLang 0.5.23 that runs the front's chat layer on SGLang replicas.
         "FAKE_SGLANG_PYTHON": str(real_sglang_python()),
         # The fake engine compiles this long when the kernels it needs are not in its cache folder.
@@ -88,6 +91,13 @@ def real_vllm() -> Path:
     (kimi_cluster/fakes/node/engine_hook.py reads it as FAKE_VLLM): FAKE_VLLM from the caller's environment, as
     every FAKE_* knob reaches the nodes, else the parsers venv's."""
     return Path(os.environ.get("FAKE_VLLM") or parsers_vllm())
+
+
+def host_vllm_model_infos() -> Path:
+    """The model-info folder of this machine's vLLM cache, where vLLM itself keeps it (vLLM 0.33.0, vllm/envs.py:
+    VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache, "vllm"))) / "modelinfos"
 
 
 def real_sglang_python() -> Path:

@@ -119,7 +119,7 @@ def test_a_sandbox_state_of_the_wrong_shape_is_one_line_too(tmp_path, capsys, mo
     work = tmp_path / "w"
     work.mkdir()
     (work / ".kimi-sandbox").write_text("x")
-    monkeypatch.setattr(Sandbox, "outputs", lambda self: ({"front_public_ip": ["10.213.0.9"]}, frozenset()))
+    monkeypatch.setattr(Sandbox, "public_outputs", lambda self: ({"front_public_ip": ["10.213.0.9"]}, frozenset()))
     assert sandbox_cli.main(["reclaim", "kimi-sandbox-front", "--workdir", str(work)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the stack output front_public_ip is a list") and "Traceback" not in err, err

@@ -365,3 +365,35 @@ def test_hook_runs_vllms_render_server_with_the_named_vllm(monkeypatch, tmp_path
     assert env["HF_HOME"] == str(tmp_path / "hf") and env["HF_TOKEN"] == "hf_secret"
     assert env["VLLM_TARGET_DEVICE"] == "cpu"
     assert engine_hook.render_plan(engine_hook.parse_run(_docker_argv("b300x1-vllm", 0)[2:])) is None
+
+
+def test_vllms_render_server_finds_the_shared_model_infos_where_vllm_looks(monkeypatch, tmp_path) -> None:
+    """The render server's model-info folder (VLLM_CACHE_ROOT/modelinfos, vLLM's rule: its variable, else
+    $XDG_CACHE_HOME/vllm, else ~/.cache/vllm) is the one FAKE_VLLM_MODEL_INFOS names; a node's own folder is kept,
+    and without the knob, or for SGLang's chat layer, nothing is linked."""
+    shared = tmp_path / "host-cache/vllm/modelinfos"
+    render = ["/venv/bin/vllm", "launch", "render", "org/model"]
+    monkeypatch.setenv(engine_hook.MODEL_INFOS_KNOB, str(shared))
+    cases = [({"HOME": str(tmp_path / "a")}, tmp_path / "a/.cache/vllm/modelinfos"),
+             ({"HOME": str(tmp_path / "b"), "XDG_CACHE_HOME": str(tmp_path / "b/xdg")},
+              tmp_path / "b/xdg/vllm/modelinfos"),
+             ({"HOME": str(tmp_path / "c"), "VLLM_CACHE_ROOT": str(tmp_path / "c/root")},
+              tmp_path / "c/root/modelinfos")]
+    for env, where in cases:
+        engine_hook.share_model_infos(render, env)
+        assert where.is_symlink() and where.resolve() == shared.resolve() and shared.is_dir()
+        engine_hook.share_model_infos(render, env)  # the node's next render server: the same link
+        assert where.resolve() == shared.resolve()
+    own = tmp_path / "d/.cache/vllm/modelinfos"
+    own.mkdir(parents=True)
+    engine_hook.share_model_infos(render, {"HOME": str(tmp_path / "d")})
+    assert own.is_dir() and not own.is_symlink()
+    sglang_chat = ["/venv/bin/python", "-m", "kimi_cluster.node.sglang_chat"]
+    engine_hook.share_model_infos(sglang_chat, {"HOME": str(tmp_path / "e")})
+    monkeypatch.delenv(engine_hook.MODEL_INFOS_KNOB)
+    engine_hook.share_model_infos(render, {"HOME": str(tmp_path / "f")})
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
+    # The sandbox passes the host's own vLLM cache to its nodes.
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "host-root"))
+    assert node_env(stack_settings("b300x1-vllm"), "10.213.9.1")[engine_hook.MODEL_INFOS_KNOB] == str(
+        tmp_path / "host-root/modelinfos")

@@ -112,3 +112,31 @@ def test_the_secret_outputs_are_named_from_the_checkpoint(tmp_path: Path, monkey
     monkeypatch.setattr(stacks, "_cli", OneAnswer())  # a stand-in CLI: this test is about the checkpoint
     assert stacks.outputs(stacks.cluster) == (shown, frozenset({"api_key"}))
     assert len(asked) == 1 and "--show-secrets" in asked[0]
+
+
+def test_the_public_outputs_come_from_the_checkpoint_with_no_cli_and_no_secret(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`public_outputs` (what up prints, what verify and reclaim read) starts no CLI: a plain output as the checkpoint
+    holds it, an output that is or holds a secret named and None."""
+    from kimi_cluster.sandbox.cli_stacks import SECRET_SIGNATURE, SIGNATURE_KEY, STACK_TYPE, CliStacks
+
+    stacks = CliStacks(tmp_path, tmp_path / "secrets", io.StringIO())
+    assert stacks.public_outputs(stacks.cluster) == ({}, frozenset())  # before the first up
+    path = stacks.checkpoint_path(stacks.cluster)
+    path.parent.mkdir(parents=True)
+    secret = {SIGNATURE_KEY: SECRET_SIGNATURE, "ciphertext": "v1:abc"}
+    outputs = {"api_key": secret, "endpoint_url": "https://x", "client_configs": {"curl": ["x", secret]},
+               "node_names": ["a", "b"], "replicas": 1}
+    path.write_text(json.dumps({"checkpoint": {"latest": {"resources": [
+        {"type": STACK_TYPE, "urn": "urn:pulumi:sandbox::kimi-cluster::pulumi:pulumi:Stack::x", "outputs": outputs},
+    ]}}}))
+
+    class NoCli:
+        def run(self, args: list[str], **_: Any) -> str:
+            raise AssertionError(f"the CLI was started: {args}")
+
+    monkeypatch.setattr(stacks, "_cli", NoCli())  # a stand-in that fails the test if asked
+    shown, secret_names = stacks.public_outputs(stacks.cluster)
+    assert secret_names == {"api_key", "client_configs"}
+    assert shown == {"api_key": None, "endpoint_url": "https://x", "client_configs": None,
+                     "node_names": ["a", "b"], "replicas": 1}

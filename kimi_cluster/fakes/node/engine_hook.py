@@ -318,6 +318,29 @@ def render_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
     return [binary, *command[1:]], env, name
 
 
+# vLLM keeps what it learns of a model class (its interfaces, read by importing torch and the model's module in a
+# subprocess: some 10 CPU-seconds) in VLLM_CACHE_ROOT/modelinfos, each entry checked against its module's hash
+# (vLLM 0.33.0, vllm/model_executor/models/registry.py, _LazyRegisteredModel.inspect_model_cls).
+MODEL_INFOS_KNOB = "FAKE_VLLM_MODEL_INFOS"
+
+
+def share_model_infos(argv: list[str], env: dict[str, str]) -> None:
+    """A vLLM render server finds the model-info folder that MODEL_INFOS_KNOB names (the sandbox passes the host's
+    own vLLM cache), as an image whose layer holds one would give it: every fresh node's start would otherwise pay
+    that subprocess again. What vLLM answers is the same either way (a stale entry is computed again)."""
+    shared = os.environ.get(MODEL_INFOS_KNOB)
+    if not shared or argv[1:3] != ["launch", "render"]:
+        return
+    home_cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    link = Path(os.path.expanduser(env.get("VLLM_CACHE_ROOT") or os.path.join(home_cache, "vllm"))) / "modelinfos"
+    Path(shared).mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        link.symlink_to(shared, target_is_directory=True)
+    except FileExistsError:  # this node's earlier render server linked it (or has its own folder): kept
+        pass
+
+
 def exec_in(run_args: list[str], command: list[str]) -> int:
     """`docker exec` in a proxy container: its caddy, with the container's environment, in its working directory
     (what the container sees as that directory is the host directory mounted there)."""
@@ -343,6 +366,7 @@ def main(args: list[str]) -> int:
             os.chdir(cwd)
         elif render is not None:
             argv, env, name = render
+            share_model_infos(argv, env)
         else:
             argv, env, name = plan(args)
     except (HookError, OSError) as exc:
