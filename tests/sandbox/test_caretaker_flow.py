@@ -237,7 +237,10 @@ def test_idle_stop_traffic_restart_and_up_brings_it_back(sandbox) -> None:
     assert [e["name"] for e in inventory["environments"]] == ["kimi-sandbox"] and len(inventory["keypairs"]) == 1
     assert inventory["virtual_machines"] == []
     log = (head_dir / "var/log/kimi-cluster/caretaker.log").read_text()
-    assert "STOPPING: no request for 15 minutes" in log, log
+    # The minutes since the last request when the caretaker looked: never fewer than the idle time; on a loaded
+    # machine a poll may come a (one-second) minute late, and the log says so ("16 minutes").
+    stop = re.search(r"STOPPING: no request for (\d+) minutes \(kimi-cluster:idleStopMinutes 15\)", log)
+    assert stop and int(stop.group(1)) >= 15, log
     body = json.loads((head_dir / "etc/kimi-cluster/proxy/caretaker/stopped.json").read_text())
     assert body["error"]["code"] == 503 and "pulumi up" in body["error"]["message"]
 
