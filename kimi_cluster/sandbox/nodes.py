@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from kimi_cluster.fakes.node.engine_hook import model_infos_folder
 from kimi_cluster.fakes.node_fabric import CDN_NAME, Fabric, FabricConfig, FabricError, allocate
 from kimi_cluster.settings import Settings
 from kimi_cluster.settings.loader import load_settings, read_stack_file
@@ -94,10 +95,8 @@ def real_vllm() -> Path:
 
 
 def host_vllm_model_infos() -> Path:
-    """The model-info folder of this machine's vLLM cache, where vLLM itself keeps it (vLLM 0.33.0, vllm/envs.py:
-    VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT") or os.path.join(cache, "vllm"))) / "modelinfos"
+    """The model-info folder of this machine's vLLM cache, found as the fake nodes' hook finds a node's."""
+    return model_infos_folder(os.environ)
 
 
 def real_sglang_python() -> Path:

@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -324,6 +325,13 @@ def render_plan(run: dict) -> tuple[list[str], dict[str, str], str] | None:
 MODEL_INFOS_KNOB = "FAKE_VLLM_MODEL_INFOS"
 
 
+def model_infos_folder(env: Mapping[str, str]) -> Path:
+    """Where vLLM keeps its model infos under `env` (vLLM 0.33.0, vllm/envs.py: VLLM_CACHE_ROOT, else
+    $XDG_CACHE_HOME/vllm, else ~/.cache/vllm)."""
+    home_cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    return Path(os.path.expanduser(env.get("VLLM_CACHE_ROOT") or os.path.join(home_cache, "vllm"))) / "modelinfos"
+
+
 def share_model_infos(argv: list[str], env: dict[str, str]) -> None:
     """A vLLM render server finds the model-info folder that MODEL_INFOS_KNOB names (the sandbox passes the host's
     own vLLM cache), as an image whose layer holds one would give it: every fresh node's start would otherwise pay
@@ -331,8 +339,7 @@ def share_model_infos(argv: list[str], env: dict[str, str]) -> None:
     shared = os.environ.get(MODEL_INFOS_KNOB)
     if not shared or argv[1:3] != ["launch", "render"]:
         return
-    home_cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
-    link = Path(os.path.expanduser(env.get("VLLM_CACHE_ROOT") or os.path.join(home_cache, "vllm"))) / "modelinfos"
+    link = model_infos_folder(env)
     Path(shared).mkdir(parents=True, exist_ok=True)
     link.parent.mkdir(parents=True, exist_ok=True)
     try:
