@@ -527,10 +527,12 @@ def through_layer(renders: list[tuple[str, int]], body: dict[str, Any], replicas
     return client
 
 
-# The layer's flags for a test that cuts streams: half a second of silence, and a replica that misses one health
-# check (0.2 s, every 0.1 s) is out of the pool.
-QUICK_TO_NOTICE = ("--silence-s", "0.5", "--health-interval-s", "0.1", "--health-timeout-s", "0.2",
-                   "--health-fails", "1")
+# The layer's flags for a test that cuts streams: half a second of silence, and a replica that misses two health
+# checks in a row (asked every 0.1 s, a second for each answer) is out of the pool. One miss of 0.2 s was too
+# quick to tell a silent replica from a loaded machine: in CI both replicas went down on their first check, and the
+# stream the test meant to cut started on the twin.
+QUICK_TO_NOTICE = ("--silence-s", "0.5", "--health-interval-s", "0.1", "--health-timeout-s", "1.0",
+                   "--health-fails", "2")
 # What layer_over serves: the layer's URL, the cutting proxy in front of the first replica, the twin's recorder.
 Served = tuple[str, CutProxy, CutProxy]
 

@@ -148,12 +148,15 @@ def test_the_scheduler_starts_it_before_each_window_and_the_caretaker_stops_it_a
     assert "2 of 168 hours a week, in UTC" in plan.stdout and "all week" in plan.stdout, plan.stdout + plan.stderr
 
     # The windows moved near, from what this bring-up measured (the sandbox's `up --config`, which keeps the
-    # schedule for `status` too). The first opens one bring-up's wall time from now: in it, that up changes the
-    # caretaker's config on the front, and the scheduler's first up changes nothing and verifies. The second opens
-    # the scheduler's own lead after the first one's stop, so its up begins once the stop is done.
+    # schedule for `status` too). The first opens MARGIN bring-ups' wall time from now, as the scheduler's own lead
+    # has a margin: in it, that up changes the caretaker's config on the front, and the scheduler's first up changes
+    # nothing and verifies. One bring-up was too near once the load rose after it was measured (two suites side by
+    # side). The second opens the scheduler's own lead after the first one's stop, so its up begins once the stop is
+    # done.
     lead, lead_from = scheduler_lead(Record(run.workdir / "scheduler"), _bringup(run), 0.0, Timing(POLL_S, MARGIN))
     epoch, day = _test_clock(time.time())  # 01:00 now: minute 60 of the day
-    first_minutes = (60 + math.ceil(up.seconds), 60 + math.ceil(up.seconds) + WINDOW_S)
+    first_open = 60 + math.ceil(MARGIN * up.seconds)
+    first_minutes = (first_open, first_open + WINDOW_S)
     second_minutes = (first_minutes[1] + STOP_S + math.ceil(lead), 24 * 60)  # to 24:00, the day's end
     assert second_minutes[0] + LAST_WINDOW_S <= 24 * 60, f"the windows do not fit in a day: {second_minutes}"
     opens = [_real(epoch, day.replace(hour=m[0] // 60, minute=m[0] % 60)) for m in (first_minutes, second_minutes)]
