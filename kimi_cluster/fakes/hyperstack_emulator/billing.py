@@ -4,7 +4,6 @@ flavor's pricebook rate (GET /billing/billing/history/virtual-machine, the SDK's
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from kimi_cluster.hyperstack_api.records import FlavorRecord
@@ -23,18 +22,18 @@ def vm_price(cloud: Cloud, flavor: FlavorRecord) -> float:
 
 
 def start_bill(cloud: Cloud, vm: Vm) -> None:
-    cloud.state.billed[vm.id] = Bill(vm.id, vm.name, vm_price(cloud, vm.flavor), vm.created)
+    cloud.state.billed[vm.id] = Bill(vm.id, vm.name, vm_price(cloud, vm.flavor), cloud.billing_clock())
 
 
 def end_bill(cloud: Cloud, vm: Vm) -> None:
     bill = cloud.state.billed.get(vm.id)
     if bill is not None and bill.ended is None:
-        bill.ended = time.monotonic()
+        bill.ended = cloud.billing_clock()
 
 
 def billed_minutes(cloud: Cloud, bill: Bill, now: float | None = None) -> int:
     """Started minutes from create to delete (or now): Hyperstack bills per minute."""
-    end = bill.ended if bill.ended is not None else (time.monotonic() if now is None else now)
+    end = bill.ended if bill.ended is not None else (cloud.billing_clock() if now is None else now)
     return max(1, math.ceil((end - bill.started) / cloud.billing_minute_seconds - 1e-9))
 
 

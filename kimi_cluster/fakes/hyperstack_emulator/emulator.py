@@ -5,6 +5,8 @@ kimi_cluster/fakes/hyperstack_emulator/__init__.py).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from . import controls
@@ -36,6 +38,7 @@ class Emulator:
         socket_timeout: float = SOCKET_TIMEOUT_S,
         nodes: NodeHost | None = None,
         billing_minute_seconds: float = 60.0,
+        billing_clock: Callable[[], float] = time.monotonic,
         extra_hosts: tuple[str, ...] = (),
     ) -> None:
         self.host, self.port = host, port
@@ -48,7 +51,7 @@ class Emulator:
         self.cloud = Cloud(
             lifecycle=lifecycle or Lifecycle(), api_keys=set(api_keys), fixed_ips=ip_pool(first_ip),
             floating_ips=ip_pool(first_floating_ip) if first_floating_ip else None, nodes=nodes,
-            billing_minute_seconds=billing_minute_seconds, vm_names_unique=vm_names_unique)
+            billing_minute_seconds=billing_minute_seconds, billing_clock=billing_clock, vm_names_unique=vm_names_unique)
         self.log = RequestLog(self.cloud.lock)
         self._listeners = Listeners()
 

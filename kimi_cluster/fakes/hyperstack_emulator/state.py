@@ -6,7 +6,8 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -136,6 +137,9 @@ class Cloud:
     nodes: NodeHost | None = None
     # Hyperstack bills per minute; a test shortens the minute (a time scale, as every lifecycle figure here is).
     billing_minute_seconds: float = 60.0
+    # The clock bills run on. A test of a budget holds it and moves it a billed minute at a time, so which minute a
+    # poll reads is the test's, not the machine's load.
+    billing_clock: Callable[[], float] = time.monotonic
     # Whether the API refuses a second VM of the same name is not documented; off by default so tests prove the
     # client avoids duplicates by itself.
     vm_names_unique: bool = False
