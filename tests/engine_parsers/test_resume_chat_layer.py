@@ -30,16 +30,8 @@ from kimi_cluster.fakes.inference.settings import DEFAULT_MODEL, FakeSettings
 from kimi_cluster.node.resume import chat, wire
 from kimi_cluster.node.resume.generation import Limits
 from tests.engine_parsers.render_server import VENV, render_server
-from tests.node.resume_fixtures import (
-    QUICK_TO_NOTICE,
-    CutProxy,
-    Recorder,
-    RestartingServer,
-    Served,
-    assembled,
-    layer_over,
-    through_layer,
-)
+from tests.node.resume_fixtures import QUICK_TO_NOTICE, Recorder, Served, assembled, layer_over, through_layer
+from tests.node.resume_stand_ins import CutProxy, RestartingServer
 
 pytestmark = pytest.mark.integration
 

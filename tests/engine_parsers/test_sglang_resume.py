@@ -37,7 +37,6 @@ from kimi_cluster.node.resume.generation import Limits
 from tests.engine_parsers.render_server import VENV, require_sglang, sglang_chat_server
 from tests.node.resume_fixtures import (
     QUICK_TO_NOTICE,
-    CutProxy,
     Recorder,
     Served,
     assembled,
@@ -45,6 +44,7 @@ from tests.node.resume_fixtures import (
     layer_over,
     through_layer,
 )
+from tests.node.resume_stand_ins import CutProxy
 
 # A cut after every token of two turns: some 4 minutes on 2 loaded cores.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -16,7 +16,7 @@ from kimi_cluster.node.resume import chat, messages
 from kimi_cluster.node.resume.generation import Limits
 from kimi_cluster.node.resume.pool import Pool
 from kimi_cluster.node.resume.render import RenderServers
-from tests.node.resume_fixtures import CutProxy
+from tests.node.resume_stand_ins import CutProxy
 
 QUICK = Limits(silence_s=0.3, tick_s=0.05, pick_s=5.0, resumes=3, connect_s=2.0)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.node.resume_fixtures import REPLY, layer, post, render_server, token_server, tokens_of
+from tests.node.resume_fixtures import layer, post
+from tests.node.resume_stand_ins import REPLY, render_server, token_server, tokens_of
 
 pytestmark = pytest.mark.integration
 

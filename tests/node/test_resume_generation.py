@@ -7,7 +7,7 @@ import pytest
 
 from kimi_cluster.node.resume.generation import Generation, Limits, Unavailable
 from kimi_cluster.node.resume.pool import Pool
-from tests.node.resume_fixtures import EOS, PROMPT_END, REPLY, CutProxy, token_server
+from tests.node.resume_stand_ins import EOS, PROMPT_END, REPLY, CutProxy, token_server
 
 pytestmark = pytest.mark.integration
 

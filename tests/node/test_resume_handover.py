@@ -73,7 +73,7 @@ def scenario(tmp: Path) -> dict[str, Any]:
     from kimi_cluster.plan.steps.scripts import render_vm_scripts
     from kimi_cluster.settings import RENDER_PORTS, RESUME_PORT
     from tests.node.conftest import FAST, make_settings
-    from tests.node.resume_fixtures import render_server, token_server
+    from tests.node.resume_stand_ins import render_server, token_server
 
     node = make_fake_node(tmp / "front")
     settings = make_settings("b300x1-vllm", replicas="2", nodeRoot=str(node.root))

@@ -1,5 +1,5 @@
 """The resuming layer against a hostile client, each attack run against the real layer (its own process, on
-loopback) over stand-ins for the replicas and the render server (resume_fixtures.py):
+loopback) over stand-ins for the replicas and the render server (resume_stand_ins.py):
 
 - requests an engine answers 500 get that answer, and neither take a replica out of the pool nor cost another
   client's stream anything (security finding 1);
@@ -22,18 +22,8 @@ import pytest
 
 from kimi_cluster.node.resume.chat import DERENDER_SHARE
 from kimi_cluster.node.resume.pool import printable
-from tests.node.resume_fixtures import (
-    ENGINE_ERROR,
-    EOS,
-    REPLY,
-    exchange,
-    layer,
-    post,
-    render_server,
-    token_server,
-    tokens_of,
-    trickle,
-)
+from tests.node.resume_fixtures import exchange, layer, post, trickle
+from tests.node.resume_stand_ins import ENGINE_ERROR, EOS, REPLY, render_server, token_server, tokens_of
 
 pytestmark = pytest.mark.integration
 

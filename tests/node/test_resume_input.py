@@ -15,7 +15,8 @@ import pytest
 from kimi_cluster.node.resume import request, server
 from kimi_cluster.plan.front_tuning import FrontTuning
 from kimi_cluster.plan.resume import resumer_argv
-from tests.node.resume_fixtures import Layer, exchange, layer, post, render_server, token_server
+from tests.node.resume_fixtures import Layer, exchange, layer, post
+from tests.node.resume_stand_ins import render_server, token_server
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from kimi_cluster.fakes.inference.settings import FakeSettings
 from kimi_cluster.node.resume import sglang
 from kimi_cluster.node.resume.generation import SGLANG_DOOR, Generation, Limits, Unavailable
 from kimi_cluster.node.resume.pool import Pool
-from tests.node.resume_fixtures import CutProxy
+from tests.node.resume_stand_ins import CutProxy
 
 pytestmark = pytest.mark.integration
 
