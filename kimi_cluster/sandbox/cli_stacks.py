@@ -237,10 +237,28 @@ class CliStacks:
     def unlock(self, stack: Stack) -> None:
         """`pulumi cancel`: a killed `pulumi` leaves the stack locked (the file backend keeps a lock file under
         state/.pulumi/locks), and every later up or destroy refuses until it goes. Harmless when there is none."""
+        self.mend_cut_sidecars()
         try:
             self.cli().run(["cancel", "--yes", "--stack", stack.name], cwd=stack.project_dir)
         except PulumiError as err:
             self.out.write(f"pulumi cancel: {(failures(err.output) or [str(err)])[0]}\n")
+
+    def mend_cut_sidecars(self) -> None:
+        """Remove the file backend's metadata files that a killed `pulumi` cut short. The backend (gocloud.dev's
+        fileblob, blob/fileblob/fileblob.go) writes a blob's `<name>.attrs` in place, then renames the new blob in
+        over the old: killed between the two, the checkpoint is the old one and whole, but its `.attrs` is empty or
+        partial, and every later command fails "failed to load checkpoint: EOF". An `.attrs` that is missing reads
+        as no metadata (blob/fileblob/attrs.go `getAttrs`), so a cut one is removed."""
+        state = self.root / "state" / ".pulumi"
+        for sidecar in sorted(state.rglob("*.attrs")) if state.exists() else ():
+            try:
+                whole = isinstance(json.loads(sidecar.read_bytes()), dict)
+            except ValueError:
+                whole = False
+            if not whole:
+                sidecar.unlink()
+                self.out.write(f"removed {sidecar.relative_to(self.root)}: cut short by a killed pulumi (the blob "
+                               "beside it is whole)\n")
 
     def recover(self, stack: Stack) -> None:
         """What a user runs after an interrupted up: `pulumi cancel` (the stack's lock), then `pulumi refresh

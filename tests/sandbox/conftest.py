@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ import pytest
 from kimi_cluster.fakes import sandbox_services as services
 from kimi_cluster.fakes.node_fabric import Fabric, FabricConfig, missing
 from kimi_cluster.sandbox.nodes import COMPILE_SECONDS_KNOB
-from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, end_session
+from kimi_cluster.sandbox.pulumi_cli import TOOLCHAIN, PulumiCli, end_session, toolchain_bin
 from kimi_cluster.sandbox.services import EMULATOR_ARGS_VARIABLE, HUB_ARGS_VARIABLE
 from tests.wall_times import report
 
@@ -296,3 +297,16 @@ def wait_for(what: str, predicate, timeout: float, interval: float = 0.1):
 
 
 EMPTY: dict[str, list[Any]] = {"environments": [], "keypairs": [], "virtual_machines": [], "security_rules": []}
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> PulumiCli:
+    """The real Pulumi CLI in a workdir of its own (the test's tmp_path), its passphrase new."""
+    if why := _toolchain_ready():
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    passphrase = tmp_path / "secrets" / "pulumi_passphrase"
+    passphrase.parent.mkdir(mode=0o700)
+    passphrase.write_text(secrets.token_urlsafe(32) + "\n")
+    return PulumiCli(tmp_path, toolchain_bin(), passphrase, out=io.StringIO())

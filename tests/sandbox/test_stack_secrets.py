@@ -6,32 +6,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from kimi_cluster.sandbox.pulumi_cli import PulumiCli, Stack, toolchain_bin
+from kimi_cluster.sandbox.pulumi_cli import PulumiCli, Stack
 from kimi_cluster.sandbox.stack_secrets import RECORD_NAME, KeptSecrets, ciphertexts, restore
 
-from .conftest import _toolchain_ready
-
 pytestmark = pytest.mark.integration  # the real Pulumi CLI
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> PulumiCli:
-    if why := _toolchain_ready():
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    passphrase = tmp_path / "secrets" / "pulumi_passphrase"
-    passphrase.parent.mkdir(mode=0o700)
-    passphrase.write_text(secrets.token_urlsafe(32) + "\n")
-    return PulumiCli(tmp_path, toolchain_bin(), passphrase, out=io.StringIO())
 
 
 def test_a_kept_secret_decrypts_a_changed_one_is_set_again_and_login_is_once(
