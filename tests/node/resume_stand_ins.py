@@ -42,6 +42,7 @@ class TokenServer(ThreadingHTTPServer):
     requests: list[dict[str, Any]]  # the token API's bodies
     chat_requests: list[dict[str, Any]]  # the chat endpoint's bodies
     token_s: float = 0.0  # a pause before each token
+    flowing: threading.Event  # cleared, every stream holds before its next token until it is set again
     healthy: bool = True  # what /health answers
     sent: int = 0  # tokens written
     cut: int = 0  # streams whose reader went away before their end
@@ -105,6 +106,7 @@ class _Tokens(BaseHTTPRequestHandler):
                 return
             if self.server.token_s:
                 time.sleep(self.server.token_s)
+            self.server.flowing.wait(timeout=120)
             last = i == len(left) - 1
             finish = ("stop" if token == EOS else "length") if last else None
             self._event({"request_id": body.get("request_id", "x"),
@@ -129,7 +131,8 @@ class _Tokens(BaseHTTPRequestHandler):
 @contextmanager
 def token_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[TokenServer]:
     server = TokenServer((host, port), _Tokens)
-    server.requests, server.chat_requests = [], []
+    server.requests, server.chat_requests, server.flowing = [], [], threading.Event()
+    server.flowing.set()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

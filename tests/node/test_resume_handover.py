@@ -99,7 +99,7 @@ def scenario(tmp: Path) -> dict[str, Any]:
                 as two, render_server(RENDER_PORTS[0]), \
                 ProxiedEngine(FakeSettings(engine="vllm"), api_key=KEY, config=config) as caddy:
             for replica in (one, two):
-                replica.token_s = 0.02  # the long stream runs some 6 s: across the whole handover
+                replica.token_s = 0.02  # the long stream runs some 6 s, and holds still while the step runs
             step()
             url, auth = f"{caddy.url}/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
 
@@ -149,9 +149,18 @@ def scenario(tmp: Path) -> dict[str, Any]:
             asked_before = len(statuses)
             # A changed flag: a new layer.
             resume.resumer_argv = lambda engine_name="vllm": [*first_argv(engine_name), "--tick-s", "0.5"]
-            out = step()
-            old = node.unit("kimi-resume")
-            draining = old is not None and old["state"] == "deactivating" and "text" not in stream
+            # The stream holds still (its replica's health checks answering) until the step has returned: a step that
+            # waited for it runs into its own timeout, and a step slowed by a loaded machine can no longer outlast the
+            # stream's 6 s (beside a second suite, once it did).
+            for replica in (one, two):
+                replica.flowing.clear()
+            try:
+                out = step()
+                old = node.unit("kimi-resume")
+                draining = old is not None and old["state"] == "deactivating" and "text" not in stream
+            finally:
+                for replica in (one, two):
+                    replica.flowing.set()
             asked_during = len(statuses) - asked_before
             _wait(lambda: len(statuses) >= asked_before + asked_during + 5, 30, "requests to the new layer")
             streamer.join(timeout=120)
